@@ -1,0 +1,1 @@
+"""relayrl: RL post-training for LLMs."""

@@ -1,0 +1,306 @@
+"""Typed configuration: one dataclass per component, registered in Hydra's ConfigStore.
+
+The dataclasses below are the single source of truth. Recipes in ``recipes/`` hold only what
+differs from these defaults and are validated against them when composed (a wrong key or type is
+an error). ``validate`` then checks combinations that types alone cannot express. Every error is
+raised as ``ConfigError`` with one line naming the field and the fix, before any actor starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, described in one line: the field, what is wrong, the fix."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2"
+    """A built-in name (``smollm2``, ``tiny-llama``, ``tiny-qwen2``) or a local HF model directory."""
+    dtype: str = "float32"
+    """Weights and compute dtype for trainer and engine: float32 | bfloat16."""
+    max_model_len: int = 512
+    """Context length given to vLLM; prompt + max_tokens must fit in it."""
+
+
+@dataclass
+class DataConfig:
+    task: str = "arith"
+    """Prompt source: ``arith`` (generated addition problems) or ``jsonl`` (GSM8K-style rows)."""
+    path: str | None = None
+    """Local .jsonl file for ``task=jsonl``; rows need ``question`` and ``answer``."""
+    num_prompts: int = 4096
+    """How many problems the generated ``arith`` task makes."""
+    max_operand: int = 50
+    """``arith``: operands are drawn from [0, max_operand]."""
+    chat_template: bool = True
+    """Wrap each prompt in the tokenizer's chat template (instruct models)."""
+    seed: int = 0
+    """Seed for generating and shuffling prompts."""
+
+
+@dataclass
+class RolloutConfig:
+    num_replicas: int = 1
+    """vLLM engines (Ray actors); prompts are spread across them."""
+    max_tokens: int = 32
+    """Most new tokens per completion."""
+    temperature: float = 1.0
+    """Sampling temperature (1.0 keeps behaviour logprobs those of the policy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 is needed for exact behaviour logprobs."""
+    kv_cache_gb: float = 1.0
+    """KV-cache memory per engine in GiB (CPU: ``kv_cache_memory_bytes``)."""
+    num_cpus: float = 1.0
+    """Ray CPUs each rollout actor asks for (fractional is fine)."""
+    enforce_eager: bool = True
+    """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
+
+
+@dataclass
+class TrainerConfig:
+    world_size: int = 1
+    """Trainer ranks (Ray actors in one torch.distributed group, FSDP2-sharded)."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward on one rank; gradients accumulate over the rank's share."""
+    epochs: int = 1
+    """Optimizer passes over each batch (PPO epochs); >1 makes the clip matter."""
+    num_cpus: float = 1.0
+    """Ray CPUs each trainer rank asks for."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"
+    """Advantage estimator / objective: grpo."""
+    group_size: int = 8
+    """Completions sampled per prompt (G); advantages are normalised within each group."""
+    clip_eps: float = 0.2
+    """PPO clip range for the ratio pi/pi_old."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL(pi || pi_ref) term; 0 skips the reference model entirely."""
+    norm_std: bool = True
+    """Divide group-centred rewards by the group std (GRPO) or not (Dr.GRPO)."""
+
+
+@dataclass
+class WeightSyncConfig:
+    backend: str = "shm"
+    """How new weights reach engines: shm (safetensors file in shared memory, mapped by each worker)."""
+    shm_dir: str = "/dev/shm"
+    """Directory for the shm backend's transfer file (falls back to the run dir if absent)."""
+    timeout_s: float = 120.0
+    """A sync that takes longer is aborted; engines keep their previous weights."""
+
+
+@dataclass
+class PlacementConfig:
+    mode: str = "separate"
+    """separate: rollout and trainer on disjoint resources; colocated: they share and time-slice."""
+    num_cpus: float | None = None
+    """CPUs Ray may use on this host (None: all)."""
+
+
+@dataclass
+class RewardSpec:
+    fn: str = "relayrl.rewards.builtin:arith_correct"
+    """Import path ``module:function`` of a reward ``fn(prompts, completions, **columns) -> list[float]``."""
+    weight: float = 1.0
+    """Weight of this function in the total reward."""
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "offline"
+    """wandb mode: offline (default; files under the run dir) | online | disabled."""
+    project: str = "relayrl"
+    """wandb project."""
+    console: bool = True
+    """Print a progress line per step."""
+    samples_per_step: int = 2
+    """Completions written to samples.jsonl per step."""
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    """Run name; the run directory is ``output_dir/<name>-<timestamp>``."""
+    output_dir: str = "runs"
+    """Parent of run directories."""
+    steps: int = 20
+    """Training steps (one batch of prompts each)."""
+    prompts_per_step: int = 4
+    """Prompts per step; completions per step = prompts_per_step * algorithm.group_size."""
+    seed: int = 0
+    """Seed for torch and sampling."""
+    save_final: bool = True
+    """Write an HF-format checkpoint (safetensors + tokenizer) at the end."""
+    ray_address: str | None = None
+    """Ray cluster address; None starts a local Ray."""
+
+
+@dataclass
+class Config:
+    defaults: list[Any] = field(default_factory=lambda: [{"placement": "separate"}, "_self_"])
+    """Hydra defaults list: makes ``placement=separate|colocated`` a config-group choice."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    placement: PlacementConfig = MISSING
+    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    mode: str = "sync"
+    """sync: generate -> score -> train -> sync, strictly on-policy."""
+
+
+def register_configs() -> None:
+    """Register the schema so recipes (``defaults: [relayrl_schema, _self_]``) are checked against it."""
+    cs = ConfigStore.instance()
+    cs.store(name="relayrl_schema", node=Config)
+    cs.store(group="placement", name="separate", node=PlacementConfig(mode="separate"))
+    cs.store(group="placement", name="colocated", node=PlacementConfig(mode="colocated"))
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "mode": ("sync",),
+    "model.dtype": ("float32", "bfloat16"),
+    "data.task": ("arith", "jsonl"),
+    "algorithm.name": ("grpo",),
+    "weightsync.backend": ("shm",),
+    "placement.mode": ("separate", "colocated"),
+    "logging.wandb": ("offline", "online", "disabled"),
+    "trainer.backend": ("auto", "gloo", "nccl"),
+}
+
+_POSITIVE: tuple[str, ...] = (
+    "rollout.num_replicas", "rollout.max_tokens", "rollout.num_cpus", "trainer.world_size",
+    "trainer.lr", "trainer.micro_batch_size", "trainer.epochs", "trainer.num_cpus",
+    "algorithm.group_size", "run.steps", "run.prompts_per_step", "model.max_model_len",
+    "weightsync.timeout_s", "rollout.kv_cache_gb",
+)
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def validate(cfg: Config) -> Config:
+    """Check value ranges and combinations; raise ``ConfigError`` naming the field and the fix."""
+    for key, choices in _CHOICES.items():
+        if _get(cfg, key) not in choices:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} is not supported; use one of {', '.join(choices)}")
+    for key in _POSITIVE:
+        if not _get(cfg, key) > 0:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be > 0; set {key}=<positive value>")
+    if cfg.algorithm.name == "grpo" and cfg.algorithm.group_size < 2:
+        raise ConfigError(
+            f"algorithm.group_size={cfg.algorithm.group_size} gives GRPO no group to compare against; "
+            "set algorithm.group_size>=2")
+    if not 0.0 < cfg.rollout.top_p <= 1.0:
+        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]; set rollout.top_p=1.0")
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be > 0 for RL sampling; "
+                          "set rollout.temperature=1.0")
+    if cfg.algorithm.clip_eps <= 0:
+        raise ConfigError(f"algorithm.clip_eps={cfg.algorithm.clip_eps} must be > 0; set algorithm.clip_eps=0.2")
+    if cfg.placement.mode == "colocated":
+        rollout_cpus = cfg.rollout.num_replicas * cfg.rollout.num_cpus
+        trainer_cpus = cfg.trainer.world_size * cfg.trainer.num_cpus
+        if rollout_cpus > trainer_cpus:
+            raise ConfigError(
+                f"placement=colocated needs rollout resources within the trainer's, but rollout asks "
+                f"{rollout_cpus:g} CPUs (rollout.num_replicas x rollout.num_cpus) and the trainer has "
+                f"{trainer_cpus:g}; lower rollout.num_replicas/rollout.num_cpus or use placement=separate")
+    if cfg.data.task == "jsonl" and not cfg.data.path:
+        raise ConfigError("data.task=jsonl needs data.path; set data.path=/path/to/train.jsonl")
+    if cfg.data.path and not os.path.exists(cfg.data.path):
+        raise ConfigError(f"data.path={cfg.data.path} does not exist; point data.path at a local .jsonl file")
+    if not cfg.rewards:
+        raise ConfigError("rewards is empty; add at least one reward, e.g. rewards=[{fn: module:function}]")
+    return cfg
+
+
+def load_config(config_name: str, overrides: list[str] = (), config_dir: str | None = None) -> Config:
+    """Compose a recipe with overrides against the schema, validate it, return a typed ``Config``.
+
+    Hydra/OmegaConf errors (unknown key, wrong type, missing recipe) become one-line ``ConfigError``s.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    search_dir = str(Path(config_dir).resolve()) if config_dir else str(RECIPES_DIR)
+    try:
+        with initialize_config_dir(config_dir=search_dir, version_base=None):
+            composed = compose(config_name=config_name, overrides=list(overrides))
+        cfg = OmegaConf.to_object(composed)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_one_line(exc, config_name, search_dir)) from None
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"recipe {config_name!r} does not extend the schema; "
+                          "add `defaults: [relayrl_schema, _self_]` at its top")
+    return validate(cfg)
+
+
+def _one_line(exc: Exception, config_name: str, search_dir: str) -> str:
+    """Turn a Hydra/OmegaConf error into one line that names the field and the fix."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    msg, cause = str(exc), exc.__cause__
+    if "Cannot find primary config" in msg:
+        names = sorted(p.stem for p in Path(search_dir).glob("*.yaml"))
+        return f"no recipe named {config_name!r} in {search_dir}; choose one of: {', '.join(names)}"
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
+        return _unknown_key(cause.full_key)
+    if isinstance(cause, ValidationError) and cause.full_key:
+        return f"{cause.full_key}: {str(cause).splitlines()[0]}; give a value of the field's type"
+    if "No match in the defaults list" in msg:
+        group = msg.split("'")[1]
+        return f"{group!r} is not a config group; set its fields instead, e.g. {group}.<field>=<value>"
+    return " ".join(line.strip() for line in msg.splitlines() if line.strip())
+
+
+def _unknown_key(full_key: str) -> str:
+    """'trainer.lrr' -> one line naming the key, its section's fields and the closest match."""
+    import dataclasses
+    import difflib
+    import typing
+
+    *parents, leaf = full_key.split(".")
+    node: Any = Config
+    for part in parents:
+        node = typing.get_type_hints(node).get(part)
+        if not dataclasses.is_dataclass(node):
+            return f"unknown config key {full_key!r}; remove it or check the schema in relayrl/config.py"
+    fields = [f.name for f in dataclasses.fields(node) if f.name != "defaults"]
+    close = difflib.get_close_matches(leaf, fields, n=1)
+    hint = f"did you mean {'.'.join([*parents, close[0]])!r}?" if close else f"valid keys: {', '.join(fields)}"
+    return f"unknown config key {full_key!r}; {hint}"

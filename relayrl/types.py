@@ -1,0 +1,73 @@
+"""Typed records that travel between actors (as Ray object refs), never dicts of tensors.
+
+Shapes are written in comments: ``[T]`` is completion length, ``[B, L]`` batch x padded length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PolicyVersion = int
+"""The trainer step whose weights produced a token. Version 0 is the initial model."""
+
+
+@dataclass
+class VersionSpan:
+    """Completion tokens ``[start, end)`` were sampled with weights ``version``."""
+
+    version: PolicyVersion
+    start: int
+    end: int
+
+
+@dataclass
+class Trajectory:
+    """One completion of one prompt, as the engine produced it, plus its rewards once scored."""
+
+    prompt_id: int
+    sample_idx: int                      # index within the group, 0..G-1
+    prompt_token_ids: list[int]          # [P]
+    completion_token_ids: list[int]      # [T]
+    behaviour_logprobs: list[float]      # [T] logprob of each sampled token under the engine's weights
+    completion_text: str
+    finish_reason: str                   # "stop" | "length"
+    versions: list[VersionSpan]          # spans covering [0, T)
+    rewards: dict[str, float] = field(default_factory=dict)  # per reward function (weighted sum in `reward`)
+    reward: float = 0.0
+    gen_seconds: float = 0.0
+
+    @property
+    def min_version(self) -> PolicyVersion:
+        return min(s.version for s in self.versions) if self.versions else 0
+
+
+@dataclass
+class TrajectoryGroup:
+    """The G completions of one prompt: the unit GRPO normalises over and the buffer stores."""
+
+    prompt_id: int
+    prompt: str                          # the text sent to the engine (after the chat template)
+    columns: dict[str, Any]              # dataset columns passed to reward functions (e.g. answer)
+    trajectories: list[Trajectory]
+
+    @property
+    def min_version(self) -> PolicyVersion:
+        return min(t.min_version for t in self.trajectories)
+
+
+@dataclass
+class TrainBatch:
+    """A rank's share of a step, padded into tensors the loss consumes."""
+
+    input_ids: torch.Tensor              # [B, L] prompt + completion, right-padded
+    attention_mask: torch.Tensor         # [B, L] 1 for real tokens
+    loss_mask: torch.Tensor              # [B, L-1] 1 where the *next* token is a completion token
+    behaviour_logprobs: torch.Tensor     # [B, L-1] engine logprobs aligned with loss_mask
+    advantages: torch.Tensor             # [B] one scalar per sequence (GRPO)
+    prompt_ids: list[int]                # [B]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
