@@ -282,6 +282,10 @@ def _one_line(exc: Exception, config_name: str, search_dir: str) -> str:
         return _unknown_key(cause.full_key)
     if isinstance(cause, ValidationError) and cause.full_key:
         return f"{cause.full_key}: {str(cause).splitlines()[0]}; give a value of the field's type"
+    if "Available options in" in msg:
+        group, choice = msg.split("Could not find '")[1].split("'")[0].split("/", 1)
+        options = msg.split(f"Available options in '{group}':")[1].split("Config search path")[0].split()
+        return f"{group}={choice} is not an option; use one of: {', '.join(options)}"
     if "No match in the defaults list" in msg:
         group = msg.split("'")[1]
         return f"{group!r} is not a config group; set its fields instead, e.g. {group}.<field>=<value>"

@@ -1,0 +1,273 @@
+"""One trainer rank: an HF causal LM sharded with FSDP2 over a torch.distributed group.
+
+``TrainerGroup`` (group.py) starts ``world_size`` of these as Ray actors; every public method is a
+collective (FSDP2 all-gathers parameters in each forward), so the group calls it on all ranks at once.
+
+A train step, on every rank:
+
+    ray.get(group refs)  ->  build_train_batch (whole step, identical on all ranks)  ->  split_batch
+    old logprobs (no grad) [+ ref logprobs if kl_coef > 0]          once, before any update
+    for epoch in 1..E:  for micro-batch:  loss = sum_tokens(ppo_clip + kl_coef * k3) / N_step ; backward
+                        clip_grad_norm_ ; AdamW step
+
+``N_step`` is the number of completion tokens of the whole step on all ranks (all-reduced), so the
+gradient is that of the token mean over the step however it is split into ranks and micro-batches.
+The model stays in eval mode: dropout off, so the old logprobs and the first epoch's agree exactly
+(ratio = 1) and the clip only acts on later epochs or on off-policy data.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, WeightSyncConfig
+from relayrl.trainer.batch import build_train_batch, split_batch
+from relayrl.trainer.logprobs import token_entropy, token_logprobs
+from relayrl.trainer.losses import kl_k3, masked_token_sum, ppo_clip_loss
+from relayrl.types import TrainBatch, TrajectoryGroup
+from relayrl.weightsync.base import WeightHandle
+
+# Token-weighted sums all-reduced at the end of a step, in this order (ratio_max is reduced with MAX).
+_SUM_STATS = ("loss", "clip_frac", "approx_kl", "ratio_mean", "kl", "entropy", "behaviour_kl")
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> ``nccl`` when CUDA is visible, else ``gloo``; explicit names pass through."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"trainer.backend={backend!r} is not supported; use auto, gloo or nccl")
+    return backend
+
+
+class TrainerActor:
+    """One FSDP2 rank. Wrapped with ``ray.remote`` by ``TrainerGroup``; usable in-process for debugging."""
+
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, model_path: str,
+                 model_cfg: ModelConfig, trainer_cfg: TrainerConfig, algo_cfg: AlgorithmConfig,
+                 temperature: float, seed: int, timeout_s: float = 600.0):
+        self.rank, self.world_size = rank, world_size
+        self.init_method = f"tcp://{master_addr}:{master_port}"
+        self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
+        self.temperature, self.seed, self.timeout = temperature, seed, timedelta(seconds=timeout_s)
+        self._sender = None  # weight-sync sender, created on first publish (rank 0 only)
+
+    # ---------------------------------------------------------------- setup
+    def setup(self) -> None:
+        """Join the process group, load and shard the policy (and the frozen reference if KL is on)."""
+        backend = resolve_backend(self.cfg.backend)
+        if backend == "nccl":
+            torch.cuda.set_device(self.rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        dist.init_process_group(backend, init_method=self.init_method, rank=self.rank,
+                                world_size=self.world_size, timeout=self.timeout)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        torch.manual_seed(self.seed)
+        self.model = self._load_sharded(trainable=True)
+        self.ref_model = self._load_sharded(trainable=False) if self.algo.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=tuple(self.cfg.betas),
+                                           weight_decay=self.cfg.weight_decay)
+        self.pad_token_id = self._pad_token_id()
+
+    def _load_sharded(self, trainable: bool) -> torch.nn.Module:
+        """HF model with float32 master weights, ``fully_shard`` per decoder layer, then the root.
+
+        Sharding each layer separately lets FSDP2 gather one layer at a time (memory ~ one layer, not the
+        model); the root owns what is left (embeddings, final norm, a tied lm_head). With
+        ``model.dtype=bfloat16`` compute runs in bf16 while weights, grads and AdamW states stay float32.
+        """
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
+        model.eval()
+        model.requires_grad_(trainable)
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, self.model_cfg.dtype), reduce_dtype=torch.float32)
+        layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+        for module in model.modules():
+            if type(module).__name__ in layer_classes:
+                fully_shard(module, mesh=self.mesh, mp_policy=mp)
+        fully_shard(model, mesh=self.mesh, mp_policy=mp)
+        return model
+
+    def _pad_token_id(self) -> int:
+        config = self.model.config
+        for tid in (config.pad_token_id, config.eos_token_id, 0):
+            if tid is not None:
+                return tid[0] if isinstance(tid, list) else int(tid)
+        return 0
+
+    # ---------------------------------------------------------------- train
+    def train_step(self, group_refs: list) -> dict[str, float]:
+        """One optimizer step per epoch on this step's groups; returns stats identical on every rank.
+
+        ``group_refs``: Ray ObjectRefs of ``list[TrajectoryGroup]`` (one per rollout replica), fetched here
+        so trajectory data never passes through the driver. Plain lists are accepted too.
+        Stats are token-weighted means over all ranks and epochs; ``behaviour_kl`` is the k3 estimate of
+        KL(engine || trainer) before the update: ~0 on-policy, large if weight sync or sampling settings differ.
+        """
+        t0 = time.perf_counter()
+        groups = self._fetch(group_refs)
+        batch = build_train_batch(groups, self.pad_token_id, self.algo.norm_std)
+        micro = self._micro_batches(split_batch(batch, self.rank, self.world_size))
+        n_tokens = self._all_reduce(sum(mb.loss_mask.sum() for mb in micro)).clamp(min=1)
+        t1 = time.perf_counter()
+        old = [self._logprobs(self.model, mb) for mb in micro]
+        ref = [self._logprobs(self.ref_model, mb) for mb in micro] if self.ref_model is not None else None
+        t2 = time.perf_counter()
+        sums = {k: torch.zeros((), device=self.device) for k in _SUM_STATS}
+        ratio_max, grad_norms = torch.zeros((), device=self.device), []
+        for _ in range(self.cfg.epochs):
+            for i, mb in enumerate(micro):
+                stats = self._train_micro(mb, old[i], ref[i] if ref else None, n_tokens)
+                ratio_max = torch.maximum(ratio_max, stats.pop("ratio_max"))
+                for k, v in stats.items():
+                    sums[k] += v
+            grad_norms.append(self._optimizer_step())
+        t3 = time.perf_counter()
+        out = self._reduce_stats(sums, ratio_max, n_tokens)
+        out.update(grad_norm=sum(grad_norms) / len(grad_norms), tokens=float(n_tokens),
+                   sequences=float(len(batch)), fetch_seconds=t1 - t0, logprob_seconds=t2 - t1,
+                   train_seconds=t3 - t2, step_seconds=time.perf_counter() - t0)
+        return out
+
+    @staticmethod
+    def _fetch(group_refs: list) -> list[TrajectoryGroup]:
+        import ray
+
+        refs = [r for r in group_refs if isinstance(r, ray.ObjectRef)]
+        fetched = iter(ray.get(refs)) if refs else iter(())
+        parts = [next(fetched) if isinstance(r, ray.ObjectRef) else r for r in group_refs]
+        return [g for part in parts for g in part]
+
+    def _micro_batches(self, share: TrainBatch) -> list[TrainBatch]:
+        """Chunks of ``micro_batch_size`` rows, each trimmed to its longest sequence (right padding)."""
+        out, size = [], self.cfg.micro_batch_size
+        for start in range(0, len(share), size):
+            rows = slice(start, start + size)
+            L = int(share.attention_mask[rows].sum(1).max())
+            out.append(TrainBatch(
+                input_ids=share.input_ids[rows, :L].to(self.device),
+                attention_mask=share.attention_mask[rows, :L].to(self.device),
+                loss_mask=share.loss_mask[rows, : L - 1].to(self.device),
+                behaviour_logprobs=share.behaviour_logprobs[rows, : L - 1].to(self.device),
+                advantages=share.advantages[rows].to(self.device), prompt_ids=share.prompt_ids[rows]))
+        return out
+
+    def _forward(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
+        return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+
+    @torch.no_grad()
+    def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
+        return token_logprobs(self._forward(model, mb), mb.input_ids, self.temperature)
+
+    def _train_micro(self, mb: TrainBatch, old: torch.Tensor, ref: torch.Tensor | None,
+                     n_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Forward/backward one micro-batch; returns its token-weighted stat sums (and ratio_max)."""
+        logits = self._forward(self.model, mb)
+        logprobs = token_logprobs(logits, mb.input_ids, self.temperature)
+        per_token, stats = ppo_clip_loss(logprobs, old, mb.advantages, mb.loss_mask, self.algo.clip_eps)
+        kl = kl_k3(logprobs, ref) if ref is not None else torch.zeros_like(logprobs)
+        if ref is not None:
+            per_token = per_token + self.algo.kl_coef * kl
+        loss_sum = masked_token_sum(per_token, mb.loss_mask)
+        # FSDP2 averages gradients over ranks; scaling by world_size turns that back into a sum, so the
+        # gradient is d(sum of all ranks' token losses / N_step).
+        (loss_sum * self.world_size / n_tokens).backward()
+        ntok = mb.loss_mask.sum()
+        with torch.no_grad():
+            return {"loss": loss_sum.detach(), "clip_frac": stats["clip_frac"] * ntok,
+                    "approx_kl": stats["approx_kl"] * ntok, "ratio_mean": stats["ratio_mean"] * ntok,
+                    "ratio_max": stats["ratio_max"], "kl": masked_token_sum(kl.detach(), mb.loss_mask),
+                    "entropy": masked_token_sum(token_entropy(logits.detach(), self.temperature), mb.loss_mask),
+                    "behaviour_kl": masked_token_sum(kl_k3(mb.behaviour_logprobs, old), mb.loss_mask)}
+
+    def _optimizer_step(self) -> float:
+        """Clip the global grad norm (DTensor-aware), step AdamW; returns the pre-clip norm."""
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _all_reduce(self, value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+        value = value.detach().to(self.device, torch.float32).clone()
+        dist.all_reduce(value, op=op)
+        return value
+
+    def _reduce_stats(self, sums: dict[str, torch.Tensor], ratio_max: torch.Tensor,
+                      n_tokens: torch.Tensor) -> dict[str, float]:
+        """Token-weighted means over all ranks and epochs; ratio_max is the max over them."""
+        total = self._all_reduce(torch.stack([sums[k] for k in _SUM_STATS])) / (n_tokens * self.cfg.epochs)
+        out = dict(zip(_SUM_STATS, total.tolist()))
+        out["ratio_max"] = float(self._all_reduce(ratio_max, dist.ReduceOp.MAX))
+        return out
+
+    # ---------------------------------------------------------------- weights out
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Full, unsharded CPU state dict with HF names on rank 0 (None elsewhere). Collective.
+
+        FSDP2 replaces parameters in place (DTensors) without renaming modules, so the keys are exactly
+        ``AutoModelForCausalLM.state_dict()``'s: what ``load_state_dict`` and vLLM's ``load_weights`` take.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)
+        return state if self.rank == 0 else None
+
+    def publish_weights(self, ws_cfg: WeightSyncConfig, version: int) -> WeightHandle | None:
+        """Gather the full weights (collective) and hand them to the weight-sync sender on rank 0.
+
+        Only the small handle leaves the actor; engines read the tensors through the backend.
+        """
+        state = self.state_dict()
+        if self.rank != 0:
+            return None
+        if self._sender is None:
+            from relayrl.weightsync import make_sender
+
+            self._sender = make_sender(ws_cfg)
+        return self._sender.send(state, version)
+
+    def save_hf(self, out_dir: str) -> str | None:
+        """Write an HF model directory (safetensors, config, tokenizer) from rank 0. Collective."""
+        state = self.state_dict()
+        if self.rank != 0:
+            return None
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        config = AutoConfig.from_pretrained(self.model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(state, strict=True, assign=True)
+        model.tie_weights()
+        model.save_pretrained(out_dir, safe_serialization=True)
+        AutoTokenizer.from_pretrained(self.model_path).save_pretrained(out_dir)
+        if (Path(self.model_path) / "generation_config.json").exists():
+            GenerationConfig.from_pretrained(self.model_path).save_pretrained(out_dir)
+        return str(out_dir)
+
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Logprob of each token after the first under the current weights (at the sampling temperature)."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids, use_cache=False).logits
+        return token_logprobs(logits, ids, self.temperature)[0].tolist()
+
+    def close(self) -> None:
+        """Leave the process group (lets the actor be killed without a hung collective)."""
+        if self._sender is not None:
+            self._sender.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,85 @@
+"""Turn scored trajectory groups into the padded tensors of a ``TrainBatch``, and split it over ranks.
+
+Alignment (one sequence, prompt length P, completion length T, ``x = prompt + completion``):
+
+    position j of the [L-1] next-token axis scores token x[j+1]
+    completion token k sits at x[P+k], so it is scored at j = P-1+k, k = 0..T-1
+    loss_mask[j] = 1 and behaviour_logprobs[j] = engine logprob of completion token k, for those j
+
+Advantages are GRPO's, one per sequence, normalised within each ``TrajectoryGroup`` (the G samples of
+one prompt).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relayrl.trainer.advantages import grpo_advantages
+from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
+
+
+def _check_trajectory(traj: Trajectory) -> None:
+    if not traj.prompt_token_ids:
+        raise ValueError(f"prompt {traj.prompt_id} sample {traj.sample_idx} has no prompt tokens; "
+                         "a completion needs at least one token to be conditioned on")
+    if len(traj.behaviour_logprobs) != len(traj.completion_token_ids):
+        raise ValueError(f"prompt {traj.prompt_id} sample {traj.sample_idx}: {len(traj.behaviour_logprobs)} "
+                         f"behaviour logprobs for {len(traj.completion_token_ids)} completion tokens; "
+                         "request logprobs=0 from the engine so every sampled token has one")
+
+
+def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, norm_std: bool) -> TrainBatch:
+    """Concatenate prompt+completion, right-pad to the longest, and align masks/logprobs to next tokens.
+
+    The group of each sequence is its position in ``groups`` (so two groups of the same prompt, e.g.
+    sampled at different policy versions, are normalised separately); ``prompt_ids`` records the prompts.
+    """
+    trajs = [t for g in groups for t in g.trajectories]
+    if not trajs:
+        raise ValueError("build_train_batch got no trajectories; pass at least one non-empty TrajectoryGroup")
+    for t in trajs:
+        _check_trajectory(t)
+    seqs = [t.prompt_token_ids + t.completion_token_ids for t in trajs]
+    B, L = len(seqs), max(len(s) for s in seqs)
+    input_ids = torch.full((B, L), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, L, dtype=torch.long)
+    loss_mask = torch.zeros(B, L - 1, dtype=torch.float32)
+    behaviour = torch.zeros(B, L - 1, dtype=torch.float32)
+    for b, (t, seq) in enumerate(zip(trajs, seqs)):
+        P, T = len(t.prompt_token_ids), len(t.completion_token_ids)
+        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[b, : len(seq)] = 1
+        loss_mask[b, P - 1 : P - 1 + T] = 1.0
+        behaviour[b, P - 1 : P - 1 + T] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
+    group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+    return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
+                      behaviour_logprobs=behaviour, advantages=grpo_advantages(rewards, group_ids, norm_std),
+                      prompt_ids=[t.prompt_id for t in trajs])
+
+
+def _rows(batch: TrainBatch, index: torch.Tensor) -> TrainBatch:
+    return TrainBatch(input_ids=batch.input_ids[index], attention_mask=batch.attention_mask[index],
+                      loss_mask=batch.loss_mask[index], behaviour_logprobs=batch.behaviour_logprobs[index],
+                      advantages=batch.advantages[index], prompt_ids=[batch.prompt_ids[i] for i in index.tolist()])
+
+
+def split_batch(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
+    """Rank ``rank``'s contiguous share, ``ceil(B / world_size)`` rows on every rank.
+
+    FSDP2 runs collectives inside every forward/backward, so all ranks must make the same number of
+    calls: a short share is topped up with copies of row 0 whose ``loss_mask`` and advantage are zero.
+    Copies (not all-padding rows) keep attention well defined: a row with no real token can give NaN
+    in attention, and NaN * 0 is still NaN in the gradient. Padding rows contribute exactly zero.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    per_rank = -(-len(batch) // world_size)
+    index = torch.arange(rank * per_rank, min((rank + 1) * per_rank, len(batch)))
+    n_pad = per_rank - len(index)
+    share = _rows(batch, torch.cat([index, torch.zeros(n_pad, dtype=torch.long)]))
+    if n_pad:
+        share.loss_mask[len(index):] = 0.0
+        share.advantages[len(index):] = 0.0
+        share.prompt_ids[len(index):] = [-1] * n_pad
+    return share

@@ -1,0 +1,108 @@
+"""Driver-side handle on the trainer ranks: start them, fan every call out to all, return rank 0's answer.
+
+Every ``TrainerActor`` method is a collective, so each call here goes to all ranks at once; ranks
+return identical stats (train_step) or their share of a collective (state_dict: only rank 0 has it).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import ray
+
+from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, WeightSyncConfig
+from relayrl.trainer.actor import TrainerActor, resolve_backend
+from relayrl.weightsync.base import WeightHandle
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free on ``host`` now (the rendezvous of torch.distributed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class TrainerGroup:
+    """``world_size`` trainer ranks as Ray actors in one torch.distributed group.
+
+    ``actor_options``: Ray ``.options(...)`` for the ranks, one dict shared by all or one per rank
+    (e.g. ``scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)``),
+    merged over the defaults ``num_cpus=trainer_cfg.num_cpus`` (+ ``num_gpus=1`` for nccl). The
+    rendezvous is on 127.0.0.1, so all ranks must share one node.
+
+    Construction starts ``setup`` on every rank without waiting (model loading can overlap with engine
+    start); ``ready()`` waits, and every other method calls it first.
+    """
+
+    def __init__(self, world_size: int, model_path: str, model_cfg: ModelConfig, trainer_cfg: TrainerConfig,
+                 algo_cfg: AlgorithmConfig, temperature: float = 1.0, seed: int = 0,
+                 actor_options: dict[str, Any] | list[dict[str, Any]] | None = None, timeout_s: float = 600.0):
+        per_rank = self._options(world_size, trainer_cfg, actor_options)
+        port = free_port()
+        remote_cls = ray.remote(TrainerActor)
+        self.actors = [
+            remote_cls.options(**per_rank[rank]).remote(rank, world_size, "127.0.0.1", port, model_path,
+                                                        model_cfg, trainer_cfg, algo_cfg, temperature, seed,
+                                                        timeout_s)
+            for rank in range(world_size)]
+        self._setup_refs: list | None = [a.setup.remote() for a in self.actors]
+
+    @staticmethod
+    def _options(world_size: int, cfg: TrainerConfig,
+                 actor_options: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        defaults: dict[str, Any] = {"num_cpus": cfg.num_cpus}
+        if resolve_backend(cfg.backend) == "nccl":
+            defaults["num_gpus"] = 1
+        if actor_options is None or isinstance(actor_options, dict):
+            return [{**defaults, **(actor_options or {})} for _ in range(world_size)]
+        if len(actor_options) != world_size:
+            raise ValueError(f"actor_options has {len(actor_options)} entries for world_size={world_size}; "
+                             "pass one dict per rank or a single dict for all")
+        return [{**defaults, **opts} for opts in actor_options]
+
+    def ready(self) -> None:
+        """Wait until every rank has joined the process group and sharded its model."""
+        if self._setup_refs is not None:
+            ray.get(self._setup_refs)
+            self._setup_refs = None
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        self.ready()
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def train_step(self, group_refs: list) -> dict[str, float]:
+        """One step on ``group_refs`` (ObjectRefs of ``list[TrajectoryGroup]``, passed inside a list so
+        Ray hands them to the ranks unresolved); returns the stats, identical on all ranks."""
+        return self._all("train_step", group_refs)[0]
+
+    def state_dict(self) -> dict:
+        """Full CPU state dict with HF names, pulled to the caller (use ``state_dict_ref`` to avoid that)."""
+        return self._all("state_dict")[0]
+
+    def state_dict_ref(self) -> ray.ObjectRef:
+        """Rank 0's full state dict as an ObjectRef, after all ranks finished the gather."""
+        self.ready()
+        refs = [a.state_dict.remote() for a in self.actors]
+        ray.wait(refs, num_returns=len(refs), fetch_local=False)
+        return refs[0]
+
+    def publish_weights(self, ws_cfg: WeightSyncConfig, version: int) -> WeightHandle:
+        """Gather the weights on rank 0 and publish them as ``version``; returns the small handle."""
+        return self._all("publish_weights", ws_cfg, version)[0]
+
+    def save_hf(self, out_dir: str) -> str:
+        """Write an HF model directory (loadable by transformers and vLLM); returns its path."""
+        return self._all("save_hf", str(out_dir))[0]
+
+    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self._all("sequence_logprobs", list(token_ids))[0]
+
+    def shutdown(self) -> None:
+        """Leave the process group on every rank, then end the actors."""
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=60)
+        finally:
+            for a in self.actors:
+                ray.kill(a)
+            self.actors = []

@@ -1,0 +1,57 @@
+"""Config composition and validation: each bad input fails with one line naming the field and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from relayrl.config import Config, ConfigError, RECIPES_DIR, load_config
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_every_recipe_composes_and_validates(name):
+    cfg = load_config(name)
+    assert isinstance(cfg, Config)
+
+
+def test_overrides_are_typed():
+    cfg = load_config("grpo_tiny", ["trainer.lr=3e-4", "run.steps=7", "placement=colocated"])
+    assert cfg.trainer.lr == pytest.approx(3e-4) and cfg.run.steps == 7
+    assert cfg.placement.mode == "colocated"
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["trainer.lrr=1"], "unknown config key 'trainer.lrr'; did you mean 'trainer.lr'?"),
+    (["run.stepz=3"], "did you mean 'run.steps'?"),
+    (["trainer.lr=abc"], "trainer.lr: Value 'abc'"),
+    (["algorithm.group_size=1"], "set algorithm.group_size>=2"),
+    (["trainer.world_size=0"], "trainer.world_size=0 must be > 0"),
+    (["rollout.top_p=1.5"], "rollout.top_p=1.5 must be in (0, 1]"),
+    (["model.dtype=float8"], "model.dtype='float8' is not supported"),
+    (["placement=colocated", "rollout.num_replicas=2"], "lower rollout.num_replicas"),
+    (["data.task=jsonl"], "data.task=jsonl needs data.path"),
+    (["data.path=/nonexistent.jsonl"], "data.path=/nonexistent.jsonl does not exist"),
+    (["placement=nowhere"], "placement=nowhere is not an option; use one of: colocated, separate"),
+])
+def test_bad_config_is_one_line_naming_the_field(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config("grpo_tiny", overrides)
+    message = str(err.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_unknown_recipe_lists_the_choices():
+    with pytest.raises(ConfigError, match="choose one of: .*grpo_arith"):
+        load_config("no_such_recipe")
+
+
+def test_cli_prints_one_line_and_exits_2_before_ray_starts():
+    proc = subprocess.run([sys.executable, "-m", "relayrl.cli", "train", "--config-name", "grpo_arith",
+                           "trainer.lrr=1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["relayrl: config error: unknown config key 'trainer.lrr'; did you mean 'trainer.lr'?"]
+    assert "ray" not in proc.stdout.lower()

@@ -1,0 +1,80 @@
+"""Batch building on a hand example: padding, next-token alignment of masks/logprobs, advantages, splits."""
+
+import pytest
+import torch
+
+from relayrl.trainer.batch import build_train_batch, split_batch
+from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
+
+
+def _traj(prompt_id, idx, prompt, completion, logprobs, reward):
+    return Trajectory(prompt_id=prompt_id, sample_idx=idx, prompt_token_ids=prompt, completion_token_ids=completion,
+                      behaviour_logprobs=logprobs, completion_text="", finish_reason="stop",
+                      versions=[VersionSpan(0, 0, len(completion))], reward=reward)
+
+
+def _groups():
+    a = TrajectoryGroup(10, "a", {}, [_traj(10, 0, [5, 6, 7], [8, 9], [-0.1, -0.2], 1.0),
+                                      _traj(10, 1, [5, 6, 7], [10], [-0.3], 0.0)])
+    b = TrajectoryGroup(11, "b", {}, [_traj(11, 0, [1], [2, 3, 4], [-0.4, -0.5, -0.6], 1.0),
+                                      _traj(11, 1, [1], [11], [-0.7], 1.0)])
+    return [a, b]
+
+
+def test_hand_example():
+    batch = build_train_batch(_groups(), pad_token_id=0, norm_std=True)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 10, 0], [1, 2, 3, 4, 0], [1, 11, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]]
+    # completion token k of a prompt of length P is predicted at position P-1+k
+    assert batch.loss_mask.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0], [1, 0, 0, 0]]
+    torch.testing.assert_close(batch.behaviour_logprobs, torch.tensor(
+        [[0, 0, -0.1, -0.2], [0, 0, -0.3, 0], [-0.4, -0.5, -0.6, 0], [-0.7, 0, 0, 0]]))
+    # group a: rewards 1, 0 -> mean .5, sample std .70711 -> +-.70711 ; group b: equal rewards -> 0
+    torch.testing.assert_close(batch.advantages, torch.tensor([0.707106, -0.707106, 0.0, 0.0]), atol=1e-5, rtol=0)
+    assert batch.prompt_ids == [10, 10, 11, 11]
+
+
+def test_masked_positions_point_at_completion_tokens():
+    groups = _groups()
+    batch = build_train_batch(groups, pad_token_id=0, norm_std=True)
+    trajs = [t for g in groups for t in g.trajectories]
+    for b, t in enumerate(trajs):
+        positions = batch.loss_mask[b].nonzero().squeeze(1)
+        assert batch.input_ids[b, positions + 1].tolist() == t.completion_token_ids
+
+
+def test_dr_grpo_and_same_prompt_in_two_groups():
+    a, b = _groups()
+    b.prompt_id = 10                       # two groups of one prompt are still normalised separately
+    batch = build_train_batch([a, b], pad_token_id=0, norm_std=False)
+    torch.testing.assert_close(batch.advantages, torch.tensor([0.5, -0.5, 0.0, 0.0]))
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="behaviour logprobs"):
+        build_train_batch([TrajectoryGroup(0, "", {}, [_traj(0, 0, [1], [2, 3], [-1.0], 0.0)])], 0, True)
+    with pytest.raises(ValueError, match="no trajectories"):
+        build_train_batch([], 0, True)
+
+
+def test_split_even_covers_batch_in_order():
+    batch = build_train_batch(_groups(), pad_token_id=0, norm_std=True)
+    shares = [split_batch(batch, r, 2) for r in range(2)]
+    assert [len(s) for s in shares] == [2, 2]
+    assert torch.equal(torch.cat([s.input_ids for s in shares]), batch.input_ids)
+    assert torch.equal(torch.cat([s.loss_mask for s in shares]), batch.loss_mask)
+    assert torch.equal(torch.cat([s.advantages for s in shares]), batch.advantages)
+
+
+def test_split_uneven_pads_with_zero_weight_copies():
+    batch = build_train_batch(_groups(), pad_token_id=0, norm_std=True)
+    shares = [split_batch(batch, r, 3) for r in range(3)]    # ceil(4/3) = 2 rows each, 6 slots for 4 rows
+    assert [len(s) for s in shares] == [2, 2, 2]
+    last = shares[2]
+    assert torch.equal(last.input_ids, batch.input_ids[[0, 0]])      # real tokens: attention stays defined
+    assert last.loss_mask.sum() == 0 and torch.equal(last.advantages, torch.zeros(2))
+    assert last.prompt_ids == [-1, -1]
+    assert sum(s.loss_mask.sum() for s in shares) == batch.loss_mask.sum()
+    assert batch.loss_mask[0].sum() == 2                             # original untouched by the padding
+    with pytest.raises(ValueError, match="rank"):
+        split_batch(batch, 3, 3)
