@@ -1,0 +1,118 @@
+"""RolloutActor with a real vLLM AsyncLLM engine in a real Ray actor on CPU (one engine per module)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from relayrl.config import ModelConfig, RolloutConfig
+from relayrl.rollout import start_rollout_actor
+from relayrl.types import VersionSpan
+from relayrl.weightsync import ShmSender, WeightHandle
+from tests.rollout.reference import hf_logprobs, perturbed
+
+TEMPERATURE = 0.7   # != 1 so that "processed" (tempered) logprobs differ from raw ones
+MAX_TOKENS = 160   # long enough that an update can land mid-completion
+PROMPTS = [{"prompt_id": 10 + i, "prompt": f"What is {i} + {i + 3}? Answer:", "columns": {"answer": 2 * i + 3}}
+           for i in range(3)]
+PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231]
+
+
+@pytest.fixture(scope="module")
+def actor(ray_session, tiny_llama):
+    t0 = time.perf_counter()
+    handle = start_rollout_actor(
+        str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25), seed=0)
+    info = ray_session.get(handle.info.remote())
+    print(f"\nengine start {info['start_seconds']:.1f}s, actor ready {time.perf_counter() - t0:.1f}s")
+    yield handle
+    ray_session.get(handle.shutdown.remote())
+    ray_session.kill(handle)
+
+
+def test_generate_returns_full_groups_tagged_v0(actor, ray_session):
+    groups = ray_session.get(actor.generate.remote(PROMPTS, 4))
+    assert [g.prompt_id for g in groups] == [10, 11, 12]
+    assert [g.columns for g in groups] == [{"answer": 3}, {"answer": 5}, {"answer": 7}]
+    for g in groups:
+        assert [t.sample_idx for t in g.trajectories] == [0, 1, 2, 3]
+        for t in g.trajectories:
+            n = len(t.completion_token_ids)
+            assert 1 <= n <= MAX_TOKENS and len(t.behaviour_logprobs) == n
+            assert all(math.isfinite(lp) and lp < 0 for lp in t.behaviour_logprobs)
+            assert t.versions == [VersionSpan(0, 0, n)]
+            assert t.finish_reason in ("stop", "length") and (t.finish_reason == "stop" or n == MAX_TOKENS)
+            assert t.prompt_token_ids == g.trajectories[0].prompt_token_ids and t.gen_seconds > 0
+
+
+def test_behaviour_logprobs_are_those_of_the_tempered_sampling_distribution(actor, ray_session, tiny_llama):
+    """logprobs_mode=processed_logprobs: each sampled token's logprob is log softmax(z / T)."""
+    t = ray_session.get(actor.generate.remote(PROMPTS[:1], 2))[0].trajectories[0]
+    ids = t.prompt_token_ids + t.completion_token_ids
+    ref = hf_logprobs(tiny_llama, ids, temperature=TEMPERATURE)[len(t.prompt_token_ids) - 1:]
+    raw = hf_logprobs(tiny_llama, ids)[len(t.prompt_token_ids) - 1:]
+    got = torch.tensor(t.behaviour_logprobs)
+    assert torch.allclose(got, ref, atol=1e-3), (got - ref).abs().max()
+    assert (got - raw).abs().max() > 1e-2      # raw (untempered) logprobs would not match
+
+
+def test_prompt_logprobs_match_transformers(actor, ray_session, tiny_llama):
+    got = torch.tensor(ray_session.get(actor.prompt_logprobs.remote(PROBE)))
+    assert got.shape == (len(PROBE) - 1,)
+    assert torch.allclose(got, hf_logprobs(tiny_llama, PROBE), atol=1e-3)
+
+
+def test_pause_holds_requests_until_resume(actor, ray_session):
+    ray_session.get(actor.pause.remote())
+    ref = actor.generate.remote(PROMPTS[:1], 2)
+    ready, _ = ray_session.wait([ref], timeout=1.0)
+    assert ready == []
+    ray_session.get(actor.resume.remote())
+    assert len(ray_session.get(ref, timeout=60)[0].trajectories) == 2
+
+
+def test_failed_or_timed_out_update_keeps_previous_weights(actor, ray_session, tiny_llama, tmp_path):
+    version = ray_session.get(actor.weight_version.remote())
+    before = ray_session.get(actor.prompt_logprobs.remote(PROBE))
+    sender = ShmSender(str(tmp_path))
+    handle = sender.send(perturbed(tiny_llama, 0.05, seed=1), version=5)
+    with pytest.raises(TimeoutError, match="weight sync v5: stage '.*' ran past weightsync.timeout_s"):
+        ray_session.get(actor.update_weights.remote(handle, 5, timeout_s=1e-3))
+    missing = WeightHandle("shm", str(tmp_path / "gone.safetensors"), 6, 0, 1)
+    with pytest.raises(RuntimeError, match="weight sync v6: stage 'load' failed: .*v6 missing"):
+        ray_session.get(actor.update_weights.remote(missing, 6))
+    time.sleep(0.5)   # a late RPC would have landed by now
+    assert ray_session.get(actor.weight_version.remote()) == version
+    assert ray_session.get(actor.prompt_logprobs.remote(PROBE)) == before
+    group = ray_session.get(actor.generate.remote(PROMPTS[:1], 2))[0]
+    assert all(s.version == version for t in group.trajectories for s in t.versions)
+    # and the engine still takes a good update afterwards
+    ray_session.get(actor.update_weights.remote(handle, 5))
+    assert ray_session.get(actor.weight_version.remote()) == 5
+    assert max(abs(a - b) for a, b in zip(ray_session.get(actor.prompt_logprobs.remote(PROBE)), before)) > 1e-2
+    sender.close()
+
+
+def test_update_during_generation_splits_version_spans(actor, ray_session, tiny_llama, tmp_path):
+    """An in-flight update: tokens before it are tagged with the old version, tokens after with the new."""
+    old = ray_session.get(actor.weight_version.remote())
+    sender = ShmSender(str(tmp_path))
+    handle = sender.send(perturbed(tiny_llama, 0.05, seed=2), version=old + 1)
+    ray_session.get(actor.generate.remote(PROMPTS[:1], 1))   # warm: the first request pays one-off setup
+    ref = actor.generate.remote(PROMPTS[:1], 4)
+    time.sleep(0.3)
+    ray_session.get(actor.update_weights.remote(handle, old + 1))
+    trajs = ray_session.get(ref)[0].trajectories
+    for t in trajs:
+        n = len(t.completion_token_ids)
+        assert t.versions[0].start == 0 and t.versions[-1].end == n
+        assert all(a.end == b.start and a.version < b.version for a, b in zip(t.versions, t.versions[1:]))
+        assert {s.version for s in t.versions} <= {old, old + 1}
+    split = [t for t in trajs if len(t.versions) == 2]
+    assert split, [t.versions for t in trajs]
+    assert all(0 < t.versions[0].end < len(t.completion_token_ids) for t in split)
+    sender.close()
