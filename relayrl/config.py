@@ -41,7 +41,7 @@ class DataConfig:
     """Local .jsonl file for ``task=jsonl``; rows need ``question`` and ``answer``."""
     num_prompts: int = 4096
     """How many problems the generated ``arith`` task makes."""
-    max_operand: int = 50
+    max_operand: int = 9
     """``arith``: operands are drawn from [0, max_operand]."""
     chat_template: bool = True
     """Wrap each prompt in the tokenizer's chat template (instruct models)."""
@@ -123,7 +123,7 @@ class PlacementConfig:
 
 @dataclass
 class RewardSpec:
-    fn: str = "relayrl.rewards.builtin:arith_correct"
+    fn: str = "relayrl.rewards.builtin:last_number_correct"
     """Import path ``module:function`` of a reward ``fn(prompts, completions, **columns) -> list[float]``."""
     weight: float = 1.0
     """Weight of this function in the total reward."""

@@ -1,0 +1,95 @@
+"""Deterministic, resumable prompt batches.
+
+Rows are visited in a seeded random order that changes every epoch; batches run straight across
+epoch boundaries (a step never comes up short). Each prompt gets
+``prompt_id = epoch * len(rows) + row_index``, unique for the whole run, so trajectories, groups and
+logged samples can be traced back to their row and epoch. The cursor ``(epoch, position)`` is the
+whole state: ``state_dict()`` / ``load_state_dict()`` resume exactly where a run stopped.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+PromptBatch = list[dict[str, Any]]
+"""``[{"prompt_id": int, "prompt": str, "columns": dict}, ...]``; columns are the row's own keys."""
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+class PromptSampler:
+    """Yields batches of ``batch_size`` formatted prompts, forever, in a seeded per-epoch order."""
+
+    def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int,
+                 format_prompt: Callable[[str], str] = _identity):
+        if not rows:
+            raise ValueError("PromptSampler got no rows; check the data config (data.task / data.path)")
+        if batch_size <= 0:
+            raise ValueError(f"PromptSampler batch_size={batch_size} must be > 0; set run.prompts_per_step>0")
+        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.format_prompt = format_prompt
+        self.epoch, self.position = 0, 0
+        self._order_epoch, self._order = -1, []
+
+    def _epoch_order(self) -> list[int]:
+        """Row indexes of the current epoch: a permutation seeded by ``(seed, epoch)`` only."""
+        if self._order_epoch != self.epoch:
+            self._order = list(range(len(self.rows)))
+            random.Random(f"relayrl-sampler/{self.seed}/{self.epoch}").shuffle(self._order)
+            self._order_epoch = self.epoch
+        return self._order
+
+    def next_batch(self) -> PromptBatch:
+        """The next ``batch_size`` prompts; advances the cursor (into the next epoch when needed)."""
+        batch = []
+        for _ in range(self.batch_size):
+            index = self._epoch_order()[self.position]
+            row = self.rows[index]
+            batch.append({"prompt_id": self.epoch * len(self.rows) + index,
+                          "prompt": self.format_prompt(row["question"]), "columns": dict(row)})
+            self.position += 1
+            if self.position == len(self.rows):
+                self.epoch, self.position = self.epoch + 1, 0
+        return batch
+
+    def __iter__(self) -> Iterator[PromptBatch]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        """The cursor plus what it is only valid for (seed and dataset size)."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore a cursor saved by ``state_dict``; refuse one taken with other data or another seed."""
+        for key, mine in (("seed", self.seed), ("num_rows", len(self.rows))):
+            if state[key] != mine:
+                raise ValueError(f"sampler state has {key}={state[key]} but this sampler has {key}={mine}; "
+                                 "resume with the same data config and seed, or start a fresh run")
+        if not 0 <= state["position"] < len(self.rows) or state["epoch"] < 0:
+            raise ValueError(f"sampler state epoch={state['epoch']} position={state['position']} is out of "
+                             f"range for {len(self.rows)} rows; the state file is corrupt, start a fresh run")
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+def chat_formatter(tokenizer: Any, use_chat_template: bool) -> Callable[[str], str]:
+    """``format_prompt`` for ``PromptSampler``: wrap the question as one user turn of the chat template.
+
+    ``add_generation_prompt=True`` appends the assistant header, so the model answers instead of
+    continuing the user's text. With ``use_chat_template=False`` the question is sent as it is.
+    """
+    if not use_chat_template:
+        return _identity
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
+                         "set data.chat_template=false to send raw questions")
+
+    def format_prompt(question: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                             tokenize=False, add_generation_prompt=True)
+
+    return format_prompt

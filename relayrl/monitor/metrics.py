@@ -1,0 +1,217 @@
+"""One metrics interface (``MetricsLogger``) fanning out to pluggable sinks.
+
+Sinks: ``ConsoleSink`` (one progress line per step), ``JsonlSink`` (``metrics.jsonl`` and
+``samples.jsonl`` in the run dir; what ``relayrl plot`` reads), ``WandbSink`` (offline by default,
+files under ``<run_dir>/wandb``) and ``NoopSink`` (tests and disabled logging). Every sink has the
+same three methods, so the training loop never checks which ones are on.
+
+Metric names are ``section/name`` (``reward/mean``, ``timing/step``); values are plain floats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from relayrl.config import LoggingConfig
+
+REWARD_KEY = "reward/mean"
+"""The headline metric: mean total reward of the step's completions."""
+STEP_TIME_KEY = "timing/step"
+"""Wall seconds of the step, when the loop measures it; otherwise the console sink measures it."""
+
+
+def is_kl_key(key: str) -> bool:
+    """KL metrics are recognised by name: the last ``/`` part starts or ends with ``kl`` (``train/approx_kl``)."""
+    last = key.rsplit("/", 1)[-1]
+    return last.startswith("kl") or last.endswith("kl")
+
+
+class Sink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
+    def close(self) -> None: ...
+
+
+class NoopSink:
+    """Accepts everything, writes nothing."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _scalar(value: Any) -> Any:
+    """Tensors and numpy scalars -> Python numbers; anything else (e.g. str) passes through."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _json_value(value: Any) -> Any:
+    """Strict JSON: non-finite floats become null (``json`` would write the non-standard ``NaN``)."""
+    value = _scalar(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
+
+
+class JsonlSink:
+    """``metrics.jsonl``: ``{"step", "wall_time", **metrics}`` per step; ``samples.jsonl``: ``{"step", **row}``.
+
+    Files are appended to and flushed per line, so a crashed or resumed run keeps what was written.
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8", buffering=1)
+        self._samples = (self.run_dir / "samples.jsonl").open("a", encoding="utf-8", buffering=1)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, "wall_time": time.time(), **{k: _json_value(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(record) + "\n")
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self._samples.write(json.dumps({"step": step, **{k: _json_value(v) for k, v in row.items()}}) + "\n")
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._samples.close()
+
+
+class ConsoleSink:
+    """One compact line per step: ``step 3/20 | reward 0.512 ±0.210 | pass 0.38 | kl 1.2e-03 | 4.3 s/step | ETA 1:12``.
+
+    ETA = mean step seconds so far x steps left (the mean is steadier than the last step alone).
+    """
+
+    def __init__(self, total_steps: int, console: Any = None):
+        from rich.console import Console
+
+        self.total_steps = total_steps
+        self.console = console or Console(highlight=False)
+        self._step_seconds: list[float] = []
+        self._last = time.perf_counter()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        now = time.perf_counter()
+        seconds = metrics.get(STEP_TIME_KEY, now - self._last)
+        self._last = now
+        self._step_seconds.append(seconds)
+        self.console.print(self.format_line(step, metrics, seconds))
+
+    def format_line(self, step: int, metrics: dict[str, float], seconds: float) -> str:
+        parts = [f"[bold]step {step}/{self.total_steps}[/bold]"]
+        if REWARD_KEY in metrics:
+            std = metrics.get("reward/std")
+            parts.append(f"reward [cyan]{metrics[REWARD_KEY]:.3f}[/cyan]" + (f" ±{std:.3f}" if std is not None else ""))
+        if "reward/pass_rate" in metrics:
+            parts.append(f"pass {metrics['reward/pass_rate']:.2f}")
+        kl = next((k for k in metrics if is_kl_key(k)), None)
+        if kl is not None:
+            parts.append(f"kl {metrics[kl]:.2e}")
+        mean_seconds = sum(self._step_seconds) / max(len(self._step_seconds), 1)
+        parts.append(f"{seconds:.1f} s/step")
+        parts.append(f"ETA {_clock(mean_seconds * max(self.total_steps - step, 0))}")
+        return " | ".join(parts)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _clock(seconds: float) -> str:
+    """``75`` -> ``1:15``; ``3725`` -> ``1:02:05``."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class WandbSink:
+    """wandb run writing under ``<run_dir>/wandb``; ``mode="offline"`` (default) needs no network or login.
+
+    Sync an offline run later with ``wandb sync <run_dir>/wandb/offline-run-*``.
+    """
+
+    def __init__(self, run_dir: str | Path, project: str, mode: str = "offline",
+                 config_dict: dict[str, Any] | None = None):
+        import wandb
+
+        if mode not in ("offline", "online"):
+            raise ValueError(f"WandbSink mode={mode!r}; use offline or online (logging.wandb=disabled turns it off)")
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._wandb = wandb
+        self.run = wandb.init(project=project, mode=mode, dir=str(run_dir), name=run_dir.name,
+                              config=config_dict or {}, reinit="create_new",
+                              settings=wandb.Settings(silent=True, console="off"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log({k: _scalar(v) for k, v in metrics.items()}, step=step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        data = [[_json_value(row.get(k)) for k in columns] for row in rows]
+        self.run.log({"samples": self._wandb.Table(columns=columns, data=data)}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricsLogger:
+    """Fans ``log``/``log_samples``/``close`` out to its sinks and keeps the logged history."""
+
+    def __init__(self, sinks: list[Sink] | None = None):
+        self.sinks = list(sinks) if sinks else [NoopSink()]
+        self.records: list[tuple[int, dict[str, Any]]] = []
+        self._closed = False
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        clean = {k: _scalar(v) for k, v in metrics.items()}
+        self.records.append((step, clean))
+        for sink in self.sinks:
+            sink.log(step, clean)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for sink in self.sinks:
+            sink.log_samples(step, rows)
+
+    def history(self, key: str) -> list[float]:
+        """Values of ``key`` in logging order (steps without it are skipped)."""
+        return [m[key] for _, m in self.records if key in m]
+
+    def close(self) -> None:
+        """Close every sink once (a second call does nothing)."""
+        if not self._closed:
+            self._closed = True
+            for sink in self.sinks:
+                sink.close()
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def make_logger(logging_cfg: LoggingConfig, run_dir: str | Path, config_dict: dict[str, Any],
+                total_steps: int) -> MetricsLogger:
+    """Always ``metrics.jsonl``; the console line if ``logging.console``; wandb unless ``logging.wandb=disabled``."""
+    sinks: list[Sink] = [JsonlSink(run_dir)]
+    if logging_cfg.console:
+        sinks.append(ConsoleSink(total_steps))
+    if logging_cfg.wandb != "disabled":
+        sinks.append(WandbSink(run_dir, logging_cfg.project, logging_cfg.wandb, config_dict))
+    return MetricsLogger(sinks)

@@ -1,0 +1,38 @@
+"""resolve_model: built-in names, local directories, and a one-line error for anything else."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.models import ModelNotFoundError, load_tokenizer, resolve_model
+
+
+def test_unknown_name_names_the_field_and_the_fix(tmp_path):
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve_model("gpt-17", cache_dir=tmp_path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "model.path='gpt-17'" in message and "smollm2, tiny-llama, tiny-qwen2" in message
+    assert isinstance(err.value, ValueError)
+
+
+def test_directory_without_config_is_rejected(tmp_path):
+    (tmp_path / "weights").mkdir()
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        resolve_model(str(tmp_path / "weights"))
+
+
+def test_local_directory_is_returned(tiny_llama):
+    assert resolve_model(str(tiny_llama)) == tiny_llama.resolve()
+
+
+def test_builtin_tiny_is_built_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELAYRL_CACHE", str(tmp_path / "env-cache"))
+    path = resolve_model("tiny-qwen2")
+    assert path == tmp_path / "env-cache" / "models" / "tiny-qwen2"
+    assert (path / "config.json").is_file()
+    assert resolve_model("tiny-qwen2", cache_dir=tmp_path / "arg") == tmp_path / "arg" / "models" / "tiny-qwen2"
+
+
+def test_load_tokenizer(tiny_llama):
+    assert load_tokenizer(tiny_llama).eos_token == "<|im_end|>"

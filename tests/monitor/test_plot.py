@@ -1,0 +1,60 @@
+import json
+import math
+
+import pytest
+
+from relayrl.monitor.metrics import JsonlSink, MetricsLogger
+from relayrl.monitor.plot import SPARK_CHARS, _downsample, plot_run, reward_curve_ascii
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(run_dir, steps: int = 20):
+    logger = MetricsLogger([JsonlSink(run_dir)])
+    for step in range(1, steps + 1):
+        correct = min(1.0, step / steps + 0.05 * math.sin(step))
+        logger.log(step, {"reward/mean": correct + 0.1, "reward/std": 0.3 * (1 - correct),
+                          "reward/arith_correct": correct, "reward/answer_format": 1.0,
+                          "reward/pass_rate": correct, "train/approx_kl": 1e-3 * step,
+                          "timing/step": 2.0})
+    logger.close()
+
+
+def test_plot_run_writes_reward_and_kl_pngs(tmp_path):
+    write_run(tmp_path)
+    paths = plot_run(tmp_path)
+    assert [p.name for p in paths] == ["reward.png", "kl.png"]
+    for p in paths:
+        assert p.parent == tmp_path / "plots" and p.read_bytes()[:8] == PNG_MAGIC
+        assert p.stat().st_size > 10_000                  # a real chart, not an empty canvas
+    from matplotlib.image import imread
+    assert imread(paths[0]).shape[:2] == (400, 700)     # figsize 7x4 at 100 dpi
+
+
+def test_plot_skips_charts_without_data_and_tolerates_nulls(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 1, "reward/mean": None}, {"step": 2, "reward/mean": 0.5}, {"step": 3, "reward/mean": 0.75}]))
+    assert [p.name for p in plot_run(tmp_path)] == ["reward.png"]
+
+
+def test_plot_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl does not exist; pass a run directory"):
+        plot_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="has no steps yet"):
+        plot_run(tmp_path)
+
+
+def test_reward_curve_ascii_scales_between_min_and_max():
+    line = reward_curve_ascii([0.0, 0.5, 1.0, float("nan"), 0.25])
+    assert line == "reward 0.000 ▁▅█▃ 0.250 (min 0.000, max 1.000, 4 steps)"
+    # (0.5 - 0) / 1 * 7 = 3.5 -> round half to even = 4 -> '▅'; 0.25 * 7 = 1.75 -> 2 -> '▃'
+    assert reward_curve_ascii([0.3, 0.3]).split()[2] == SPARK_CHARS[3] * 2   # flat: middle height
+    assert reward_curve_ascii([]) == "reward (no finite values)"
+    assert len(reward_curve_ascii(list(range(500)), width=40).split()[2]) == 40
+
+
+def test_downsample_means_by_hand():
+    assert _downsample([1, 2, 3, 4, 5, 6], 3) == [1.5, 3.5, 5.5]
+    assert _downsample([1, 2, 3, 4, 5], 2) == [1.5, 4.0]      # edges 0, round(2.5)=2, 5: [1,2] [3,4,5]
+    assert _downsample([1, 2], 5) == [1, 2]

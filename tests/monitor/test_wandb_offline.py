@@ -1,0 +1,31 @@
+"""A real offline wandb run: files must land under the run dir, holding the logged values."""
+
+import json
+import re
+
+from relayrl.config import LoggingConfig
+from relayrl.monitor.metrics import WandbSink, make_logger
+
+
+def test_offline_run_files_land_in_run_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)                      # anything written to the cwd would show up here too
+    run_dir = tmp_path / "runs" / "demo-1"
+    logger = make_logger(LoggingConfig(wandb="offline", console=False), run_dir, {"trainer": {"lr": 0.125}}, 3)
+    wandb_sink = next(s for s in logger.sinks if isinstance(s, WandbSink))
+    for step in (1, 2, 3):
+        logger.log(step, {"reward/mean": step / 4})
+    logger.log_samples(3, [{"prompt": "p", "completion": "Answer: 1", "reward": 1.0}])
+    logger.close()
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing written outside the run dir
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and runs[0].name.endswith(wandb_sink.run.id)
+    # wandb 0.31 keeps history and config only in the binary record log that `wandb sync` uploads;
+    # history items are stored as (key, JSON value) strings, so the values can be read back from it.
+    log = next(runs[0].glob("run-*.wandb")).read_bytes()
+    values = re.findall(rb"reward/mean[\x00-\x1f\x80-\xff]{1,4}([0-9.]+)", log)
+    assert list(dict.fromkeys(values)) == [b"0.25", b"0.5", b"0.75"]
+    assert b"0.125" in log                                        # the run config
+    table = json.loads(next((runs[0] / "files" / "media" / "table").glob("samples_3_*.table.json")).read_text())
+    assert table == {"columns": ["prompt", "completion", "reward"], "data": [["p", "Answer: 1", 1.0]]}

@@ -1,0 +1,61 @@
+import pytest
+
+from relayrl.rewards.builtin import answer_format, arith_correct, exact_match, parse_answer
+
+# (completion, what parse_answer reads)
+CASES = [
+    ("Answer: 12", 12),
+    ("Answer: 12.", 12),                       # sentence punctuation is fine
+    ("Answer: 12!\nThanks", 12),
+    ("Answer:12", 12),
+    ("12 + 7 = 19, so Answer: 19 because", 19),
+    ("Answer: -3", -3),                        # negative numbers
+    ("Answer: 1,200", 1200),                   # thousands separators
+    ("Answer: 5\nwait, no. Answer: 6", 6),     # the last Answer: is the final word
+    ("Answer: 5 Answer: six", None),           # ... even when it is malformed
+    ("answer: 12", None),                      # case-sensitive, as the prompt spells it
+    ("The sum is 12", None),                   # no fallback to the last number
+    ("Answer: 1 2", None),                     # ambiguous
+    ("Answer: 12.5", None),                    # not an integer
+    ("Answer: 12,5", None),
+    ("Answer: ", None),
+    ("Answer:\n12", None),                     # the number must be on the same line
+    ("Answer: x12", None),
+    ("", None),
+]
+
+
+@pytest.mark.parametrize("completion, expected", CASES)
+def test_parse_answer(completion, expected):
+    assert parse_answer(completion) == expected
+
+
+def test_arith_correct_and_format_on_tricky_completions():
+    completions = [c for c, _ in CASES]
+    answers = ["12"] * len(completions)
+    correct = arith_correct([""] * len(completions), completions, answer=answers)
+    fmt = answer_format([""] * len(completions), completions, answer=answers)
+    assert correct == [float(v == 12) for _, v in CASES]
+    assert correct == [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert fmt == [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_arith_correct_matches_negative_and_comma_answers_and_extra_columns():
+    out = arith_correct(["p"] * 3, ["Answer: -3", "Answer: 1,200", "Answer: 7"],
+                        answer=["-3", "1200", " 7 "], question=["a", "b", "c"])
+    assert out == [1.0, 1.0, 1.0]
+
+
+def test_arith_correct_non_integer_answer_is_a_clear_error():
+    with pytest.raises(ValueError, match="arith_correct needs integer answers, got '3.5'; use exact_match"):
+        arith_correct(["p"], ["Answer: 3"], answer=["3.5"])
+
+
+def test_arith_correct_length_mismatch_is_an_error():
+    with pytest.raises(ValueError):
+        arith_correct(["p", "p"], ["Answer: 3", "Answer: 3"], answer=["3"])
+
+
+def test_exact_match_strips_whitespace_only():
+    out = exact_match(["p"] * 5, [" 42\n", "42.", "Answer: 42", "", "abc"], answer=["42", "42", "42", "", "ABC"])
+    assert out == [1.0, 0.0, 0.0, 1.0, 0.0]
