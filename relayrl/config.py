@@ -63,6 +63,8 @@ class RolloutConfig:
     """KV-cache memory per engine in GiB (CPU: ``kv_cache_memory_bytes``)."""
     num_cpus: float = 1.0
     """Ray CPUs each rollout actor asks for (fractional is fine)."""
+    num_threads: int = 0
+    """CPU engines only: OpenMP threads vLLM binds (0: every core; the sync loop runs one phase at a time)."""
     enforce_eager: bool = True
     """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
 
@@ -85,6 +87,8 @@ class TrainerConfig:
     """Optimizer passes over each batch (PPO epochs); >1 makes the clip matter."""
     num_cpus: float = 1.0
     """Ray CPUs each trainer rank asks for."""
+    num_threads: int = 0
+    """CPU only: torch threads per rank (0: every core; the sync loop runs one phase at a time)."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
 

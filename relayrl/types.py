@@ -68,6 +68,9 @@ class TrainBatch:
     behaviour_logprobs: torch.Tensor     # [B, L-1] engine logprobs aligned with loss_mask
     advantages: torch.Tensor             # [B] one scalar per sequence (GRPO)
     prompt_ids: list[int]                # [B]
+    target_start: int = 0
+    """Column 0 of loss_mask/behaviour_logprobs scores ``input_ids[:, target_start + 1]``. The trainer
+    trims prompt-only columns this way and asks the model for logits from there on only."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

