@@ -97,7 +97,7 @@ class ConsoleSink:
         from rich.console import Console
 
         self.total_steps = total_steps
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, soft_wrap=True)
         self._step_seconds: list[float] = []
         self._last = time.perf_counter()
 

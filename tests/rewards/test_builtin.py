@@ -1,5 +1,6 @@
 import pytest
 
+from relayrl.rewards import builtin
 from relayrl.rewards.builtin import answer_format, arith_correct, exact_match, parse_answer
 
 # (completion, what parse_answer reads)
@@ -59,3 +60,25 @@ def test_arith_correct_length_mismatch_is_an_error():
 def test_exact_match_strips_whitespace_only():
     out = exact_match(["p"] * 5, [" 42\n", "42.", "Answer: 42", "", "abc"], answer=["42", "42", "42", "", "ABC"])
     assert out == [1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("12 + 7 = 19", 19),
+    ("The sum is 1,200.", 1200),
+    ("-5 then 3", 3),
+    ("Answer: 9\n\nThis is a classic example", 9),
+    ("no digits", None),
+    ("", None),
+])
+def test_last_number_reads_the_final_integer(completion, expected):
+    assert builtin.last_number(completion) == expected
+
+
+def test_last_number_correct_grades_value_not_format():
+    got = builtin.last_number_correct([""] * 4, ["12 + 7 = 19", "Answer: 19", "19 or 20", "nineteen"],
+                                      answer=["19"] * 4)
+    assert got == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_digit_fraction_counts_non_space_characters():
+    assert builtin.digit_fraction([""] * 3, ["ab12 ", "   ", "7"]) == [0.5, 0.0, 1.0]

@@ -11,15 +11,16 @@ def my_reward(prompts, completions, **columns):
 
 
 def test_short_names_and_import_paths_resolve():
-    assert set(REWARDS) == {"arith_correct", "answer_format", "exact_match"}
+    assert set(REWARDS) == {"arith_correct", "answer_format", "exact_match", "last_number_correct",
+                            "digit_fraction"}
     assert load_reward_fn("arith_correct") is arith_correct
     assert load_reward_fn("relayrl.rewards.builtin:answer_format") is answer_format
     assert load_reward_fn("tests.rewards.test_registry:my_reward")(["p"], ["abc"]) == [3.0]
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("nope", r"reward 'nope' is neither a built-in \(arith_correct, answer_format, exact_match\) nor an "
-             r"import path; write module:function"),
+    ("nope", r"reward 'nope' is neither a built-in \(arith_correct, answer_format, exact_match, "
+             r"last_number_correct, digit_fraction\) nor an import path; write module:function"),
     ("no_such_module_xyz:f", r"reward 'no_such_module_xyz:f': cannot import module 'no_such_module_xyz'"),
     ("relayrl.rewards.builtin:missing", r"module 'relayrl.rewards.builtin' has no attribute 'missing'; check"),
     ("tests.rewards.test_registry:NOT_CALLABLE", r"is a int, not a function; point it at fn\(prompts"),
