@@ -65,13 +65,14 @@ def loop(cfg: Config, system: System, run: RunDir) -> None:
 
 
 def resolve_rewards(cfg: Config, rewards: list[Callable] | None) -> list[tuple[str, Callable, float]]:
-    from relayrl.rewards import load_reward_fn
+    """``[(name, fn, weight)]`` from callables given to ``train`` or from the recipe's import paths."""
+    from relayrl.rewards import load_reward_fns
 
     if rewards:
         return [(getattr(fn, "__name__", f"reward{i}"), fn, 1.0) for i, fn in enumerate(rewards)]
     try:
-        return [(spec.fn.rsplit(":", 1)[-1], load_reward_fn(spec.fn), spec.weight) for spec in cfg.rewards]
-    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        return load_reward_fns([(spec.fn, spec.weight) for spec in cfg.rewards])
+    except ValueError as exc:
         raise ConfigError(f"rewards: {exc}") from None
 
 

@@ -1,20 +1,35 @@
-"""Advantage estimators: rewards and group ids in, one advantage per sequence out.
+"""Advantage estimators: rewards in, advantages out. Two families, both pure tensor math.
 
-GRPO (Shao et al. 2024, *DeepSeekMath*, arXiv:2402.03300, eq. 3 / sec. 4.1.2) replaces PPO's learned
-value baseline with the other samples of the same prompt: each completion's advantage is its reward
-relative to its group,
+**Sequence-level** (outcome reward, critic-free): ``fn(rewards[N], group_ids[N], **kw) -> [N]``, one
+advantage per completion, broadcast over its tokens by the loss. ``group_ids`` are any labels (equal
+label = same prompt); estimators that use no groups still take them so that ``ADVANTAGES`` has one
+signature. Extra keywords are estimator-specific, all with defaults. With ``mean_g``/``std_g`` over a
+group of size ``G`` and ``mean_B``/``std_B`` over the whole batch:
 
-    A_i = (r_i - mean_g(r)) / (std_g(r) + eps)          (GRPO)
-    A_i =  r_i - mean_g(r)                              (Dr.GRPO, norm_std=False)
+    GRPO                   A_i = (r_i - mean_g) / (std_g + eps)           Shao et al. 2024, arXiv:2402.03300
+    Dr.GRPO                A_i =  r_i - mean_g                            Liu et al. 2025, arXiv:2503.20783
+    RLOO                   A_i =  r_i - mean_{j in g, j != i} r_j         Ahmadian et al. 2024, arXiv:2402.14740
+                               = G / (G - 1) * (r_i - mean_g)
+    REINFORCE++            A_i = (r_i - mean_B) / (std_B + eps)           Hu 2025, arXiv:2501.03262
+    REINFORCE++-baseline   c_i =  r_i - mean_g ;  A_i = (c_i - mean_B(c)) / (std_B(c) + eps)   (same paper)
 
-Dr.GRPO (Liu et al. 2025, *Understanding R1-Zero-Like Training*, arXiv:2503.20783, sec. 3.1) drops the
-division by std because it up-weights prompts whose rewards barely vary (too easy or too hard), a
-question-level difficulty bias.
+Dr.GRPO drops GRPO's division by std because it up-weights prompts whose rewards barely vary (too easy or
+too hard), a question-level difficulty bias. RLOO's baseline excludes the sample itself, so it is
+independent of that sample and the estimator stays unbiased. REINFORCE++ replaces the per-prompt std by
+the batch's, which is steadier with small groups; its -baseline variant first removes each prompt's mean
+(reward shaping by prompt difficulty) and then rescales by the batch std.
 
-``std_g`` is the *sample* standard deviation (Bessel-corrected, divisor G-1), the one DeepSeekMath's
-reference implementation, TRL's ``GRPOTrainer`` and verl compute with ``torch.std``; using the same
-estimator keeps advantage scales comparable across frameworks. A group of one has no baseline to compare
-against and gets advantage 0. A group whose rewards are all equal also gets 0 (nothing to learn from).
+Every ``std`` is the *sample* standard deviation (Bessel-corrected, divisor n-1), what ``torch.std`` and
+the reference implementations of GRPO (DeepSeekMath, TRL, verl) compute, so advantage scales stay
+comparable across frameworks. A group of one has no baseline and gets advantage 0 from every grouped
+estimator; a group (or batch) whose rewards are all equal gets 0 too: nothing to learn from.
+
+**Token-level** (``[B, T]`` in, ``[B, T]`` out; ``mask`` is 1 on completion tokens, 0 on prompt, padding
+or, in multi-turn episodes, environment tokens): ``gae_advantages`` for PPO with a critic,
+``reinforce_pp_token_advantages`` for REINFORCE++ with per-token rewards (e.g. a per-token KL penalty from
+``losses.kl_penalized_rewards``), and the helpers ``last_token_rewards``, ``discounted_returns``,
+``masked_whiten``. Masked positions are skipped as if absent: a reward there is ignored, the recursion
+bridges them, and their outputs are 0. Right padding is the special case where nothing follows.
 """
 
 from __future__ import annotations
@@ -24,32 +39,196 @@ from collections.abc import Callable
 import torch
 
 
+def _check_sequences(rewards: torch.Tensor, group_ids: torch.Tensor) -> None:
+    if rewards.ndim != 1 or rewards.shape != group_ids.shape:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must be "
+                         "1-D of the same length; pass one reward and one group id per sequence")
+
+
+def _group_stats(r: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample group index [N] (dense 0..K-1), group size [K] and group mean [K] of ``r`` [N]."""
+    _, group = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(group.max()) + 1 if len(group) else 0
+    count = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, group, torch.ones_like(r))
+    mean = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, group, r) / count
+    return group, count, mean
+
+
+def _batch_normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` over all of ``x`` [N] (sample std); 0 when N < 2."""
+    if len(x) < 2:
+        return torch.zeros_like(x)
+    return (x - x.mean()) / (x.std() + eps)
+
+
 def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm_std: bool = True,
                     eps: float = 1e-6) -> torch.Tensor:
     """Group-relative advantages ``(r - mean_g) / (std_g + eps)``; ``norm_std=False`` is Dr.GRPO.
 
     rewards: [N] float, group_ids: [N] int (any labels; equal label = same group). Returns [N] float32.
     """
-    if rewards.ndim != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must be "
-                         "1-D of the same length; pass one reward and one group id per sequence")
+    _check_sequences(rewards, group_ids)
     r = rewards.to(torch.float64)  # float64 so that near-equal rewards don't produce noise advantages
-    _, group = torch.unique(group_ids, return_inverse=True)          # [N] dense 0..num_groups-1
-    num_groups = int(group.max()) + 1 if len(group) else 0
-    count = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, group, torch.ones_like(r))
-    mean = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, group, r) / count
+    group, count, mean = _group_stats(r, group_ids)
     centred = r - mean[group]
     if norm_std:
-        sq = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, group, centred**2)
+        sq = torch.zeros(len(count), dtype=r.dtype).index_add_(0, group, centred**2)
         std = torch.sqrt(sq / (count - 1).clamp(min=1))              # Bessel-corrected sample std
         centred = centred / (std[group] + eps)
     centred = torch.where(count[group] > 1, centred, torch.zeros_like(centred))
     return centred.to(torch.float32)
 
 
+def dr_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Dr.GRPO: ``A_i = r_i - mean_g(r)``, GRPO without the std division (arXiv:2503.20783, sec. 3.1).
+
+    Pair it with the ``seq-mean-token-sum-norm`` loss aggregation (constant normaliser), Dr.GRPO's other
+    half: together they remove GRPO's length and difficulty biases. [N], [N] -> [N] float32.
+    """
+    return grpo_advantages(rewards, group_ids, norm_std=False)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """RLOO: ``A_i = r_i - (sum_g r - r_i) / (G - 1) = G / (G - 1) * (r_i - mean_g)``.
+
+    The leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024, *Back to Basics*, arXiv:2402.14740)
+    does not depend on ``r_i``, so the gradient estimate is unbiased; it equals Dr.GRPO scaled by
+    ``G / (G - 1)``. Groups of one get 0. [N], [N] -> [N] float32.
+    """
+    _check_sequences(rewards, group_ids)
+    r = rewards.to(torch.float64)
+    group, count, mean = _group_stats(r, group_ids)
+    g = count[group]
+    adv = g / (g - 1).clamp(min=1) * (r - mean[group])
+    return torch.where(g > 1, adv, torch.zeros_like(adv)).to(torch.float32)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++: ``A_i = (r_i - mean_B) / (std_B + eps)``, whitened over the whole batch, groups unused.
+
+    Hu 2025, *REINFORCE++*, arXiv:2501.03262 (global advantage normalisation). This is the
+    outcome-reward, gamma = 1 case with each sequence weighted once; the paper whitens over tokens, which
+    weights long sequences more and matters once per-token rewards (KL penalty) make returns differ along
+    a sequence: use ``reinforce_pp_token_advantages`` for that. [N], [N] -> [N] float32.
+    """
+    _check_sequences(rewards, group_ids)
+    return _batch_normalise(rewards.to(torch.float64), eps).to(torch.float32)
+
+
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: torch.Tensor,
+                                     eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++-baseline: ``c_i = r_i - mean_g``, then ``A_i = (c_i - mean_B(c)) / (std_B(c) + eps)``.
+
+    Hu 2025, arXiv:2501.03262 (v2+, the variant for group sampling): the group mean removes per-prompt
+    difficulty, the *batch* std (not GRPO's per-group one) sets the scale, so a group with tiny reward
+    spread is not blown up. ``mean_B(c)`` is 0 whenever every group is centred; it is kept for fidelity.
+    Groups of one get ``c = 0``. [N], [N] -> [N] float32.
+    """
+    centred = grpo_advantages(rewards, group_ids, norm_std=False).to(torch.float64)
+    return _batch_normalise(centred, eps).to(torch.float32)
+
+
 AdvantageFn = Callable[..., torch.Tensor]
 
 ADVANTAGES: dict[str, AdvantageFn] = {
     "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_pp": reinforce_pp_advantages,
+    "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
 }
-"""Advantage estimators by ``algorithm.name``: ``fn(rewards[N], group_ids[N], norm_std) -> [N]``."""
+"""Sequence-level estimators by name: ``fn(rewards[N], group_ids[N], **kw) -> [N]`` (kw: ``grpo`` takes
+``norm_std``, ``eps``; ``reinforce_pp*`` take ``eps``). Token-level ``gae_advantages`` needs values and
+``reinforce_pp_token_advantages`` token rewards, so they are called directly, not through this dict."""
+
+
+# ---------------------------------------------------------------------------------------- token level
+def _check_tokens(mask: torch.Tensor, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.shape != mask.shape or t.ndim != 2:
+            raise ValueError(f"{name} {tuple(t.shape)} must be [B, T] like mask {tuple(mask.shape)}; "
+                             "align it with the loss mask (one entry per completion-token position)")
+
+
+def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Outcome reward placed on each row's last masked position: [B], [B, T] -> [B, T] float32.
+
+    Rows with no masked position get nothing (their reward is dropped; they carry no loss either).
+    """
+    if rewards.shape != mask.shape[:1]:
+        raise ValueError(f"rewards {tuple(rewards.shape)} must be [B]={mask.shape[0]}, one per row of mask")
+    m = mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(m)
+    last = torch.where(m, positions, -1).max(dim=1).values                  # [B], -1 if the row is empty
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    has = last >= 0
+    out[has.nonzero().squeeze(1), last[has]] = rewards[has].to(torch.float32)
+    return out
+
+
+@torch.no_grad()
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                   lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised Advantage Estimation for PPO (Schulman et al. 2016, arXiv:1506.02438, eq. 16).
+
+        delta_t = r_t + gamma * V_{t+1} - V_t          (V after the last token = 0: the episode ends)
+        A_t     = delta_t + gamma * lam * A_{t+1}  =  sum_k (gamma lam)^k delta_{t+k}
+        R_t     = A_t + V_t                            (lambda-return: the critic's regression target)
+
+    ``t+1`` means the next *masked* position: masked-out positions are skipped (right padding, or tool
+    output inside a multi-turn episode), as in verl's GAE. ``lam = 1`` gives the Monte-Carlo return minus
+    V (unbiased, high variance); ``lam = 0`` the one-step TD error. LLM PPO usually runs gamma = lam = 1
+    with the reward on the last token (``last_token_rewards``) plus a per-token KL penalty. PPO then
+    usually whitens the advantages (``masked_whiten``), never the returns.
+
+    rewards, values, mask: [B, T] (values detached). Returns (advantages, returns), both [B, T] float32,
+    zero off the mask. The loop runs over T with [B]-wide steps, computed in float64.
+    """
+    _check_tokens(mask, rewards=rewards, values=values)
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gamma={gamma} and lam={lam} must lie in [0, 1]; PPO for LLMs uses gamma=1, lam=0.95..1")
+    r, v, m = rewards.to(torch.float64), values.to(torch.float64), mask.bool()
+    adv = torch.zeros_like(r)
+    next_value, next_adv = r.new_zeros(r.shape[0]), r.new_zeros(r.shape[0])   # [B] at the next masked position
+    for t in reversed(range(r.shape[1])):
+        a = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_adv
+        on = m[:, t]
+        adv[:, t] = torch.where(on, a, 0.0)
+        next_value = torch.where(on, v[:, t], next_value)
+        next_adv = torch.where(on, a, next_adv)
+    returns = torch.where(m, adv + v, 0.0)
+    return adv.to(torch.float32), returns.to(torch.float32)
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Reward-to-go ``G_t = sum_k gamma^k r_{t+k}`` over masked positions: [B, T] -> [B, T] float32.
+
+    It is GAE with ``V = 0`` and ``lam = 1``, so it shares GAE's masking rules.
+    """
+    return gae_advantages(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)[0]
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` over the masked entries of ``values`` [B, T] (sample std); 0 off the mask.
+
+    Token-weighted: a sequence counts once per token. Under data parallelism the mean and std must be over
+    the whole step, so call it on the full step batch (the trainer builds it identically on every rank)
+    before splitting, not per rank or micro-batch.
+    """
+    _check_tokens(mask, values=values)
+    m = mask.bool()
+    x = values.to(torch.float64)[m]
+    if x.numel() < 2:
+        return torch.zeros_like(values, dtype=torch.float32)
+    whitened = (values.to(torch.float64) - x.mean()) / (x.std() + eps)
+    return torch.where(m, whitened, 0.0).to(torch.float32)
+
+
+def reinforce_pp_token_advantages(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """REINFORCE++ with per-token rewards: ``A_t = whiten_B(G_t)``, ``G_t`` the discounted return-to-go.
+
+    Hu 2025, arXiv:2501.03262: token-level return with a KL penalty in the reward, globally whitened;
+    pass ``rewards = last_token_rewards(r, mask) - kl_coef * kl`` (``losses.kl_penalized_rewards``).
+    [B, T] -> [B, T] float32.
+    """
+    return masked_whiten(discounted_returns(rewards, mask, gamma), mask)
