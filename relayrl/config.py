@@ -96,15 +96,30 @@ class TrainerConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "grpo"
-    """Advantage estimator / objective: grpo."""
+    """Advantage estimator, a key of ``trainer.advantages.ADVANTAGES``: grpo | dr_grpo (no std division) |
+    rloo | reinforce_pp (batch-whitened) | reinforce_pp_baseline."""
     group_size: int = 8
-    """Completions sampled per prompt (G); advantages are normalised within each group."""
+    """Completions sampled per prompt (G); grouped estimators compare each one with its group."""
+    policy_loss: str = "ppo_clip"
+    """Per-token surrogate, a key of ``trainer.losses.POLICY_LOSSES``: ppo_clip | dual_clip | clip_higher | gspo."""
     clip_eps: float = 0.2
-    """PPO clip range for the ratio pi/pi_old."""
+    """Lower clip range of the ratio pi/pi_old (and the upper one unless clip_eps_high is set).
+    gspo clips a per-token geometric-mean ratio: its paper uses 3e-4."""
+    clip_eps_high: float | None = None
+    """Upper clip range (DAPO's clip-higher: 0.28); None: symmetric, = clip_eps."""
+    dual_clip_c: float = 3.0
+    """dual_clip only: caps the loss of a negative-advantage token at c|A| (must be > 1)."""
+    loss_agg: str = "token-mean"
+    """How per-token losses become the step's loss, a key of ``trainer.losses.LOSS_AGG``: token-mean |
+    seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm. Normalised over the whole step."""
+    norm_len: int | None = None
+    """seq-mean-token-sum-norm's constant L in sum / (B * L); None: rollout.max_tokens (set by load_config)."""
     kl_coef: float = 0.0
-    """Weight of the k3 KL(pi || pi_ref) term; 0 skips the reference model entirely."""
-    norm_std: bool = True
-    """Divide group-centred rewards by the group std (GRPO) or not (Dr.GRPO)."""
+    """Weight of the KL(pi || pi_ref) loss term; 0 skips the reference model entirely."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator, a key of ``trainer.losses.KL_ESTIMATORS``: k1 | k2 | k3."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (-coef * H per token); 0 skips it."""
 
 
 @dataclass
@@ -193,12 +208,14 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "mode": ("sync",),
     "model.dtype": ("float32", "bfloat16"),
     "data.task": ("arith", "jsonl"),
-    "algorithm.name": ("grpo",),
     "weightsync.backend": ("shm",),
     "placement.mode": ("separate", "colocated"),
     "logging.wandb": ("offline", "online", "disabled"),
     "trainer.backend": ("auto", "gloo", "nccl"),
 }
+
+GROUPED_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+"""Advantage estimators whose baseline comes from the other samples of the same prompt (need G >= 2)."""
 
 _POSITIVE: tuple[str, ...] = (
     "rollout.num_replicas", "rollout.max_tokens", "rollout.num_cpus", "trainer.world_size",
@@ -222,17 +239,12 @@ def validate(cfg: Config) -> Config:
     for key in _POSITIVE:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be > 0; set {key}=<positive value>")
-    if cfg.algorithm.name == "grpo" and cfg.algorithm.group_size < 2:
-        raise ConfigError(
-            f"algorithm.group_size={cfg.algorithm.group_size} gives GRPO no group to compare against; "
-            "set algorithm.group_size>=2")
+    _validate_algorithm(cfg.algorithm)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]; set rollout.top_p=1.0")
     if cfg.rollout.temperature <= 0:
         raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be > 0 for RL sampling; "
                           "set rollout.temperature=1.0")
-    if cfg.algorithm.clip_eps <= 0:
-        raise ConfigError(f"algorithm.clip_eps={cfg.algorithm.clip_eps} must be > 0; set algorithm.clip_eps=0.2")
     if cfg.placement.mode == "colocated":
         rollout_cpus = cfg.rollout.num_replicas * cfg.rollout.num_cpus
         trainer_cpus = cfg.trainer.world_size * cfg.trainer.num_cpus
@@ -247,6 +259,49 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.path={cfg.data.path} does not exist; point data.path at a local .jsonl file")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; add at least one reward, e.g. rewards=[{fn: module:function}]")
+    return cfg
+
+
+def _algorithm_choices() -> dict[str, tuple[str, ...]]:
+    """Valid names per algorithm field, read from the registries (pure torch modules, cheap to import)."""
+    from relayrl.trainer.advantages import ADVANTAGES
+    from relayrl.trainer.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
+
+    return {"name": tuple(ADVANTAGES), "policy_loss": tuple(POLICY_LOSSES), "loss_agg": tuple(LOSS_AGG),
+            "kl_estimator": tuple(KL_ESTIMATORS)}
+
+
+def _validate_algorithm(algo: AlgorithmConfig) -> None:
+    """Registry names, group size for grouped estimators, and each loss's hyper-parameter ranges."""
+    for key, choices in _algorithm_choices().items():
+        if getattr(algo, key) not in choices:
+            raise ConfigError(f"algorithm.{key}={getattr(algo, key)!r} is not supported; "
+                              f"use one of {', '.join(choices)}")
+    if algo.name in GROUPED_ESTIMATORS and algo.group_size < 2:
+        raise ConfigError(f"algorithm.group_size={algo.group_size} gives {algo.name} no group to compare "
+                          "against; set algorithm.group_size>=2 or algorithm.name=reinforce_pp")
+    if algo.clip_eps <= 0 or (algo.clip_eps_high is not None and algo.clip_eps_high <= 0):
+        raise ConfigError(f"algorithm.clip_eps={algo.clip_eps} and clip_eps_high={algo.clip_eps_high} must be "
+                          "> 0; set algorithm.clip_eps=0.2")
+    if algo.policy_loss == "ppo_clip" and algo.clip_eps_high is not None:
+        raise ConfigError("algorithm.clip_eps_high is set but ppo_clip is symmetric; "
+                          "use algorithm.policy_loss=clip_higher (or dual_clip/gspo) or unset clip_eps_high")
+    if algo.policy_loss == "clip_higher" and not (algo.clip_eps_high or 0) > algo.clip_eps:
+        raise ConfigError(f"algorithm.policy_loss=clip_higher needs algorithm.clip_eps_high > clip_eps="
+                          f"{algo.clip_eps} (got {algo.clip_eps_high}); set algorithm.clip_eps_high=0.28")
+    if algo.policy_loss == "dual_clip" and algo.dual_clip_c <= 1:
+        raise ConfigError(f"algorithm.dual_clip_c={algo.dual_clip_c} must be > 1; set algorithm.dual_clip_c=3.0")
+    if algo.norm_len is not None and algo.norm_len <= 0:
+        raise ConfigError(f"algorithm.norm_len={algo.norm_len} must be > 0; set it to rollout.max_tokens")
+    for key in ("kl_coef", "entropy_coef"):
+        if getattr(algo, key) < 0:
+            raise ConfigError(f"algorithm.{key}={getattr(algo, key)} must be >= 0; set algorithm.{key}=0")
+
+
+def _fill_defaults(cfg: Config) -> Config:
+    """Defaults that depend on another section: ``algorithm.norm_len`` = ``rollout.max_tokens`` (Dr.GRPO's L)."""
+    if cfg.algorithm.norm_len is None:
+        cfg.algorithm.norm_len = cfg.rollout.max_tokens
     return cfg
 
 
@@ -271,7 +326,7 @@ def load_config(config_name: str, overrides: list[str] = (), config_dir: str | N
     if not isinstance(cfg, Config):
         raise ConfigError(f"recipe {config_name!r} does not extend the schema; "
                           "add `defaults: [relayrl_schema, _self_]` at its top")
-    return validate(cfg)
+    return validate(_fill_defaults(cfg))
 
 
 def _one_line(exc: Exception, config_name: str, search_dir: str) -> str:

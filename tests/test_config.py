@@ -34,6 +34,21 @@ def test_overrides_are_typed():
     (["data.task=jsonl"], "data.task=jsonl needs data.path"),
     (["data.path=/nonexistent.jsonl"], "data.path=/nonexistent.jsonl does not exist"),
     (["placement=nowhere"], "placement=nowhere is not an option; use one of: colocated, separate"),
+    (["algorithm.name=ppo"], "algorithm.name='ppo' is not supported; use one of grpo, dr_grpo, rloo, "
+                             "reinforce_pp, reinforce_pp_baseline"),
+    (["algorithm.policy_loss=trpo"], "algorithm.policy_loss='trpo' is not supported; use one of ppo_clip,"),
+    (["algorithm.loss_agg=sum"], "algorithm.loss_agg='sum' is not supported; use one of token-mean,"),
+    (["algorithm.kl_estimator=k4"], "algorithm.kl_estimator='k4' is not supported; use one of k1, k2, k3"),
+    (["algorithm.name=rloo", "algorithm.group_size=1"], "gives rloo no group to compare against; "
+                                                         "set algorithm.group_size>=2"),
+    (["algorithm.clip_eps_high=0.28"], "use algorithm.policy_loss=clip_higher"),
+    (["algorithm.policy_loss=clip_higher"], "needs algorithm.clip_eps_high > clip_eps=0.2 (got None); "
+                                            "set algorithm.clip_eps_high=0.28"),
+    (["algorithm.policy_loss=gspo", "algorithm.clip_eps_high=-1"], "must be > 0; set algorithm.clip_eps=0.2"),
+    (["algorithm.policy_loss=dual_clip", "algorithm.dual_clip_c=1"], "algorithm.dual_clip_c=1.0 must be > 1"),
+    (["algorithm.norm_len=0"], "algorithm.norm_len=0 must be > 0"),
+    (["algorithm.entropy_coef=-0.1"], "algorithm.entropy_coef=-0.1 must be >= 0"),
+    (["algorithm.kl_coef=-1"], "algorithm.kl_coef=-1.0 must be >= 0"),
 ])
 def test_bad_config_is_one_line_naming_the_field(overrides, expected):
     with pytest.raises(ConfigError) as err:
@@ -41,6 +56,21 @@ def test_bad_config_is_one_line_naming_the_field(overrides, expected):
     message = str(err.value)
     assert expected in message
     assert "\n" not in message
+
+
+def test_reinforce_pp_needs_no_group_and_norm_len_defaults_to_max_tokens():
+    cfg = load_config("grpo_tiny", ["algorithm.name=reinforce_pp", "algorithm.group_size=1"])
+    assert cfg.algorithm.group_size == 1
+    assert cfg.algorithm.norm_len == cfg.rollout.max_tokens == 16
+    assert load_config("grpo_tiny", ["algorithm.norm_len=64"]).algorithm.norm_len == 64
+
+
+def test_recipes_select_their_algorithm():
+    dr, rloo, dapo = load_config("drgrpo_arith"), load_config("rloo_tiny"), load_config("dapo_arith")
+    assert (dr.algorithm.name, dr.algorithm.loss_agg) == ("dr_grpo", "seq-mean-token-sum-norm")
+    assert rloo.algorithm.name == "rloo" and rloo.model.path == "tiny-llama"
+    assert (dapo.algorithm.policy_loss, dapo.algorithm.clip_eps_high, dapo.algorithm.loss_agg) == \
+        ("clip_higher", 0.28, "token-mean")
 
 
 def test_unknown_recipe_lists_the_choices():

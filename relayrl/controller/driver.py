@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 import ray
@@ -39,12 +38,15 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     run = RunDir.create(cfg)
     start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
     placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
-    system = System.start(cfg, model_path, placement, reward_fns, run)
     try:
-        loop(cfg, system, run)
-        return run.finish(system)
+        system = System.start(cfg, model_path, placement, reward_fns, run)
+        try:
+            loop(cfg, system, run)
+            return run.finish(system)
+        finally:
+            system.shutdown()
     finally:
-        system.shutdown()
+        run.logger.close()  # idempotent; metrics.jsonl is flushed line by line anyway
         ray.util.remove_placement_group(placement.group)
 
 
@@ -104,4 +106,4 @@ class StageTimer:
         return out
 
 
-__all__ = ["train", "loop", "StageTimer", "asdict"]
+__all__ = ["train", "loop", "StageTimer"]

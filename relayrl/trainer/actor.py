@@ -6,12 +6,18 @@ collective (FSDP2 all-gathers parameters in each forward), so the group calls it
 A train step, on every rank:
 
     ray.get(group refs)  ->  build_train_batch (whole step, identical on all ranks)  ->  split_batch
-    old logprobs (no grad) [+ ref logprobs if kl_coef > 0]          once, before any update
-    for epoch in 1..E:  for micro-batch:  loss = sum_tokens(ppo_clip + kl_coef * k3) / N_step ; backward
+    D_step = all_reduce(sum of LOSS_AGG denominators)               from masks only, before any backward
+    ref logprobs if kl_coef > 0                                      once, before any update
+    for epoch in 1..E:  for micro-batch:
+                            per_token = POLICY_LOSSES[policy_loss] [+ kl_coef * KL_ESTIMATORS[kl_estimator]]
+                                        [- entropy_coef * H]
+                            (LOSS_AGG[loss_agg] numerator of per_token / D_step).backward()
                         clip_grad_norm_ ; AdamW step
 
-``N_step`` is the number of completion tokens of the whole step on all ranks (all-reduced), so the
-gradient is that of the token mean over the step however it is split into ranks and micro-batches.
+Every ``LOSS_AGG`` mode is a ratio of sums (tokens, or sequences, or sequences x L), so with the
+denominator summed over the whole step on all ranks the gradient is that of the step's loss however
+the step is split into ranks and micro-batches (a sequence is never split, so per-sequence means stay
+local).
 The model stays in eval mode: dropout off, so the old logprobs and the first epoch's agree exactly
 (ratio = 1) and the clip only acts on later epochs or on off-policy data.
 """
@@ -29,12 +35,34 @@ import torch.distributed as dist
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from relayrl.trainer.batch import build_train_batch, split_batch
 from relayrl.trainer.logprobs import token_entropy, token_logprobs
-from relayrl.trainer.losses import kl_k3, masked_token_sum, ppo_clip_loss
+from relayrl.trainer.losses import (LOSS_AGG, POLICY_LOSSES, entropy_bonus, kl_k3, kl_loss, masked_token_sum)
 from relayrl.types import TrainBatch, TrajectoryGroup
 from relayrl.weightsync.base import WeightHandle
 
-# Token-weighted sums all-reduced at the end of a step, in this order (ratio_max is reduced with MAX).
+# Sums all-reduced at the end of a step, in this order (ratio_max is reduced with MAX): "loss" is the
+# LOSS_AGG numerator (divided by the step's denominator), the rest are token-weighted (divided by tokens).
 _SUM_STATS = ("loss", "clip_frac", "approx_kl", "ratio_mean", "kl", "entropy", "behaviour_kl")
+
+
+def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
+    """The hyper-parameters ``POLICY_LOSSES[algo.policy_loss]`` takes; clip_eps_high None = symmetric."""
+    if algo.policy_loss == "ppo_clip":
+        return {"clip_eps": algo.clip_eps}
+    high = algo.clip_eps if algo.clip_eps_high is None else algo.clip_eps_high
+    kw = {"clip_eps": algo.clip_eps, "clip_eps_high": high}
+    if algo.policy_loss == "dual_clip":
+        kw["dual_clip_c"] = algo.dual_clip_c
+    return kw
+
+
+def loss_agg_kwargs(algo: AlgorithmConfig) -> dict[str, int]:
+    """The keywords ``LOSS_AGG[algo.loss_agg]`` takes: only seq-mean-token-sum-norm needs ``max_len``."""
+    if algo.loss_agg != "seq-mean-token-sum-norm":
+        return {}
+    if algo.norm_len is None:
+        raise ValueError("algorithm.loss_agg=seq-mean-token-sum-norm needs algorithm.norm_len; set it to "
+                         "rollout.max_tokens (load_config does this by default)")
+    return {"max_len": algo.norm_len}
 
 
 def _first_target(loss_mask: torch.Tensor) -> int:
@@ -63,6 +91,9 @@ class TrainerActor:
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
         self.temperature, self.seed, self.timeout = temperature, seed, timedelta(seconds=timeout_s)
         self._sender = None  # weight-sync sender, created on first publish (rank 0 only)
+        self.policy_loss = POLICY_LOSSES[algo_cfg.policy_loss]
+        self.policy_kw, self.agg_kw = policy_loss_kwargs(algo_cfg), loss_agg_kwargs(algo_cfg)
+        self.aggregate = LOSS_AGG[algo_cfg.loss_agg]
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -120,14 +151,15 @@ class TrainerActor:
 
         ``group_refs``: Ray ObjectRefs of ``list[TrajectoryGroup]`` (one per rollout replica), fetched here
         so trajectory data never passes through the driver. Plain lists are accepted too.
-        Stats are token-weighted means over all ranks and epochs; ``behaviour_kl`` is the k3 estimate of
+        Stats are token-weighted means over all ranks and epochs (``loss``: numerators over
+        ``loss_denominator``, the step's global ``LOSS_AGG`` denominator); ``behaviour_kl`` is the k3 estimate of
         KL(engine || trainer) before the update: ~0 on-policy, large if weight sync or sampling settings differ.
         """
         t0 = time.perf_counter()
         groups = self._fetch(group_refs)
-        batch = build_train_batch(groups, self.pad_token_id, self.algo.norm_std)
+        batch = build_train_batch(groups, self.pad_token_id, self.algo.name)
         micro = self._micro_batches(split_batch(batch, self.rank, self.world_size))
-        n_tokens = self._all_reduce(sum(mb.loss_mask.sum() for mb in micro)).clamp(min=1)
+        n_tokens, denom = self._step_totals(micro)
         t1 = time.perf_counter()
         # Old logprobs come from the first epoch's own forward pass (detached): parameters only change
         # at the end of an epoch, so within epoch 0 the policy *is* pi_old. This saves a full forward.
@@ -138,17 +170,28 @@ class TrainerActor:
         ratio_max, grad_norms = torch.zeros((), device=self.device), []
         for _ in range(self.cfg.epochs):
             for i, mb in enumerate(micro):
-                stats, old[i] = self._train_micro(mb, old[i], ref[i] if ref else None, n_tokens)
+                stats, old[i] = self._train_micro(mb, old[i], ref[i] if ref else None, denom)
                 ratio_max = torch.maximum(ratio_max, stats.pop("ratio_max"))
                 for k, v in stats.items():
                     sums[k] += v
             grad_norms.append(self._optimizer_step())
         t3 = time.perf_counter()
-        out = self._reduce_stats(sums, ratio_max, n_tokens)
+        out = self._reduce_stats(sums, ratio_max, n_tokens, denom)
         out.update(grad_norm=sum(grad_norms) / len(grad_norms), tokens=float(n_tokens),
-                   sequences=float(len(batch)), fetch_seconds=t1 - t0, logprob_seconds=t2 - t1,
-                   train_seconds=t3 - t2, step_seconds=time.perf_counter() - t0)
+                   loss_denominator=float(denom), sequences=float(len(batch)), fetch_seconds=t1 - t0,
+                   logprob_seconds=t2 - t1, train_seconds=t3 - t2, step_seconds=time.perf_counter() - t0)
         return out
+
+    def _step_totals(self, micro: list[TrainBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(completion tokens, ``LOSS_AGG`` denominator) of the whole step on all ranks, each >= 1.
+
+        Denominators depend only on the masks, so they are known before any forward pass; one all-reduce
+        gives every rank the global value to divide its numerators by.
+        """
+        dens = [self.aggregate(torch.zeros_like(mb.loss_mask), mb.loss_mask, **self.agg_kw)[1] for mb in micro]
+        local = torch.stack([sum(mb.loss_mask.sum() for mb in micro), sum(dens)])
+        n_tokens, denom = self._all_reduce(local).clamp(min=1)
+        return n_tokens, denom
 
     @staticmethod
     def _fetch(group_refs: list) -> list[TrajectoryGroup]:
@@ -190,27 +233,38 @@ class TrainerActor:
         return self._token_logprobs(self._forward(model, mb), mb)
 
     def _train_micro(self, mb: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None,
-                     n_tokens: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Forward/backward one micro-batch; returns its token-weighted stat sums (and ratio_max) and the
-        old logprobs (``old`` if given, else this forward's detached logprobs: valid before any update)."""
+                     denom: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Forward/backward one micro-batch; returns its stat sums (and ratio_max) and the old logprobs
+        (``old`` if given, else this forward's detached logprobs: valid before any update)."""
         logits = self._forward(self.model, mb)
         logprobs = self._token_logprobs(logits, mb)
         old = logprobs.detach() if old is None else old
-        per_token, stats = ppo_clip_loss(logprobs, old, mb.advantages, mb.loss_mask, self.algo.clip_eps)
-        kl = kl_k3(logprobs, ref) if ref is not None else torch.zeros_like(logprobs)
+        per_token, stats = self.policy_loss(logprobs, old, mb.advantages, mb.loss_mask, **self.policy_kw)
+        kl_sum = torch.zeros((), device=self.device)
         if ref is not None:
-            per_token = per_token + self.algo.kl_coef * kl
-        loss_sum = masked_token_sum(per_token, mb.loss_mask)
+            kl_term, kl_stats = kl_loss(logprobs, ref, mb.loss_mask, self.algo.kl_coef, self.algo.kl_estimator)
+            per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mb.loss_mask.sum()
+        entropy_term, entropy_sum = self._entropy(logits, mb)
+        if entropy_term is not None:
+            per_token = per_token + entropy_term
+        numerator, _ = self.aggregate(per_token, mb.loss_mask, **self.agg_kw)
         # FSDP2 averages gradients over ranks; scaling by world_size turns that back into a sum, so the
-        # gradient is d(sum of all ranks' token losses / N_step).
-        (loss_sum * self.world_size / n_tokens).backward()
+        # gradient is d(sum of all ranks' numerators / D_step).
+        (numerator * self.world_size / denom).backward()
         ntok = mb.loss_mask.sum()
         with torch.no_grad():
-            return {"loss": loss_sum.detach(), "clip_frac": stats["clip_frac"] * ntok,
+            return {"loss": numerator.detach(), "clip_frac": stats["clip_frac"] * ntok,
                     "approx_kl": stats["approx_kl"] * ntok, "ratio_mean": stats["ratio_mean"] * ntok,
-                    "ratio_max": stats["ratio_max"], "kl": masked_token_sum(kl.detach(), mb.loss_mask),
-                    "entropy": masked_token_sum(token_entropy(logits.detach(), self.temperature), mb.loss_mask),
+                    "ratio_max": stats["ratio_max"], "kl": kl_sum.detach(), "entropy": entropy_sum,
                     "behaviour_kl": masked_token_sum(kl_k3(mb.behaviour_logprobs, old), mb.loss_mask)}, old
+
+    def _entropy(self, logits: torch.Tensor, mb: TrainBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(entropy-bonus loss term [B, T] or None when entropy_coef is 0, token-summed entropy for stats)."""
+        if self.algo.entropy_coef <= 0:
+            return None, masked_token_sum(token_entropy(logits.detach(), self.temperature), mb.loss_mask)
+        scaled = logits[:, :-1].float() / self.temperature          # aligned with loss_mask, as logprobs
+        term, stats = entropy_bonus(scaled, mb.loss_mask, self.algo.entropy_coef)
+        return term, stats["entropy"] * mb.loss_mask.sum()
 
     def _optimizer_step(self) -> float:
         """Clip the global grad norm (DTensor-aware), step AdamW; returns the pre-clip norm."""
@@ -226,11 +280,12 @@ class TrainerActor:
         dist.all_reduce(value, op=op)
         return value
 
-    def _reduce_stats(self, sums: dict[str, torch.Tensor], ratio_max: torch.Tensor,
-                      n_tokens: torch.Tensor) -> dict[str, float]:
-        """Token-weighted means over all ranks and epochs; ratio_max is the max over them."""
-        total = self._all_reduce(torch.stack([sums[k] for k in _SUM_STATS])) / (n_tokens * self.cfg.epochs)
-        out = dict(zip(_SUM_STATS, total.tolist()))
+    def _reduce_stats(self, sums: dict[str, torch.Tensor], ratio_max: torch.Tensor, n_tokens: torch.Tensor,
+                      denom: torch.Tensor) -> dict[str, float]:
+        """Means over all ranks and epochs (loss: over the aggregation's denominator, the rest: over
+        tokens); ratio_max is the max over them."""
+        total = self._all_reduce(torch.stack([sums[k] for k in _SUM_STATS])) / self.cfg.epochs
+        out = {k: float(v / (denom if k == "loss" else n_tokens)) for k, v in zip(_SUM_STATS, total)}
         out["ratio_max"] = float(self._all_reduce(ratio_max, dist.ReduceOp.MAX))
         return out
 

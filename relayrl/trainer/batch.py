@@ -6,15 +6,15 @@ Alignment (one sequence, prompt length P, completion length T, ``x = prompt + co
     completion token k sits at x[P+k], so it is scored at j = P-1+k, k = 0..T-1
     loss_mask[j] = 1 and behaviour_logprobs[j] = engine logprob of completion token k, for those j
 
-Advantages are GRPO's, one per sequence, normalised within each ``TrajectoryGroup`` (the G samples of
-one prompt).
+Advantages come from ``ADVANTAGES[estimator]``, one per sequence; grouped estimators (GRPO, RLOO, ...)
+compare each sequence with the rest of its ``TrajectoryGroup`` (the G samples of one prompt).
 """
 
 from __future__ import annotations
 
 import torch
 
-from relayrl.trainer.advantages import grpo_advantages
+from relayrl.trainer.advantages import ADVANTAGES
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 
 
@@ -28,12 +28,15 @@ def _check_trajectory(traj: Trajectory) -> None:
                          "request logprobs=0 from the engine so every sampled token has one")
 
 
-def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, norm_std: bool) -> TrainBatch:
+def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimator: str = "grpo") -> TrainBatch:
     """Concatenate prompt+completion, right-pad to the longest, and align masks/logprobs to next tokens.
 
-    The group of each sequence is its position in ``groups`` (so two groups of the same prompt, e.g.
-    sampled at different policy versions, are normalised separately); ``prompt_ids`` records the prompts.
+    ``estimator`` names the advantage function in ``ADVANTAGES``. The group of each sequence is its
+    position in ``groups`` (so two groups of the same prompt, e.g. sampled at different policy versions,
+    are normalised separately); ``prompt_ids`` records the prompts.
     """
+    if estimator not in ADVANTAGES:
+        raise ValueError(f"advantage estimator {estimator!r} is not known; use one of {', '.join(ADVANTAGES)}")
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
         raise ValueError("build_train_batch got no trajectories; pass at least one non-empty TrajectoryGroup")
@@ -54,7 +57,7 @@ def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, norm_std
     group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
     return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                      behaviour_logprobs=behaviour, advantages=grpo_advantages(rewards, group_ids, norm_std),
+                      behaviour_logprobs=behaviour, advantages=ADVANTAGES[estimator](rewards, group_ids),
                       prompt_ids=[t.prompt_id for t in trajs])
 
 

@@ -81,6 +81,7 @@ def test_train_step_learns(runs, ws):
     stats, state = runs[f"stats{ws}"], runs[f"state{ws}"]
     assert all(math.isfinite(v) for v in stats.values()), stats
     assert stats["tokens"] == runs["tokens"] and stats["sequences"] == 9
+    assert stats["loss_denominator"] == runs["tokens"]              # token-mean: the step's token count
     assert stats["grad_norm"] > 0 and stats["clip_frac"] > 0       # epoch 2 runs off-policy and clips
     assert 0 < stats["kl"] and 1.0 <= stats["ratio_max"]
     changed = max((state[k] - runs["initial"][k]).abs().max().item() for k in state)
@@ -131,3 +132,46 @@ def test_save_hf_loads_in_transformers(runs, tmp_path):
     assert AutoTokenizer.from_pretrained(path).eos_token == "<|im_end|>"
     torch.testing.assert_close(_logprobs(model, PROBE), torch.tensor(runs["trainer"].sequence_logprobs(PROBE)),
                                atol=1e-5, rtol=0)
+
+
+# Each variant trains one step (2 epochs, so the clip acts) with world_size 1 (micro-batches of 3) and
+# world_size 2 (micro-batches of 2, one padding row): the global denominator must make them agree.
+# Expected denominators, worked by hand: seq-mean-token-mean counts the 9 sequences (not the padding row);
+# seq-mean-token-sum-norm counts 9 sequences x norm_len 16 = 144. GSPO's clip range is PPO's here, not the
+# paper's 3e-4: with lr 1e-3 that clips some sequences in epoch 2 and not others (the paper's would clip all).
+VARIANTS = {
+    "gspo-seq-mean-token-mean": (AlgorithmConfig(name="rloo", group_size=3, policy_loss="gspo", clip_eps=0.2,
+                                                 clip_eps_high=0.28, loss_agg="seq-mean-token-mean"), 9.0),
+    "drgrpo-sum-norm-clip-higher": (AlgorithmConfig(
+        name="dr_grpo", group_size=3, policy_loss="clip_higher", clip_eps_high=0.28,
+        loss_agg="seq-mean-token-sum-norm", norm_len=16, kl_coef=0.05, kl_estimator="k2", entropy_coef=0.01),
+        144.0),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant_runs(request, ray_session, tiny_llama):
+    from relayrl.trainer.group import TrainerGroup
+
+    algo, _ = VARIANTS[request.param]
+    groups = _synthetic_groups(vocab=_hf_model(tiny_llama).config.vocab_size)
+    out = {"name": request.param}
+    for ws, micro in ((1, 3), (2, 2)):
+        trainer = TrainerGroup(ws, str(tiny_llama), ModelConfig(path=str(tiny_llama)),
+                               TrainerConfig(world_size=ws, lr=1e-3, micro_batch_size=micro, epochs=2, num_cpus=1),
+                               algo, temperature=TEMPERATURE, seed=0)
+        out[f"stats{ws}"] = trainer.train_step([groups])
+        out[f"state{ws}"] = trainer.state_dict()
+        trainer.shutdown()
+    print(request.param, out["stats1"])
+    return out
+
+
+def test_variant_world_size_2_matches_world_size_1(variant_runs):
+    s1, s2 = variant_runs["stats1"], variant_runs["stats2"]
+    assert s1["loss_denominator"] == s2["loss_denominator"] == VARIANTS[variant_runs["name"]][1]
+    assert s1["grad_norm"] > 0 and s1["clip_frac"] > 0
+    for key in ("loss", "clip_frac", "approx_kl", "ratio_mean", "ratio_max", "kl", "entropy", "grad_norm"):
+        assert s2[key] == pytest.approx(s1[key], abs=1e-5, rel=1e-5), key
+    for k in variant_runs["state1"]:
+        torch.testing.assert_close(variant_runs["state2"][k], variant_runs["state1"][k], atol=1e-5, rtol=0, msg=k)

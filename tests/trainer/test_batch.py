@@ -22,7 +22,7 @@ def _groups():
 
 
 def test_hand_example():
-    batch = build_train_batch(_groups(), pad_token_id=0, norm_std=True)
+    batch = build_train_batch(_groups(), pad_token_id=0)
     assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 10, 0], [1, 2, 3, 4, 0], [1, 11, 0, 0, 0]]
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]]
     # completion token k of a prompt of length P is predicted at position P-1+k
@@ -36,7 +36,7 @@ def test_hand_example():
 
 def test_masked_positions_point_at_completion_tokens():
     groups = _groups()
-    batch = build_train_batch(groups, pad_token_id=0, norm_std=True)
+    batch = build_train_batch(groups, pad_token_id=0)
     trajs = [t for g in groups for t in g.trajectories]
     for b, t in enumerate(trajs):
         positions = batch.loss_mask[b].nonzero().squeeze(1)
@@ -46,19 +46,33 @@ def test_masked_positions_point_at_completion_tokens():
 def test_dr_grpo_and_same_prompt_in_two_groups():
     a, b = _groups()
     b.prompt_id = 10                       # two groups of one prompt are still normalised separately
-    batch = build_train_batch([a, b], pad_token_id=0, norm_std=False)
+    batch = build_train_batch([a, b], pad_token_id=0, estimator="dr_grpo")
     torch.testing.assert_close(batch.advantages, torch.tensor([0.5, -0.5, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("estimator, expected", [
+    ("rloo", [1.0, -1.0, 0.0, 0.0]),              # G/(G-1) * (r - mean_g) = 2 * +-0.5
+    # batch-whitened: rewards 1, 0, 1, 1 -> mean .75, sample std .5 -> (r - .75) / .5
+    ("reinforce_pp", [0.5, -1.5, 0.5, 0.5]),
+    # centred by group: .5, -.5, 0, 0 -> mean 0, sample std sqrt(.5/3) = .40825 -> +-1.22474
+    ("reinforce_pp_baseline", [1.224745, -1.224745, 0.0, 0.0]),
+])
+def test_estimator_is_picked_by_name(estimator, expected):
+    batch = build_train_batch(_groups(), pad_token_id=0, estimator=estimator)
+    torch.testing.assert_close(batch.advantages, torch.tensor(expected), atol=1e-5, rtol=0)
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="behaviour logprobs"):
-        build_train_batch([TrajectoryGroup(0, "", {}, [_traj(0, 0, [1], [2, 3], [-1.0], 0.0)])], 0, True)
+        build_train_batch([TrajectoryGroup(0, "", {}, [_traj(0, 0, [1], [2, 3], [-1.0], 0.0)])], 0)
     with pytest.raises(ValueError, match="no trajectories"):
-        build_train_batch([], 0, True)
+        build_train_batch([], 0)
+    with pytest.raises(ValueError, match="estimator 'ppo' is not known; use one of grpo, dr_grpo"):
+        build_train_batch(_groups(), 0, "ppo")
 
 
 def test_split_even_covers_batch_in_order():
-    batch = build_train_batch(_groups(), pad_token_id=0, norm_std=True)
+    batch = build_train_batch(_groups(), pad_token_id=0)
     shares = [split_batch(batch, r, 2) for r in range(2)]
     assert [len(s) for s in shares] == [2, 2]
     assert torch.equal(torch.cat([s.input_ids for s in shares]), batch.input_ids)
@@ -67,7 +81,7 @@ def test_split_even_covers_batch_in_order():
 
 
 def test_split_uneven_pads_with_zero_weight_copies():
-    batch = build_train_batch(_groups(), pad_token_id=0, norm_std=True)
+    batch = build_train_batch(_groups(), pad_token_id=0)
     shares = [split_batch(batch, r, 3) for r in range(3)]    # ceil(4/3) = 2 rows each, 6 slots for 4 rows
     assert [len(s) for s in shares] == [2, 2, 2]
     last = shares[2]
