@@ -233,7 +233,7 @@ def _get(cfg: Any, dotted: str) -> Any:
 
 def validate(cfg: Config) -> Config:
     """Check value ranges and combinations; raise ``ConfigError`` naming the field and the fix."""
-    for key, choices in _CHOICES.items():
+    for key, choices in {**_CHOICES, **_algorithm_choices()}.items():
         if _get(cfg, key) not in choices:
             raise ConfigError(f"{key}={_get(cfg, key)!r} is not supported; use one of {', '.join(choices)}")
     for key in _POSITIVE:
@@ -267,16 +267,12 @@ def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     from relayrl.trainer.advantages import ADVANTAGES
     from relayrl.trainer.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
 
-    return {"name": tuple(ADVANTAGES), "policy_loss": tuple(POLICY_LOSSES), "loss_agg": tuple(LOSS_AGG),
-            "kl_estimator": tuple(KL_ESTIMATORS)}
+    return {"algorithm.name": tuple(ADVANTAGES), "algorithm.policy_loss": tuple(POLICY_LOSSES),
+            "algorithm.loss_agg": tuple(LOSS_AGG), "algorithm.kl_estimator": tuple(KL_ESTIMATORS)}
 
 
 def _validate_algorithm(algo: AlgorithmConfig) -> None:
-    """Registry names, group size for grouped estimators, and each loss's hyper-parameter ranges."""
-    for key, choices in _algorithm_choices().items():
-        if getattr(algo, key) not in choices:
-            raise ConfigError(f"algorithm.{key}={getattr(algo, key)!r} is not supported; "
-                              f"use one of {', '.join(choices)}")
+    """Group size for grouped estimators and each loss's hyper-parameter ranges (names: ``validate``)."""
     if algo.name in GROUPED_ESTIMATORS and algo.group_size < 2:
         raise ConfigError(f"algorithm.group_size={algo.group_size} gives {algo.name} no group to compare "
                           "against; set algorithm.group_size>=2 or algorithm.name=reinforce_pp")

@@ -205,17 +205,17 @@ class TrainerActor:
     def _micro_batches(self, share: TrainBatch) -> list[TrainBatch]:
         """Chunks of ``micro_batch_size`` rows, each trimmed to its longest sequence (right padding)."""
         out, size = [], self.cfg.micro_batch_size
-        for start in range(0, len(share), size):
-            rows = slice(start, start + size)
+        for row0 in range(0, len(share), size):
+            rows = slice(row0, row0 + size)
             L = int(share.attention_mask[rows].sum(1).max())
-            start = _first_target(share.loss_mask[rows, : L - 1])
+            first = _first_target(share.loss_mask[rows, : L - 1])
             out.append(TrainBatch(
                 input_ids=share.input_ids[rows, :L].to(self.device),
                 attention_mask=share.attention_mask[rows, :L].to(self.device),
-                loss_mask=share.loss_mask[rows, start: L - 1].to(self.device),
-                behaviour_logprobs=share.behaviour_logprobs[rows, start: L - 1].to(self.device),
+                loss_mask=share.loss_mask[rows, first: L - 1].to(self.device),
+                behaviour_logprobs=share.behaviour_logprobs[rows, first: L - 1].to(self.device),
                 advantages=share.advantages[rows].to(self.device), prompt_ids=share.prompt_ids[rows],
-                target_start=start))
+                target_start=first))
         return out
 
     def _forward(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
