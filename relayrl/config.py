@@ -125,11 +125,25 @@ class AlgorithmConfig:
 @dataclass
 class WeightSyncConfig:
     backend: str = "shm"
-    """How new weights reach engines: shm (safetensors file in shared memory, mapped by each worker)."""
+    """How new weights reach engines: shm (one flat buffer in /dev/shm that every engine maps; one host),
+    broadcast (gloo broadcast of flat buckets; any host), vllm-native (vLLM's own nccl/ipc engines; GPU)."""
+    native_engine: str = "nccl"
+    """vllm-native only: nccl (trainer and engines on different GPUs) or ipc (same GPU, colocated)."""
+    bucket_mb: int = 64
+    """Bucket size: the trainer gathers, packs and sends this much at a time (its extra memory per sync)."""
     shm_dir: str = "/dev/shm"
-    """Directory for the shm backend's transfer file (falls back to the run dir if absent)."""
+    """Directory for the shm backend's buffer (falls back to the run dir if absent)."""
+    host: str = "127.0.0.1"
+    """Address the trainer's rendezvous store binds (broadcast / vllm-native); a routable IP for multi-node."""
     timeout_s: float = 120.0
-    """A sync that takes longer is aborted; engines keep their previous weights."""
+    """Deadline for each stage of a sync (start, transfer, commit); on expiry the sync aborts and engines
+    keep serving the previous version."""
+    verify_every: int = 10
+    """Every N syncs, score a probe batch in the engine and the trainer and compare logprobs (0: never)."""
+    verify_samples: int = 2
+    """Completions in the probe batch."""
+    max_mismatch: float = 0.05
+    """Fail the run when the probe's mean |logprob(engine) - logprob(trainer)| exceeds this (nats/token)."""
 
 
 @dataclass
@@ -143,9 +157,31 @@ class PlacementConfig:
 @dataclass
 class RewardSpec:
     fn: str = "relayrl.rewards.builtin:last_number_correct"
-    """Import path ``module:function`` of a reward ``fn(prompts, completions, **columns) -> list[float]``."""
+    """A built-in name (``relayrl.rewards.REWARDS``) or an import path ``module:function`` of a reward
+    ``fn(prompts, completions, **columns) -> list[float | None]`` (sync or ``async def``)."""
     weight: float = 1.0
     """Weight of this function in the total reward."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Arguments for ``fn``: a class (e.g. ``reward_model``) is constructed with them and the instance is the
+    reward; a function gets them bound as keyword arguments (``{pattern: ..., max_chars: ...}``)."""
+
+
+@dataclass
+class RewardConfig:
+    """How reward functions run: in a pool of Ray workers, off the training loop, each call under a timeout."""
+
+    timeout_s: float = 60.0
+    """Wall seconds one reward call (one function on ``groups_per_call`` groups) may take; a slower call's
+    worker process is killed and its completions are excluded from training (``reward/errors/timeout``)."""
+    max_error_rate: float = 0.25
+    """Abort the run when more than this fraction of a step's completions could not be scored (a function
+    raised, timed out, or returned NaN/inf, a non-number or the wrong number of values)."""
+    num_workers: int = 2
+    """Reward worker processes (Ray actors); sync functions run one call at a time per worker, async ones
+    concurrently."""
+    groups_per_call: int = 1
+    """Prompt groups (of G completions each) per reward call: a failure excludes one call's completions,
+    so 1 confines it to one prompt; more amortises per-call overhead (e.g. a reward model's batches)."""
 
 
 @dataclass
@@ -190,6 +226,7 @@ class Config:
     weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     placement: PlacementConfig = MISSING
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
+    reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     mode: str = "sync"
@@ -208,7 +245,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "mode": ("sync",),
     "model.dtype": ("float32", "bfloat16"),
     "data.task": ("arith", "jsonl"),
-    "weightsync.backend": ("shm",),
+    "weightsync.backend": ("shm", "broadcast", "vllm-native"),
+    "weightsync.native_engine": ("nccl", "ipc"),
     "placement.mode": ("separate", "colocated"),
     "logging.wandb": ("offline", "online", "disabled"),
     "trainer.backend": ("auto", "gloo", "nccl"),
@@ -221,7 +259,9 @@ _POSITIVE: tuple[str, ...] = (
     "rollout.num_replicas", "rollout.max_tokens", "rollout.num_cpus", "trainer.world_size",
     "trainer.lr", "trainer.micro_batch_size", "trainer.epochs", "trainer.num_cpus",
     "algorithm.group_size", "run.steps", "run.prompts_per_step", "model.max_model_len",
-    "weightsync.timeout_s", "rollout.kv_cache_gb",
+    "weightsync.timeout_s", "weightsync.bucket_mb", "weightsync.verify_samples", "weightsync.max_mismatch",
+    "rollout.kv_cache_gb", "reward.timeout_s", "reward.num_workers",
+    "reward.groups_per_call",
 )
 
 
@@ -257,9 +297,23 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("data.task=jsonl needs data.path; set data.path=/path/to/train.jsonl")
     if cfg.data.path and not os.path.exists(cfg.data.path):
         raise ConfigError(f"data.path={cfg.data.path} does not exist; point data.path at a local .jsonl file")
+    if cfg.weightsync.backend == "vllm-native" and not _has_cuda():
+        raise ConfigError("weightsync.backend=vllm-native runs vLLM's nccl/ipc engines, which need GPUs; "
+                          "on CPU use weightsync.backend=shm (one host) or broadcast")
+    if cfg.weightsync.verify_every < 0:
+        raise ConfigError(f"weightsync.verify_every={cfg.weightsync.verify_every} must be >= 0 (0: never)")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; add at least one reward, e.g. rewards=[{fn: module:function}]")
+    if not 0.0 <= cfg.reward.max_error_rate <= 1.0:
+        raise ConfigError(f"reward.max_error_rate={cfg.reward.max_error_rate} must be in [0, 1]; "
+                          "set reward.max_error_rate=0.25 (1.0 never aborts)")
     return cfg
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:

@@ -24,6 +24,15 @@ class VersionSpan:
 
 
 @dataclass
+class Exclusion:
+    """Why a trajectory is left out of training: a reward function could not score it."""
+
+    reward: str                          # the reward function's name
+    reason: str                          # a key of ``relayrl.rewards.scoring.REASONS``: raised | timeout | ...
+    detail: str = ""                     # one line: the exception, the bad value, the limit that was hit
+
+
+@dataclass
 class Trajectory:
     """One completion of one prompt, as the engine produced it, plus its rewards once scored."""
 
@@ -35,8 +44,9 @@ class Trajectory:
     completion_text: str
     finish_reason: str                   # "stop" | "length"
     versions: list[VersionSpan]          # spans covering [0, T)
-    rewards: dict[str, float] = field(default_factory=dict)  # per reward function (weighted sum in `reward`)
-    reward: float = 0.0
+    rewards: dict[str, float | None] = field(default_factory=dict)  # per function, unweighted; None: n/a or failed
+    reward: float = 0.0                  # sum of weight * value over the functions that gave a value
+    excluded: Exclusion | None = None    # set when a reward failed: the trainer skips this trajectory
     gen_seconds: float = 0.0
 
     @property

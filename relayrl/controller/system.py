@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,19 +16,9 @@ from relayrl.controller.cluster import Placement
 RewardFns = list[tuple[str, Callable, float]]
 
 
-@ray.remote(num_cpus=0.1)
-def score_task(reward_fns: RewardFns, samples_per_step: int, *replica_groups: list) -> tuple:
-    """Score every completion of the step in one pass (reward fns see the whole batch).
-
-    Returns one scored group list per replica, then a small metric dict (with a few sample rows).
-    """
-    from relayrl.rewards.scoring import reward_metrics, score_groups
-
-    flat = [g for groups in replica_groups for g in groups]
-    score_groups(flat, reward_fns)
-    metrics = {**reward_metrics(flat), **rollout_metrics(flat)}
-    metrics["_samples"] = sample_rows(flat, samples_per_step)
-    return (*replica_groups, metrics)
+def step_summary(samples_per_step: int, groups: list) -> dict:
+    """What the reward scorer adds to its metrics each step: rollout statistics and a few sample rows."""
+    return {**rollout_metrics(groups), "_samples": sample_rows(groups, samples_per_step)}
 
 
 def rollout_metrics(groups: list) -> dict[str, float]:
@@ -55,12 +45,14 @@ class System:
     sampler: Any
     rollouts: list[Any]
     trainer: Any
-    reward_fns: RewardFns
+    rewards: Any                         # relayrl.rewards.pool.RewardPool: scorer actor + reward workers
 
     @classmethod
     def start(cls, cfg: Config, model_path: Path, placement: Placement, reward_fns: RewardFns,
               run: Any) -> "System":
         """Create the sampler, N rollout actors and the trainer group; wait until all are ready."""
+        from relayrl.controller.cluster import SCORING_CPUS
+        from relayrl.rewards.pool import RewardPool
         from relayrl.rollout import start_rollout_actor
         from relayrl.trainer.group import TrainerGroup
 
@@ -71,9 +63,12 @@ class System:
         trainer = TrainerGroup(cfg.trainer.world_size, str(model_path), cfg.model, cfg.trainer, cfg.algorithm,
                                temperature=cfg.rollout.temperature, seed=cfg.run.seed,
                                actor_options=placement.trainer)
-        ray.get([r.weight_version.remote() for r in rollouts])  # engines are up
-        trainer.ready()
-        return cls(cfg, sampler, rollouts, trainer, reward_fns)
+        rc = cfg.reward
+        rewards = RewardPool.start(reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate,
+                                   cpus=SCORING_CPUS)
+        workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in rollouts])]  # engines up
+        trainer.connect_rollouts(cfg.weightsync, rollouts, workers)
+        return cls(cfg, sampler, rollouts, trainer, rewards)
 
     def generate(self, prompts: list[dict]) -> list[ray.ObjectRef]:
         """Spread prompts round-robin over replicas; one ref of list[TrajectoryGroup] per replica."""
@@ -84,22 +79,26 @@ class System:
         return refs
 
     def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], dict]:
-        out = score_task.options(num_returns=len(group_refs) + 1).remote(
-            self.reward_fns, self.cfg.logging.samples_per_step, *group_refs)
-        out = out if isinstance(out, list) else [out]
-        return out[:-1], ray.get(out[-1])
+        """Scored-group refs (one per replica) and the step's reward + rollout metrics; raises ``RewardError``
+        (one line) when more than ``reward.max_error_rate`` of the completions could not be scored."""
+        return self.rewards.score(group_refs, functools.partial(step_summary, self.cfg.logging.samples_per_step))
 
     def sync_weights(self, version: int) -> dict[str, float]:
-        """Trainer publishes weights (gathered from FSDP shards); every engine loads them at ``version``."""
-        t0 = time.perf_counter()
-        handle = self.trainer.publish_weights(self.cfg.weightsync, version)
-        t1 = time.perf_counter()
-        ray.get([r.update_weights.remote(handle, version) for r in self.rollouts])
-        t2 = time.perf_counter()
+        """Trainer ranks gather their shards bucket by bucket and every engine commits them as ``version``.
+
+        The transaction runs inside the trainer (rank 0 drives the engines); if it fails - or the trainer
+        dies mid-sync and cannot say so - the engines are told here to abort, so they resume serving the
+        previous version before the error propagates.
+        """
+        try:
+            stats = self.trainer.sync_weights(version)
+        except Exception:
+            ray.get([r.abort_weight_update.remote("trainer-side sync failed") for r in self.rollouts])
+            raise
         versions = ray.get([r.weight_version.remote() for r in self.rollouts])
-        return {"weightsync/bytes": float(handle.nbytes), "weightsync/publish_s": t1 - t0,
-                "weightsync/load_s": t2 - t1, "weightsync/version": float(version),
-                "weightsync/engine_versions_ok": float(versions == [version] * len(versions))}
+        if versions != [version] * len(versions):
+            raise RuntimeError(f"after syncing v{version} the engines report versions {versions}")
+        return stats
 
     def shutdown(self) -> None:
         for r in self.rollouts:
@@ -109,6 +108,7 @@ class System:
                 pass
             ray.kill(r)
         self.trainer.shutdown()
+        self.rewards.shutdown()
 
 
 def make_sampler(cfg: Config, model_path: Path):

@@ -1,37 +1,67 @@
 """The reward API: functions with TRL's signature, a registry of built-ins, and loading by name or path.
 
-A reward function is ``fn(prompts: list[str], completions: list[str], **columns) -> list[float]``:
-one float per completion; ``columns`` are the dataset's columns, aligned with ``completions``
-(``answer=[...]``). Write ``**kwargs`` in your signature so extra columns don't break it.
+A reward function is ``fn(prompts: list[str], completions: list[str], **columns) -> list[float | None]``,
+plain or ``async def``: one value per completion, None where it does not apply; ``columns`` are the
+dataset's columns, aligned with ``completions`` (``answer=[...]``). Write ``**kwargs`` in your signature
+so extra columns don't break it. How values combine and what happens when a function fails:
+``scoring``; where functions run (Ray worker processes, timeouts): ``pool``. Guide: docs/rewards.md.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 from relayrl.rewards import builtin
-from relayrl.rewards.scoring import RewardError, reward_metrics, score_groups
+from relayrl.rewards.reward_model import RewardModel
+from relayrl.rewards.scoring import REASONS, RewardError, RewardFns, reward_metrics, score_groups
 
-RewardFn = Callable[..., list[float]]
+RewardFn = Callable[..., list[float | None]]
 
-REWARDS: dict[str, RewardFn] = {
+REWARDS: dict[str, Callable] = {
     "arith_correct": builtin.arith_correct,
     "answer_format": builtin.answer_format,
     "exact_match": builtin.exact_match,
     "last_number_correct": builtin.last_number_correct,
     "digit_fraction": builtin.digit_fraction,
+    "math_verify": builtin.math_verify,
+    "think_format": builtin.think_format,
+    "regex_match": builtin.regex_match,
+    "length_penalty": builtin.length_penalty,
+    "code_exec": builtin.code_exec,
+    "reward_model": RewardModel,
 }
-"""Built-in rewards by short name: the names ``load_reward_fn`` accepts besides ``module:function``."""
+"""Built-in rewards by short name: the names ``load_reward_fn`` accepts besides ``module:function``.
+A class here (``reward_model``) is constructed with the spec's ``kwargs``; a function gets them bound."""
 
-__all__ = ["REWARDS", "RewardError", "RewardFn", "load_reward_fn", "load_reward_fns", "reward_metrics",
-           "score_groups"]
+__all__ = ["REASONS", "REWARDS", "RewardError", "RewardFn", "RewardFns", "RewardModel", "load_reward_fn",
+           "load_reward_fns", "reward_metrics", "score_groups"]
 
 
-def load_reward_fn(spec: str) -> RewardFn:
-    """Resolve a short name from ``REWARDS`` or an import path ``package.module:function``."""
-    if spec in REWARDS:
-        return REWARDS[spec]
+def load_reward_fn(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
+    """Resolve a short name from ``REWARDS`` or an import path ``package.module:function``, then apply
+    ``kwargs``: a class is constructed with them (the instance is the reward), a function gets them bound."""
+    obj = REWARDS[spec] if spec in REWARDS else _import(spec)
+    if not callable(obj):
+        raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a function; "
+                         "point it at fn(prompts, completions, **columns) -> list[float]")
+    kwargs = dict(kwargs or {})
+    try:
+        if isinstance(obj, type):
+            return obj(**kwargs)
+        if kwargs:
+            inspect.signature(obj).bind_partial(None, None, **kwargs)
+            return functools.update_wrapper(functools.partial(obj, **kwargs), obj)
+    except TypeError as exc:
+        raise ValueError(f"reward {spec!r} rejects kwargs={kwargs} ({exc}); "
+                         "set rewards[].kwargs to match its parameters") from None
+    return obj
+
+
+def _import(spec: str) -> Any:
     if spec.count(":") != 1:
         raise ValueError(f"reward {spec!r} is neither a built-in ({', '.join(REWARDS)}) nor an import path; "
                          "write module:function, e.g. my_pkg.rewards:my_reward")
@@ -41,25 +71,22 @@ def load_reward_fn(spec: str) -> RewardFn:
     except ImportError as exc:
         raise ValueError(f"reward {spec!r}: cannot import module {module_name!r} ({exc}); "
                          "check the module path and that it is importable (on PYTHONPATH)") from None
-    fn = getattr(module, attr, None)
-    if fn is None:
+    if not hasattr(module, attr):
         raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}; "
                          "check the function name after the ':'")
-    if not callable(fn):
-        raise ValueError(f"reward {spec!r} is a {type(fn).__name__}, not a function; "
-                         "point it at fn(prompts, completions, **columns) -> list[float]")
-    return fn
+    return getattr(module, attr)
 
 
-def load_reward_fns(specs: list[tuple[str, float]]) -> list[tuple[str, RewardFn, float]]:
-    """``[(spec, weight)]`` -> ``[(name, fn, weight)]`` for ``score_groups``.
+def load_reward_fns(specs: list[tuple]) -> RewardFns:
+    """``[(spec, weight)]`` or ``[(spec, weight, kwargs)]`` -> ``[(name, fn, weight)]`` for the scorers.
 
-    The name (used in ``traj.rewards`` and metrics as ``reward/<name>``) is the function's name; a
-    repeated name gets its position appended (``arith_correct_1``) so no breakdown is overwritten.
+    The name (used in ``traj.rewards`` and metrics as ``reward/<name>``) is the built-in name or the part
+    after ``:``; a repeated name gets its position appended (``arith_correct_2``) so no breakdown is
+    overwritten.
     """
     named, seen = [], set()
-    for i, (spec, weight) in enumerate(specs):
-        fn = load_reward_fn(spec)
+    for i, (spec, weight, *rest) in enumerate(specs):
+        fn = load_reward_fn(spec, rest[0] if rest else None)
         name = spec if spec in REWARDS else spec.split(":")[1]
         name = f"{name}_{i}" if name in seen else name
         seen.add(name)

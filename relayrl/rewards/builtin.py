@@ -1,6 +1,11 @@
-"""Built-in reward functions, with TRL's signature ``fn(prompts, completions, **columns) -> list[float]``.
+"""Built-in reward functions, with TRL's signature ``fn(prompts, completions, **columns) -> list[float | None]``.
 
-How an answer is read (``parse_answer``), chosen to reward the format the prompt asks for:
+Arithmetic (``arith_correct``, ``answer_format``, ``last_number_correct``, ``digit_fraction``), ``exact_match``,
+math answers (``math_verify``), format (``think_format``, ``regex_match``), ``length_penalty`` and code
+execution in a sandbox (``code_exec``). Functions with settings take them as keyword arguments, which a
+recipe gives as ``rewards: [{fn: regex_match, kwargs: {pattern: ...}}]``.
+
+How an arithmetic answer is read (``parse_answer``), chosen to reward the format the prompt asks for:
 
 * Only the **last** ``Answer:`` counts (case-sensitive, exactly as the prompt spells it), so a model
   cannot list several candidates and be paid for any of them; the last one is its final word.
@@ -82,3 +87,97 @@ def digit_fraction(prompts: list[str], completions: list[str], **_: Any) -> list
     used by the tiny test recipe to check that learning happens end to end."""
     chars = [[ch for ch in c if not ch.isspace()] for c in completions]
     return [sum(ch.isdigit() for ch in cs) / len(cs) if cs else 0.0 for cs in chars]
+
+
+# --------------------------------------------------------------------------- math, format, length, code
+def _parse_gold(answer: Any) -> list:
+    """math-verify's parse of a reference answer; GSM8K's ``... #### 72`` keeps the part after ``####``."""
+    from math_verify import parse
+
+    text = str(answer).split("####")[-1].strip()
+    # Timeouts off: math-verify's use signal.alarm, which only works in a main thread; the reward pool's
+    # per-call timeout (a killed worker process) bounds a pathological parse instead.
+    return parse(text, parsing_timeout=None) or parse(f"${text}$", parsing_timeout=None)
+
+
+def math_verify(prompts: list[str], completions: list[str], answer: list[Any], **_: Any) -> list[float | None]:
+    """1.0 where math-verify finds the completion's answer equal to ``answer``, else 0.0 (GSM8K / MATH style).
+
+    math-verify extracts the last LaTeX (``\\boxed{}`` first) or plain expression and compares values
+    symbolically: ``\\frac{1}{2}``, ``1/2`` and ``0.5`` agree. None (does not apply) where the reference
+    answer itself cannot be parsed, as TRL's ``accuracy_reward`` does, so bad rows don't pay 0 or 1.
+    """
+    from math_verify import parse, verify
+
+    out: list[float | None] = []
+    for completion, ref in zip(completions, answer, strict=True):
+        gold = _parse_gold(ref)
+        if not gold:
+            out.append(None)
+            continue
+        pred = parse(completion, parsing_timeout=None)
+        out.append(float(verify(gold, pred, timeout_seconds=None)))
+    return out
+
+
+_THINK = re.compile(r"\s*<think>(?:(?!<think>|</think>).)+</think>\s*\S.*", re.DOTALL)
+
+
+def think_format(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """1.0 where the completion is one ``<think>...</think>`` block followed by a non-empty answer, else 0.0
+    (the R1-style format reward; only whitespace may precede ``<think>``, and neither tag may repeat)."""
+    return [float(_THINK.fullmatch(c) is not None and c.count("</think>") == 1) for c in completions]
+
+
+def regex_match(prompts: list[str], completions: list[str], pattern: str, **_: Any) -> list[float]:
+    """1.0 where ``re.fullmatch(pattern, completion, re.DOTALL)``, else 0.0; the pattern describes the whole
+    completion (put ``.*`` at an end to allow more). Give it in the recipe: ``kwargs: {pattern: ...}``."""
+    compiled = re.compile(pattern, re.DOTALL)
+    return [float(compiled.fullmatch(c) is not None) for c in completions]
+
+
+def length_penalty(prompts: list[str], completions: list[str], max_chars: int = 2000, buffer_chars: int = 500,
+                   **_: Any) -> list[float]:
+    """DAPO's soft overlong penalty, on characters (reward functions see text, not tokens)::
+
+        0                          if L <= max_chars - buffer_chars
+        (max_chars - buffer_chars - L) / buffer_chars   in between (0 down to -1, linearly)
+        -1                         if L > max_chars
+
+    Add it with a weight next to a correctness reward: long answers lose up to ``weight``.
+    """
+    if not 0 < buffer_chars <= max_chars:
+        raise ValueError(f"length_penalty needs 0 < buffer_chars={buffer_chars} <= max_chars={max_chars}")
+    soft = max_chars - buffer_chars
+    return [0.0 if len(c) <= soft else -1.0 if len(c) > max_chars else (soft - len(c)) / buffer_chars
+            for c in completions]
+
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced code block (```python ... ```), or the whole completion when there is none."""
+    blocks = _FENCE.findall(completion)
+    return blocks[-1] if blocks else completion
+
+
+def code_exec(prompts: list[str], completions: list[str], tests: list[str | None], timeout_s: float = 5.0,
+              memory_mb: int = 512, max_parallel: int = 2, **_: Any) -> list[float | None]:
+    """1.0 where the completion's code followed by the row's ``tests`` (e.g. ``assert f(2) == 4``) exits 0 in
+    the sandbox (``rewards.sandbox.run_sandboxed``: time/memory limits, no network, temp dir), else 0.0;
+    None where the row has no tests. Programs run ``max_parallel`` at a time; keep
+    ``timeout_s * len(completions) / max_parallel`` under ``reward.timeout_s``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relayrl.rewards.sandbox import run_sandboxed
+
+    def run(completion: str, test: str | None) -> float | None:
+        if not test:
+            return None
+        program = f"{extract_code(completion)}\n\n{test}\n"
+        return float(run_sandboxed(program, timeout_s=timeout_s, memory_mb=memory_mb).ok)
+
+    with ThreadPoolExecutor(max_workers=max_parallel) as pool:
+        return list(pool.map(run, completions, tests))

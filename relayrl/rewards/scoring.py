@@ -1,101 +1,280 @@
-"""Score trajectory groups with weighted reward functions, and summarise the rewards as metrics.
+"""Score trajectory groups with weighted reward functions; a failing function excludes samples, not the run.
 
-Each function is called **once per batch** over all completions (batched calls let a reward use a
-model or a pool), with each group's columns repeated for every completion of that group. The
-total is ``traj.reward = sum_i weight_i * r_i``; the unweighted ``r_i`` stay in ``traj.rewards``.
+A reward *call* is one function on the completions of ``groups_per_call`` consecutive groups, with each
+group's columns repeated for every completion of that group. Per completion and function, the value is
+
+    a float     used:                 rewards[name] = value
+    None        "does not apply":     rewards[name] = None; adds nothing to the total (TRL's nan-sum)
+    unusable    the completion is excluded from training: traj.excluded = Exclusion(name, reason, detail)
+
+and ``traj.reward = sum_i weight_i * r_i`` over the functions that gave a value, 0.0 when none did
+(as TRL, which sums with ``nansum``). Unusable (``REASONS``): the call raised, timed out, its worker
+died, or it returned a non-list or a list of the wrong length (every completion of that call is
+excluded); or one value was NaN/inf or not a number (that completion alone is excluded). Excluded
+completions are never trained on (``trainer.batch.trainable_groups``), and ``check_error_rate``
+aborts the run, in one line, when too many of a step's completions are excluded.
+
+Running the calls belongs to the caller: ``run_local`` (this process, async functions awaited
+concurrently, no timeout) or ``pool.RewardPool`` (Ray worker processes, per-call timeout, killed on hang).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import math
+from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from relayrl.types import TrajectoryGroup
+if TYPE_CHECKING:  # relayrl.types imports torch; reward workers should start without it
+    from relayrl.types import TrajectoryGroup
+
+RewardFns = list[tuple[str, Callable, float]]
+"""``[(name, fn, weight)]``: what ``load_reward_fns`` returns and the scorers take."""
+
+REASONS: tuple[str, ...] = ("raised", "timeout", "worker_died", "not_a_list", "wrong_length", "non_finite",
+                            "not_a_number")
+"""Why a completion could not be scored; each is counted as ``reward/errors/<reason>``."""
 
 
 class RewardError(RuntimeError):
-    """A reward function failed or returned unusable values; one line naming the function and the fix."""
+    """Scoring cannot go on (too many completions failed, or none is left to train on); one line."""
 
 
-def _flatten(groups: list[TrajectoryGroup]) -> tuple[list[str], list[str], dict[str, list[Any]]]:
-    """Prompts, completions and columns as parallel lists with one entry per completion."""
+@dataclass
+class Batch:
+    """A step's completions as parallel lists, one entry per completion (group columns repeated)."""
+
+    prompts: list[str]
+    completions: list[str]
+    columns: dict[str, list[Any]]
+
+    def slice(self, start: int, stop: int) -> tuple[list[str], list[str], dict[str, list[Any]]]:
+        return (self.prompts[start:stop], self.completions[start:stop],
+                {k: v[start:stop] for k, v in self.columns.items()})
+
+
+@dataclass(frozen=True)
+class Call:
+    """Reward function ``fn`` (an index into the fns) on completions ``[start, stop)`` of the ``Batch``."""
+
+    fn: int
+    start: int
+    stop: int
+
+
+@dataclass
+class CallResult:
+    """One call's outcome: ``values[j]`` is usable iff ``reasons[j] is None`` (None value = not applicable)."""
+
+    values: list[float | None]
+    reasons: list[str | None]
+    detail: str = ""                 # the call's first problem, one line
+
+    @classmethod
+    def failed(cls, n: int, reason: str, detail: str) -> "CallResult":
+        return cls([None] * n, [reason] * n, _one_line(detail))
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def flatten(groups: list[TrajectoryGroup]) -> Batch:
+    """Prompts, completions and columns with one entry per completion, groups in order."""
     keys = list(dict.fromkeys(k for g in groups for k in g.columns))
-    prompts, completions, columns = [], [], {k: [] for k in keys}
+    batch = Batch([], [], {k: [] for k in keys})
     for g in groups:
         for t in g.trajectories:
-            prompts.append(g.prompt)
-            completions.append(t.completion_text)
+            batch.prompts.append(g.prompt)
+            batch.completions.append(t.completion_text)
             for k in keys:
-                columns[k].append(g.columns.get(k))
-    return prompts, completions, columns
+                batch.columns[k].append(g.columns.get(k))
+    return batch
 
 
-def _call(name: str, fn: Callable, prompts: list[str], completions: list[str],
-          columns: dict[str, list[Any]]) -> list[float]:
-    """Run one reward function and check it gave one finite float per completion."""
+def plan_calls(groups: list[TrajectoryGroup], num_fns: int, groups_per_call: int) -> list[Call]:
+    """Every function on every chunk of ``groups_per_call`` consecutive groups (function-major order)."""
+    bounds, start = [], 0
+    for i in range(0, len(groups), groups_per_call):
+        stop = start + sum(len(g.trajectories) for g in groups[i : i + groups_per_call])
+        bounds.append((start, stop))
+        start = stop
+    return [Call(k, a, b) for k in range(num_fns) for a, b in bounds if b > a]
+
+
+def check_values(raw: Any, n: int) -> CallResult:
+    """Validate a reward function's return value for ``n`` completions (see the module docstring)."""
+    if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__"):
+        return CallResult.failed(n, "not_a_list", f"returned {type(raw).__name__}, not a list of floats")
+    if len(raw) != n:
+        return CallResult.failed(n, "wrong_length", f"returned {len(raw)} values for {n} completions")
+    result = CallResult([], [])
+    for i, v in enumerate(raw):
+        value, reason = _check_value(v)
+        result.values.append(value)
+        result.reasons.append(reason)
+        if reason and not result.detail:
+            result.detail = _one_line(f"returned {v!r} at index {i}")
+    return result
+
+
+def _check_value(v: Any) -> tuple[float | None, str | None]:
+    if v is None:
+        return None, None
+    if isinstance(v, (str, bytes)):
+        return None, "not_a_number"
     try:
-        values = fn(prompts, completions, **columns)
-    except Exception as exc:
-        raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {exc}; "
-                          "fix the function or its columns (it gets prompts, completions, **columns)") from exc
-    if not hasattr(values, "__len__"):
-        raise RewardError(f"reward {name!r} returned {type(values).__name__}; return a list of floats")
-    if len(values) != len(completions):
-        raise RewardError(f"reward {name!r} returned {len(values)} values for {len(completions)} completions; "
-                          "return one float per completion")
-    out = []
-    for i, v in enumerate(values):
-        try:
-            out.append(float(v))
-        except (TypeError, ValueError):
-            raise RewardError(f"reward {name!r} returned {v!r} at index {i}; return a float for every "
-                              "completion (0.0 where it does not apply)") from None
-        if not math.isfinite(out[-1]):
-            raise RewardError(f"reward {name!r} returned {v} at index {i} for {completions[i][:40]!r}; "
-                              "return finite floats")
+        value = float(v)
+    except (TypeError, ValueError):
+        return None, "not_a_number"
+    return (value, None) if math.isfinite(value) else (None, "non_finite")
+
+
+def is_async(fn: Callable) -> bool:
+    """``async def`` functions, partials of them and objects with an ``async def __call__``."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+async def invoke(fn: Callable, prompts: list[str], completions: list[str], columns: dict[str, list[Any]],
+                 executor: Executor | None = None) -> CallResult:
+    """Call ``fn`` once and check its values. Async functions are awaited on the running loop; sync ones
+    run on ``executor`` (so the loop stays free for concurrent async calls) or inline when it is None."""
+    try:
+        if is_async(fn) or executor is None:
+            raw = fn(prompts, completions, **columns)
+        else:
+            loop = asyncio.get_running_loop()
+            raw = await loop.run_in_executor(executor, functools.partial(fn, prompts, completions, **columns))
+        if inspect.isawaitable(raw):
+            raw = await raw
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of user code is recorded, not raised
+        return CallResult.failed(len(completions), "raised", f"raised {type(exc).__name__}: {exc}")
+    return check_values(raw, len(completions))
+
+
+def run_local(fns: RewardFns, batch: Batch, calls: list[Call]) -> list[CallResult]:
+    """Run ``calls`` in this process: sync functions one after another, async ones concurrently (no timeout)."""
+    async def run_all() -> list[CallResult]:
+        return list(await asyncio.gather(*(invoke(fns[c.fn][1], *batch.slice(c.start, c.stop)) for c in calls)))
+
+    return asyncio.run(run_all())
+
+
+def unique_names(fns: RewardFns) -> RewardFns:
+    """Append the position to a repeated name (``f``, ``f_1``) so no breakdown overwrites another."""
+    seen, out = set(), []
+    for i, (name, fn, weight) in enumerate(fns):
+        name = f"{name}_{i}" if name in seen else name
+        seen.add(name)
+        out.append((name, fn, float(weight)))
     return out
 
 
-def score_groups(groups: list[TrajectoryGroup],
-                 fns: list[tuple[str, Callable, float]]) -> list[TrajectoryGroup]:
-    """Fill ``traj.rewards[name]`` and ``traj.reward`` for every trajectory (in place); return ``groups``."""
+def fill_rewards(groups: list[TrajectoryGroup], fns: RewardFns, calls: list[Call],
+                 results: list[CallResult]) -> None:
+    """Write ``rewards``, ``reward`` and ``excluded`` of every trajectory from the calls' results (in place).
+
+    A trajectory failed by several functions records the first (in ``fns`` order).
+    """
+    from relayrl.types import Exclusion
+
+    trajs = [t for g in groups for t in g.trajectories]
+    for t in trajs:
+        t.rewards, t.reward, t.excluded = {name: None for name, _, _ in fns}, 0.0, None
+    for call, result in sorted(zip(calls, results), key=lambda cr: cr[0].fn):
+        name = fns[call.fn][0]
+        for t, value, reason in zip(trajs[call.start : call.stop], result.values, result.reasons, strict=True):
+            t.rewards[name] = value
+            if reason and t.excluded is None:
+                t.excluded = Exclusion(name, reason, result.detail)
+    for t in trajs:
+        if t.excluded is None:
+            t.reward = sum(w * t.rewards[name] for name, _, w in fns if t.rewards[name] is not None)
+
+
+def score_groups(groups: list[TrajectoryGroup], fns: RewardFns, groups_per_call: int = 1,
+                 max_error_rate: float = 1.0) -> list[TrajectoryGroup]:
+    """Score ``groups`` in this process (``run_local``); fill each trajectory in place and return ``groups``.
+
+    No isolation: a hanging function hangs the caller. Training runs use ``pool.RewardPool``.
+    """
     if not groups:
         return groups
-    prompts, completions, columns = _flatten(groups)
-    trajectories = [t for g in groups for t in g.trajectories]
-    for t in trajectories:
-        t.rewards, t.reward = {}, 0.0
-    for name, fn, weight in fns:
-        for t, value in zip(trajectories, _call(name, fn, prompts, completions, columns)):
-            t.rewards[name] = value
-            t.reward += weight * value
+    fns = unique_names(fns)
+    calls = plan_calls(groups, len(fns), groups_per_call)
+    fill_rewards(groups, fns, calls, run_local(fns, flatten(groups), calls))
+    check_error_rate(groups, max_error_rate)
     return groups
 
 
-def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) -> dict[str, float]:
-    """Summaries of a scored batch.
+def check_error_rate(groups: list[TrajectoryGroup], max_error_rate: float) -> None:
+    """Raise ``RewardError`` when more than ``max_error_rate`` of the completions are excluded, or when no
+    group has anything left to train on; the message names the first failure and the fix."""
+    from relayrl.trainer.batch import trainable_groups
 
-    * ``reward/mean``, ``reward/std``: of the weighted total over all completions (population std).
-    * ``reward/<name>``: mean of each function's unweighted value.
-    * ``reward/pass_rate``: fraction of completions whose ``primary`` reward (default: the first
-      function listed, by convention the task's success check) is >= 1.0, i.e. solved. Read from the
-      primary function, not the total, so shaping terms or penalties don't move it.
-    * ``reward/zero_std_groups``: fraction of groups whose completions all got the same total; GRPO
-      advantages are 0 there, so this is the share of the batch that teaches nothing.
+    trajs = [t for g in groups for t in g.trajectories]
+    failed = [t.excluded for t in trajs if t.excluded is not None]
+    if not failed:
+        return
+    first = f"first: reward {failed[0].reward!r} {failed[0].reason}: {failed[0].detail}"
+    if len(failed) / len(trajs) > max_error_rate:
+        raise RewardError(f"rewards failed on {len(failed)} of {len(trajs)} completions ({len(failed) / len(trajs):.0%}"
+                          f" > reward.max_error_rate={max_error_rate:g}); {first}; fix the reward function "
+                          "or raise reward.max_error_rate")
+    if not trainable_groups(groups):
+        raise RewardError(f"no prompt group has 2 scored completions left to train on ({len(failed)} of "
+                          f"{len(trajs)} failed); {first}; fix the reward function or raise algorithm.group_size")
+
+
+def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) -> dict[str, float]:
+    """Summaries of a scored batch; reward statistics cover the completions that were not excluded.
+
+    * ``reward/mean``, ``reward/std``: of the weighted total (population std).
+    * ``reward/<name>``: mean of each function's unweighted value where it applied (None skipped, as
+      TRL's nanmean); absent when it applied nowhere.
+    * ``reward/pass_rate``: fraction whose ``primary`` reward (default: the first function, by
+      convention the task's success check) is >= 1.0; read from it, not the total, so shaping terms
+      don't move it.
+    * ``reward/zero_std_groups``: fraction of groups whose scored completions all got the same total;
+      GRPO advantages are 0 there, so this is the share of the batch that teaches nothing.
+    * ``reward/errors``, ``reward/error_rate``, ``reward/errors/<reason>``: excluded completions, their
+      fraction, and their count per reason (``REASONS``; the first failing function's reason).
+    * ``reward/dropped_groups``: groups not trained on because exclusion left them fewer than 2 samples.
     """
-    trajectories = [t for g in groups for t in g.trajectories]
-    if not trajectories:
+    from relayrl.trainer.batch import trainable_groups
+
+    trajs = [t for g in groups for t in g.trajectories]
+    if not trajs:
         return {}
-    totals = [t.reward for t in trajectories]
+    valid = [t for t in trajs if t.excluded is None]
+    reasons = Counter(t.excluded.reason for t in trajs if t.excluded is not None)
+    metrics = {"reward/errors": float(len(trajs) - len(valid)), "reward/error_rate": 1 - len(valid) / len(trajs),
+               **{f"reward/errors/{r}": float(reasons[r]) for r in REASONS},
+               "reward/dropped_groups": float(len(groups) - len(trainable_groups(groups)))}
+    if valid:
+        metrics.update(_value_metrics(groups, valid, primary))
+    return metrics
+
+
+def _value_metrics(groups: list[TrajectoryGroup], valid: list, primary: str | None) -> dict[str, float]:
+    totals = [t.reward for t in valid]
     mean = sum(totals) / len(totals)
     metrics = {"reward/mean": mean, "reward/std": math.sqrt(sum((r - mean) ** 2 for r in totals) / len(totals))}
-    names = list(trajectories[0].rewards)
+    names = list(valid[0].rewards)
     for name in names:
-        metrics[f"reward/{name}"] = sum(t.rewards[name] for t in trajectories) / len(trajectories)
+        applied = [t.rewards[name] for t in valid if t.rewards[name] is not None]
+        if applied:
+            metrics[f"reward/{name}"] = sum(applied) / len(applied)
     primary = primary or (names[0] if names else None)
     if primary is not None:
-        metrics["reward/pass_rate"] = sum(t.rewards[primary] >= 1.0 for t in trajectories) / len(trajectories)
-    flat = sum(len({t.reward for t in g.trajectories}) <= 1 for g in groups)
-    metrics["reward/zero_std_groups"] = flat / len(groups)
+        metrics["reward/pass_rate"] = sum((t.rewards.get(primary) or 0.0) >= 1.0 for t in valid) / len(valid)
+    scored = [{t.reward for t in g.trajectories if t.excluded is None} for g in groups]
+    scored = [s for s in scored if s]
+    metrics["reward/zero_std_groups"] = sum(len(s) == 1 for s in scored) / max(len(scored), 1)
     return metrics

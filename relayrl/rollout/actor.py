@@ -1,8 +1,8 @@
 """The rollout actor: one vLLM ``AsyncLLM`` engine in a Ray actor, producing version-tagged groups.
 
     controller --generate(prompts, G)--> RolloutActor --one request per prompt, n=G--> AsyncLLM
-    controller --update_weights(handle, v)--> RolloutActor --collective_rpc--> WeightSyncExtension
-                                                      \\--> engine weight version := v
+    trainer rank 0 --start/update/finish_weight_update(v)--> RolloutActor --> vLLM weight-transfer engine
+                                                               \\--> engine weight version := v
 
 Every completion token is tagged with the weight version that sampled it; vLLM itself reports
 these as contiguous spans (``CompletionOutput.weight_versions``), so a completion that straddles
@@ -20,10 +20,9 @@ from typing import Any
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
-from relayrl.weightsync.base import WeightHandle
 
 EXTENSION = "relayrl.weightsync.worker.WeightSyncExtension"
-CONTROL_TIMEOUT_S = 60.0            # floor for the label/resume stages of a weight update
+WATCHDOG_STAGES = 3                 # an open weight update is aborted after this many stage timeouts
 INITIAL_VERSION_LABEL = "default"   # vLLM's label for the weights an engine started with (our v0)
 
 
@@ -32,7 +31,8 @@ def parse_version(label: str) -> int:
     return 0 if label == INITIAL_VERSION_LABEL else int(label)
 
 
-def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int) -> Any:
+def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
+                sync_cfg: WeightSyncConfig) -> Any:
     """vLLM engine arguments from our configs.
 
     Prefix caching is off: after a weight update, cached prompt KV computed with old weights
@@ -40,11 +40,14 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    from relayrl.weightsync import engine_config
+
     return AsyncEngineArgs(
         model=model_path, dtype=model_cfg.dtype, max_model_len=model_cfg.max_model_len, seed=seed,
         enforce_eager=rollout_cfg.enforce_eager,
         kv_cache_memory_bytes=int(rollout_cfg.kv_cache_gb * 2**30),
         worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
+        weight_transfer_config=engine_config(sync_cfg),
         enable_prefix_caching=False, disable_log_stats=True,
     )
 
@@ -59,13 +62,17 @@ class RolloutActor:
         t0 = time.perf_counter()
         self.rollout_cfg = rollout_cfg
         self.sync_cfg = sync_cfg or WeightSyncConfig()
-        self.engine = AsyncLLM.from_engine_args(engine_args(model_path, model_cfg, rollout_cfg, seed))
+        self.engine = AsyncLLM.from_engine_args(engine_args(model_path, model_cfg, rollout_cfg, seed, self.sync_cfg))
         self._paused = False
+        self._pause_here = False
+        self._update: tuple[int, float] | None = None   # (version, start time) of the open weight update
+        self._watchdog: asyncio.Task | None = None
+        self.last_abort = ""
         self.start_seconds = time.perf_counter() - t0
 
     def info(self) -> dict[str, float]:
-        """Static facts for logs: engine start time."""
-        return {"start_seconds": self.start_seconds}
+        """Static facts: engine start time, vLLM workers in this engine (group ranks a sync needs)."""
+        return {"start_seconds": self.start_seconds, "workers": self.engine.vllm_config.parallel_config.world_size}
 
     async def generate(self, prompts: list[dict[str, Any]], group_size: int) -> list[TrajectoryGroup]:
         """Sample ``group_size`` completions for each ``{"prompt_id", "prompt", "columns"}``, concurrently."""
@@ -99,40 +106,67 @@ class RolloutActor:
             raise RuntimeError("vLLM returned no output for a request; was the engine paused with mode=abort?")
         return final
 
-    async def update_weights(self, handle: WeightHandle, version: int,
-                             timeout_s: float | None = None) -> dict[str, float]:
-        """Load ``handle``'s weights into every worker and label the engine's weights ``version``.
+    # ---- weight sync: the engine side of the transaction (see relayrl.weightsync.base) ---------
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Set up (or re-set up, after an abort broke it) the transfer channel on every worker."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        Stages: pause (``keep``: running requests freeze, nothing is lost) -> load -> label ->
-        resume. Pausing makes the version tags exact: no token is sampled with new weights under
-        the old label. Requests running across the update continue afterwards (an in-flight
-        update) with spans for both versions. Pause + load are bounded by ``weightsync.timeout_s``
-        (or ``timeout_s``); on timeout or failure the engine keeps its previous weights and label
-        (the worker refuses a load that arrives after the deadline).
-        Returns timings in seconds.
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    async def start_weight_update(self, version: int, timeout_s: float) -> None:
+        """Pause (``keep``: running requests freeze, nothing is lost) and open an update of ``version``.
+
+        Pausing makes version tags exact: no token is sampled with new weights under the old label.
+        A watchdog aborts the update if neither commit nor abort arrives within ``WATCHDOG_STAGES *
+        timeout_s`` (the trainer and the driver may both be gone), so the engine never stays paused.
         """
-        if handle.version != version:
-            raise ValueError(f"handle carries v{handle.version} but update_weights was asked for v{version}; "
-                             "pass the version the handle was sent with")
-        timeout = self.sync_cfg.timeout_s if timeout_s is None else timeout_s
-        deadline = time.time() + timeout
-        t0 = time.perf_counter()
-        pause_here = not self._paused
+        if self._update is not None:
+            await self.abort_weight_update(f"v{self._update[0]} was still open when v{version} started")
+        self._pause_here = not self._paused
+        if self._pause_here:
+            await self.engine.pause_generation(mode="keep", clear_cache=False)
+        self._update = (version, time.perf_counter())
+        self._watchdog = asyncio.create_task(self._expire(self._update, WATCHDOG_STAGES * timeout_s))
+        await self.engine.start_weight_update()
+
+    async def update_weights(self, update_info: dict[str, Any]) -> None:
+        """Transfer + verify on every worker; the model is not touched until ``finish_weight_update``."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+
+    async def finish_weight_update(self, version: int) -> float:
+        """Commit: load the verified payload, label new tokens ``version``, resume. Returns the stall (s)."""
+        if self._update is None or self._update[0] != version:
+            raise RuntimeError(f"commit of v{version} without an open update of it (open: {self._update}); "
+                               "it was aborted, possibly by the watchdog")
+        await self.engine.finish_weight_update(weight_version=str(version))
+        return await self._close_update()
+
+    async def abort_weight_update(self, reason: str = "") -> float:
+        """Drop the staged payload and resume on the previous weights and label. Idempotent."""
+        if self._update is None:
+            return 0.0
+        self.last_abort = f"v{self._update[0]}: {reason}"
         try:
-            if pause_here:
-                await _stage("pause", version, self.engine.pause_generation(mode="keep", clear_cache=False),
-                             deadline)
-            per_worker = await _stage("load", version, self.engine.collective_rpc(
-                "relayrl_load_weights", args=(handle.to_dict(), deadline)), deadline)
-            # Once weights are in, the label must follow: it gets its own window, not the leftover.
-            await _stage("label", version, self.engine.update_weight_version(str(version)),
-                         time.time() + max(timeout, CONTROL_TIMEOUT_S))
+            await self.engine.collective_rpc("relayrl_abort_weight_update")
         finally:
-            if pause_here:  # must run even after a timed-out load, so again a window of its own
-                await _stage("resume", version, self.engine.resume_generation(),
-                             time.time() + max(timeout, CONTROL_TIMEOUT_S))
-        return {"sync_s": time.perf_counter() - t0,
-                "open_s": max(w["open_s"] for w in per_worker), "load_s": max(w["load_s"] for w in per_worker)}
+            stall = await self._close_update()
+        return stall
+
+    async def _close_update(self) -> float:
+        _, t0 = self._update
+        self._update = None
+        if self._watchdog is not None and self._watchdog is not asyncio.current_task():
+            self._watchdog.cancel()
+        if self._pause_here:
+            await self.engine.resume_generation()
+        return time.perf_counter() - t0
+
+    async def _expire(self, update: tuple[int, float], after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        if self._update is update:
+            await self.abort_weight_update(f"no commit within {after_s:g}s (watchdog)")
 
     async def weight_version(self) -> int:
         """The version label new tokens are tagged with."""
@@ -165,19 +199,6 @@ class RolloutActor:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-
-
-async def _stage(name: str, version: int, awaitable: Any, deadline: float) -> Any:
-    """Await one weight-sync stage until wall-clock ``deadline``; errors become one line naming it."""
-    try:
-        return await asyncio.wait_for(awaitable, max(deadline - time.time(), 0.0))
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"weight sync v{version}: stage {name!r} ran past weightsync.timeout_s; "
-                           "the engine keeps its previous weights (raise weightsync.timeout_s if "
-                           "the weights are large)") from None
-    except Exception as exc:
-        last = (str(exc).strip().splitlines() or [repr(exc)])[-1]
-        raise RuntimeError(f"weight sync v{version}: stage {name!r} failed: {last}") from exc
 
 
 def _trajectory(prompt_id: int, prompt_token_ids: list[int], completion: Any, seconds: float) -> Trajectory:

@@ -37,7 +37,6 @@ from relayrl.trainer.batch import build_train_batch, split_batch
 from relayrl.trainer.logprobs import token_entropy, token_logprobs
 from relayrl.trainer.losses import (LOSS_AGG, POLICY_LOSSES, entropy_bonus, kl_k3, kl_loss, masked_token_sum)
 from relayrl.types import TrainBatch, TrajectoryGroup
-from relayrl.weightsync.base import WeightHandle
 
 # Sums all-reduced at the end of a step, in this order (ratio_max is reduced with MAX): "loss" is the
 # LOSS_AGG numerator (divided by the step's denominator), the rest are token-weighted (divided by tokens).
@@ -90,7 +89,7 @@ class TrainerActor:
         self.init_method = f"tcp://{master_addr}:{master_port}"
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
         self.temperature, self.seed, self.timeout = temperature, seed, timedelta(seconds=timeout_s)
-        self._sender = None  # weight-sync sender, created on first publish (rank 0 only)
+        self._sync = None  # TrainerSync, set by connect_rollouts
         self.policy_loss = POLICY_LOSSES[algo_cfg.policy_loss]
         self.policy_kw, self.agg_kw = policy_loss_kwargs(algo_cfg), loss_agg_kwargs(algo_cfg)
         self.aggregate = LOSS_AGG[algo_cfg.loss_agg]
@@ -302,19 +301,28 @@ class TrainerActor:
         state = get_model_state_dict(self.model, options=options)
         return state if self.rank == 0 else None
 
-    def publish_weights(self, ws_cfg: WeightSyncConfig, version: int) -> WeightHandle | None:
-        """Gather the full weights (collective) and hand them to the weight-sync sender on rank 0.
+    def connect_rollouts(self, ws_cfg: WeightSyncConfig, rollouts: list, workers: list[int]) -> None:
+        """Get ready to sync weights to ``rollouts`` (RolloutActor handles; ``workers[i]`` vLLM workers each).
 
-        Only the small handle leaves the actor; engines read the tensors through the backend.
+        The source is vLLM's ``ModuleSource`` over the FSDP model: it all-gathers one parameter at a
+        time (``full_tensor``), in ``named_parameters`` order on every rank, so tied weights appear
+        once and the trainer never holds more than one bucket of gathered weights.
         """
-        state = self.state_dict()
-        if self.rank != 0:
-            return None
-        if self._sender is None:
-            from relayrl.weightsync import make_sender
+        from vllm.distributed.weight_transfer.base import ModuleSource
 
-            self._sender = make_sender(ws_cfg)
-        return self._sender.send(state, version)
+        from relayrl.weightsync.sync import TrainerSync
+
+        if self._sync is not None:
+            self._sync.close()
+        self._sync = TrainerSync(ws_cfg, ModuleSource(self.model), self.rank, rollouts, workers,
+                                 wire_dtype=self.model_cfg.dtype)
+
+    def sync_weights(self, version: int) -> dict[str, float] | None:
+        """Send the current weights to every engine as ``version`` (collective). Rank 0 returns metrics."""
+        if self._sync is None:
+            raise RuntimeError("sync_weights before connect_rollouts; call TrainerGroup.connect_rollouts first")
+        stats = self._sync.sync(version)
+        return stats if self.rank == 0 else None
 
     def save_hf(self, out_dir: str) -> str | None:
         """Write an HF model directory (safetensors, config, tokenizer) from rank 0. Collective."""
@@ -343,7 +351,7 @@ class TrainerActor:
 
     def close(self) -> None:
         """Leave the process group (lets the actor be killed without a hung collective)."""
-        if self._sender is not None:
-            self._sender.close()
+        if self._sync is not None:
+            self._sync.close()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -8,6 +8,9 @@ Alignment (one sequence, prompt length P, completion length T, ``x = prompt + co
 
 Advantages come from ``ADVANTAGES[estimator]``, one per sequence; grouped estimators (GRPO, RLOO, ...)
 compare each sequence with the rest of its ``TrajectoryGroup`` (the G samples of one prompt).
+
+Trajectories whose reward failed (``traj.excluded``) are left out before anything else
+(``trainable_groups``), so group statistics are over the remaining samples only.
 """
 
 from __future__ import annotations
@@ -28,18 +31,39 @@ def _check_trajectory(traj: Trajectory) -> None:
                          "request logprobs=0 from the engine so every sampled token has one")
 
 
+def trainable_groups(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """``groups`` without excluded trajectories; a group that exclusion leaves with fewer than 2 is dropped.
+
+    Why drop it: a lone sample has no group baseline (grouped estimators give it advantage 0) and it
+    would still count in token-mean denominators. A group that had one sample to begin with (G=1,
+    e.g. REINFORCE++) and lost none is kept. Groups without exclusions are returned as they are.
+    """
+    out = []
+    for g in groups:
+        kept = [t for t in g.trajectories if t.excluded is None]
+        if len(kept) == len(g.trajectories):
+            out.append(g)
+        elif len(kept) >= 2:
+            out.append(TrajectoryGroup(g.prompt_id, g.prompt, g.columns, kept))
+    return out
+
+
 def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimator: str = "grpo") -> TrainBatch:
     """Concatenate prompt+completion, right-pad to the longest, and align masks/logprobs to next tokens.
 
     ``estimator`` names the advantage function in ``ADVANTAGES``. The group of each sequence is its
     position in ``groups`` (so two groups of the same prompt, e.g. sampled at different policy versions,
-    are normalised separately); ``prompt_ids`` records the prompts.
+    are normalised separately); ``prompt_ids`` records the prompts. Excluded trajectories are dropped
+    first (``trainable_groups``).
     """
     if estimator not in ADVANTAGES:
         raise ValueError(f"advantage estimator {estimator!r} is not known; use one of {', '.join(ADVANTAGES)}")
+    n_given = sum(len(g.trajectories) for g in groups)
+    groups = trainable_groups(groups)
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
-        raise ValueError("build_train_batch got no trajectories; pass at least one non-empty TrajectoryGroup")
+        raise ValueError(f"build_train_batch got no trajectories to train on ({n_given} given; excluded ones and "
+                         "groups left with < 2 are dropped); pass at least one group with scored trajectories")
     for t in trajs:
         _check_trajectory(t)
     seqs = [t.prompt_token_ids + t.completion_token_ids for t in trajs]

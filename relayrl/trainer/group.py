@@ -13,7 +13,6 @@ import ray
 
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from relayrl.trainer.actor import TrainerActor, resolve_backend
-from relayrl.weightsync.base import WeightHandle
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -87,9 +86,13 @@ class TrainerGroup:
         ray.wait(refs, num_returns=len(refs), fetch_local=False)
         return refs[0]
 
-    def publish_weights(self, ws_cfg: WeightSyncConfig, version: int) -> WeightHandle:
-        """Gather the weights on rank 0 and publish them as ``version``; returns the small handle."""
-        return self._all("publish_weights", ws_cfg, version)[0]
+    def connect_rollouts(self, ws_cfg: WeightSyncConfig, rollouts: list, workers: list[int]) -> None:
+        """Tell every rank which engines its syncs go to (``workers[i]``: vLLM workers of replica i)."""
+        self._all("connect_rollouts", ws_cfg, list(rollouts), list(workers))
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """Gather and send the weights to every engine as ``version`` (a transaction); rank 0's metrics."""
+        return self._all("sync_weights", version)[0]
 
     def save_hf(self, out_dir: str) -> str:
         """Write an HF model directory (loadable by transformers and vLLM); returns its path."""

@@ -1,31 +1,110 @@
-"""Versioned weight sync from trainer to vLLM engines: one interface, backends in one registry.
+"""Versioned weight sync from trainer ranks to vLLM engines: one interface, backends in one registry.
 
-Trainer side: ``sender = make_sender(cfg); handle = sender.send(state_dict, version)``.
-Engine side: ``WeightSyncExtension`` (``relayrl.weightsync.worker``) is mixed into each vLLM worker
-and loads from the handle; ``RolloutActor.update_weights(handle, version)`` drives it.
+Each backend is a pair of vLLM weight-transfer engines (``relayrl.weightsync.base`` explains the
+shape and the transaction relayrl adds) plus how to build its trainer-side init info:
+
+=============  ==============================  ==============================================
+backend        vLLM engine (worker side)       what moves the bytes
+=============  ==============================  ==============================================
+shm            relayrl (transport shm)         one flat buffer in /dev/shm, mapped by engines
+broadcast      relayrl (transport broadcast)   gloo broadcast of flat buckets (CPU, any host)
+vllm-native    nccl | ipc (weightsync.native)  vLLM's own engines, for GPU users
+=============  ==============================  ==============================================
+
+Trainer side: ``TrainerSync`` (``relayrl.weightsync.sync``). Engine side: ``engine_config(cfg)``
+goes into the engine args, and ``RolloutActor`` exposes the control-plane calls.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from relayrl.config import WeightSyncConfig
-from relayrl.weightsync.base import WeightHandle, WeightSender
-from relayrl.weightsync.shm import ShmSender
 
-BACKENDS: dict[str, type[WeightSender]] = {
-    "shm": ShmSender,
+# vLLM factory name -> (module, class); registered lazily, like vLLM's own engines. The worker side is
+# one engine for both transports (the trainer picks the transport at init); the trainer side is one
+# engine per transport.
+WORKER_ENGINES = {"relayrl": ("relayrl.weightsync.base", "RelayWeightEngine")}
+RECEIVERS = {   # transport -> engine-side receiver, chosen by the trainer in the init payload
+    "shm": ("relayrl.weightsync.shm", "ShmReceiver"),
+    "broadcast": ("relayrl.weightsync.broadcast", "BroadcastReceiver"),
+}
+TRAINER_ENGINES = {
+    "relayrl_shm": ("relayrl.weightsync.shm", "ShmTrainerEngine"),
+    "relayrl_broadcast": ("relayrl.weightsync.broadcast", "BroadcastTrainerEngine"),
 }
 
 
-def make_sender(cfg: WeightSyncConfig, fallback_dir: str | None = None) -> WeightSender:
-    """Build the configured sender; ``shm`` uses ``fallback_dir`` when ``cfg.shm_dir`` does not exist."""
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"weightsync.backend={cfg.backend!r} is unknown; use one of {', '.join(BACKENDS)}")
-    if cfg.backend == "shm":
-        shm_dir = cfg.shm_dir if Path(cfg.shm_dir).is_dir() or fallback_dir is None else fallback_dir
-        return ShmSender(shm_dir)
-    return BACKENDS[cfg.backend]()
+@dataclass(frozen=True)
+class Backend:
+    engine: Callable[[WeightSyncConfig], str]                       # vLLM engine name for this config
+    trainer_info: Callable[[WeightSyncConfig, int, int, str | None], Any]   # (cfg, rank, workers, wire dtype)
 
 
-__all__ = ["BACKENDS", "ShmSender", "WeightHandle", "WeightSender", "make_sender"]
+def _shm_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
+    from relayrl.weightsync.shm import ShmTrainerInitInfo
+
+    return ShmTrainerInitInfo(rank=rank, shm_dir=cfg.shm_dir, bucket_bytes=cfg.bucket_mb << 20,
+                              wire_dtype=wire_dtype)
+
+
+def _broadcast_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
+    from relayrl.weightsync.broadcast import BroadcastTrainerInitInfo
+
+    return BroadcastTrainerInitInfo(rank=rank, world_size=1 + workers, host=cfg.host,
+                                    bucket_bytes=cfg.bucket_mb << 20, wire_dtype=wire_dtype,
+                                    timeout_s=cfg.timeout_s)
+
+
+def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
+    """vLLM's NCCL (separate GPUs) or CUDA-IPC (same GPU) engine; vLLM sends in the trainer's dtype."""
+    if cfg.native_engine == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+        return IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    from relayrl.trainer.group import free_port
+
+    return NCCLTrainerInitInfo(rank=rank, master_address=cfg.host, master_port=free_port(cfg.host),
+                               world_size=1 + workers, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)
+
+
+BACKENDS: dict[str, Backend] = {
+    "shm": Backend(lambda cfg: "relayrl", _shm_info),
+    "broadcast": Backend(lambda cfg: "relayrl", _broadcast_info),
+    "vllm-native": Backend(lambda cfg: cfg.native_engine, _native_info),
+}
+
+
+def register_with_vllm() -> None:
+    """Add relayrl's engines to vLLM's two factories (idempotent; lazy imports, like vLLM's own)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    for factory, engines in ((WeightTransferEngineFactory, WORKER_ENGINES),
+                             (WeightTransferTrainerFactory, TRAINER_ENGINES)):
+        for name, (module, cls_name) in engines.items():
+            try:
+                factory.register_engine(name, module, cls_name)
+            except ValueError:   # already registered in this process
+                pass
+
+
+def load(entry: tuple[str, str]) -> Any:
+    """Import ``(module, attribute)`` from one of the registries above."""
+    import importlib
+
+    module, name = entry
+    return getattr(importlib.import_module(module), name)
+
+
+def engine_config(cfg: WeightSyncConfig) -> Any:
+    """vLLM's ``WeightTransferConfig`` for the engine args of every rollout engine."""
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+    return WeightTransferConfig(backend=BACKENDS[cfg.backend].engine(cfg))
+
+
+__all__ = ["BACKENDS", "Backend", "engine_config", "register_with_vllm"]

@@ -1,49 +1,235 @@
-"""The weight-sync interface: the trainer sends a state dict, engines load it from a small handle.
+"""The weight-sync interface: vLLM's weight-transfer engines, with relayrl's transaction on top.
 
-A backend is one class with one trainer-side method, ``send``, plus the engine-side reader
-``open_weights`` for the format that ``send`` writes, so the wire format lives in one place.
-The ``WeightHandle`` that ``send`` returns is what travels through Ray and vLLM's
-``collective_rpc``: a few fields naming where the weights are, never the tensors themselves.
+vLLM 0.32 defines the shape (``vllm.distributed.weight_transfer``): a *trainer engine* in the
+trainer process drives a *worker engine* inside every vLLM worker through a four-call control
+plane (init, start, update, finish). relayrl's CPU backends (``shm``, ``broadcast``) are engines
+of exactly that shape, registered in vLLM's factories, so all backends - vLLM's own ``nccl`` and
+``ipc`` included - run through one code path. What relayrl adds is the transaction::
+
+    start    engine pauses (running requests freeze), drops any staged payload
+    transfer trainer gathers one bucket at a time and ships it; engines receive into staging
+    verify   engine checks version, layout digest and completeness; nothing loaded yet
+    commit   engine loads the staged weights (vLLM's reload_weights), then the label := version
+    abort    on any failure or timeout: staged bytes are dropped and the engine resumes on the
+             previous version, so a half-transferred model is never served
+
+Worker side: one engine, ``RelayWeightEngine`` (receive into a flat buffer through a transport's
+``Receiver``, load only on commit). Trainer side: one ``FlatTrainerEngine`` subclass per transport
+(layout from metadata, gather per bucket).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 import torch
+from torch import nn
+from vllm.distributed.weight_transfer.base import (
+    TrainerWeightTransferEngine,
+    WeightSource,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from relayrl.weightsync.layout import FlatLayout, to_dtype
 
 
-@dataclass(frozen=True)
-class WeightHandle:
-    """Where version ``version`` of the weights can be read, and how much there is."""
+@dataclass
+class FlatUpdateInfo(WeightTransferUpdateInfo):
+    """Per-update control message: which version, cut by which layout."""
 
-    backend: str          # key in ``relayrl.weightsync.BACKENDS``
-    location: str         # backend-specific address (shm: a file path)
-    version: int          # policy version these weights are (trainer step)
-    nbytes: int           # payload size, for throughput stats
-    num_tensors: int      # tensors in the payload; the reader checks it
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict for vLLM's ``collective_rpc`` (its msgpack path carries builtins, not dataclasses)."""
-        return asdict(self)
+    version: int
+    digest: str
 
 
-class WeightSender(ABC):
-    """Trainer side of a backend: publish one version of the weights, return its handle."""
+@dataclass
+class RelayInitInfo(WeightTransferInitInfo):
+    """What every relayrl worker engine gets at init: the layout and how bytes will arrive.
 
-    name: ClassVar[str]
+    ``transport`` picks the receiver (``RECEIVERS``); ``channel`` is its address (shm: the file;
+    broadcast: the store, group and world size); ``rank_offset`` is this engine's first group rank.
+    """
+
+    layout: dict[str, Any]
+    transport: str
+    channel: dict[str, Any]
+    rank_offset: int = 0
+
+
+class Receiver(Protocol):
+    """Engine-side end of one transport: make a whole version's payload available as a flat buffer."""
+
+    def receive(self, layout: FlatLayout, info: FlatUpdateInfo) -> torch.Tensor: ...
+
+    def close(self) -> None: ...
+
+
+class RelayWeightEngine(WeightTransferEngine):
+    """Worker side of relayrl's backends: receive a whole version, verify it, load it only on commit.
+
+    One vLLM engine (registered as ``relayrl``) for both CPU transports: the transport is chosen by
+    the trainer at init, so an engine does not need restarting to switch, and engines on another
+    host can be given ``broadcast`` while local ones map ``shm``.
+    """
+
+    init_info_cls = RelayInitInfo
+    update_info_cls = FlatUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layout: FlatLayout | None = None
+        self.receiver: Receiver | None = None
+        self._staged: torch.Tensor | None = None
+
+    def init_transfer_engine(self, init_info: RelayInitInfo) -> None:
+        from relayrl.weightsync import RECEIVERS, load
+
+        if init_info.transport not in RECEIVERS:
+            raise ValueError(f"unknown transport {init_info.transport!r}; use one of {', '.join(RECEIVERS)}")
+        self.shutdown()
+        self.layout = FlatLayout.from_dict(init_info.layout)
+        pc = self.parallel_config
+        rank = init_info.rank_offset + pc.data_parallel_index * pc.world_size + pc.rank
+        self.receiver = load(RECEIVERS[init_info.transport])(self.layout, init_info.channel, rank)
+
+    def start_weight_update(self) -> None:
+        self._staged = None
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        """Transfer + verify. (vLLM's base also calls ``torch.accelerator.synchronize()``, which raises
+        on a CPU-only host; nothing here is asynchronous, so it is left out.)"""
+        info = self.parse_update_info(update_info)
+        self._staged = None
+        if self.receiver is None:
+            raise RuntimeError("weight transfer was not initialised; call init_weight_transfer_engine first")
+        if info.digest != self.layout.digest():
+            raise ValueError(f"v{info.version}: trainer layout {info.digest} != engine layout "
+                             f"{self.layout.digest()}; re-run init_weight_transfer_engine")
+        self._staged = self.receiver.receive(self.layout, info)
+
+    def receive_weights(self, update_info: FlatUpdateInfo) -> None:
+        raise NotImplementedError("relayrl engines receive in update_weights")
+
+    def finish_weight_update(self) -> None:
+        """Commit: the only place the model's weights change."""
+        if self._staged is None:
+            raise RuntimeError("finish_weight_update without a verified payload; the update was aborted")
+        buffer, self._staged = self._staged, None
+        load_flat(self.vllm_config, self.model, self.layout, buffer)
+
+    def abort_weight_update(self) -> None:
+        """Drop whatever was staged; the model was not touched."""
+        self._staged = None
+
+    def shutdown(self) -> None:
+        self._staged = None
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None
+
+
+class FlatTrainerEngine(TrainerWeightTransferEngine):
+    """Trainer side: every rank iterates the source (FSDP gathers are collectives); rank 0 ships.
+
+    ``client`` must be relayrl's ``RolloutClient`` (it carries the version being sent). Subclasses
+    implement ``transfer``: move the payload and have the engines verify it.
+    """
+
+    backend: ClassVar[str]
+
+    def __init__(self, *, client: Any, source: WeightSource, is_sender: bool, layout: FlatLayout) -> None:
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.layout = layout
 
     @abstractmethod
-    def send(self, state_dict: dict[str, torch.Tensor], version: int) -> WeightHandle:
-        """Make ``state_dict`` (HF parameter names -> full tensors) readable by engines as ``version``."""
+    def transfer(self, named: Iterator[tuple[str, torch.Tensor]], info: dict[str, Any]) -> None:
+        """Ship every tensor ``named`` yields and have the engines receive and verify ``info``."""
 
-    @staticmethod
-    @abstractmethod
-    def open_weights(handle: WeightHandle) -> Iterator[tuple[str, torch.Tensor]]:
-        """Engine side: yield ``(name, tensor)`` pairs of the weights ``handle`` points at."""
+    def send_weights(self) -> None:
+        named = iter(self.source)
+        if not self.is_sender:
+            drain(named)
+            return
+        self.client.start_weight_update()
+        try:
+            self.transfer(named, {"version": self.client.version, "digest": self.layout.digest()})
+        finally:
+            drain(named)   # a failed transfer still finishes the gathers, or FSDP peers would hang
+        self.client.finish_weight_update()
 
-    def close(self) -> None:
-        """Release what the sender still holds (files, buffers). Default: nothing."""
+
+def plan_layout(source: WeightSource, bucket_bytes: int, wire_dtype: str | None) -> FlatLayout:
+    """The flat layout of ``source``'s tensors, cast to ``wire_dtype`` (the engine's dtype) if given."""
+    dtype = to_dtype(wire_dtype) if wire_dtype else None
+    return FlatLayout.plan(((m.name, dtype or m.dtype, m.shape) for m in source.metadata()), bucket_bytes)
+
+
+def drain(it: Iterator[Any]) -> None:
+    for _ in it:
+        pass
+
+
+class StateDictSource(WeightSource):
+    """A ``WeightSource`` over a plain ``{name: tensor}`` dict (tests, benchmarks, a saved checkpoint)."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.state_dict = state_dict
+
+    def metadata(self) -> list:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.state_dict.items()]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.state_dict.items())
+
+
+# ---- commit: load a flat buffer into a vLLM model ------------------------------------------------
+
+def load_flat(vllm_config: Any, model: nn.Module, layout: FlatLayout, buffer: torch.Tensor) -> None:
+    """Load ``layout``'s tensors (views into ``buffer``) with vLLM's in-place ``reload_weights``.
+
+    ``reload_weights`` rather than ``model.load_weights``: the CPU backend repacks linear weights
+    after loading, and only the reload path restores the checkpoint layout first. Tied parameters
+    need one more step: a checkpoint of a tied model names the shared tensor once (embed_tokens),
+    and the reload puts lm_head's *old* tensor back, silently untying it (seen on vLLM 0.32 CPU:
+    logprobs 0.4 nats off). So aliases are recorded before the reload and re-tied after it.
+    """
+    from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+    ties = tied_parameters(model)
+    reload_weights(vllm_config, model, weights_iterator=layout.views(buffer), weights_path=None,
+                   is_checkpoint_format=True)
+    retie(ties)
+
+
+def tied_parameters(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, str]]:
+    """``(module, name, owner, owner_name)`` for every parameter that aliases an earlier module's.
+
+    The owner is the first module in registration order, which for HF-style models is the input
+    embedding (``model.embed_tokens`` is registered before ``lm_head``): the one checkpoints name.
+    """
+    owners: dict[int, tuple[nn.Module, str]] = {}
+    ties = []
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in owners:
+                ties.append((module, name, *owners[id(param)]))
+            else:
+                owners[id(param)] = (module, name)
+    return ties
+
+
+def retie(ties: list[tuple[nn.Module, str, nn.Module, str]]) -> None:
+    """Point each alias back at its owner's (freshly loaded) parameter and redo the module's
+    post-load processing (on CPU that rebuilds the packed GEMM copy of the weight)."""
+    for module, name, owner, owner_name in ties:
+        setattr(module, name, getattr(owner, owner_name))
+        method = getattr(module, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(module)

@@ -1,86 +1,134 @@
-"""``shm`` backend: one safetensors file in shared memory (/dev/shm), memory-mapped by each engine.
+"""``shm`` backend: the model as one flat buffer in a /dev/shm file, written once, mapped by every engine.
 
-Why this first: it needs no process group and no GPU, works for any number of engines on one
-host, and the payload is the standard checkpoint format. The write is atomic (tmp name, then
-``os.replace``), so a reader never sees half a file. The file of version v is removed when
-version v+1 has landed; an engine that already opened it keeps reading (POSIX unlink semantics).
+Why: on one host nothing beats writing the bytes once into memory that every engine maps. The
+trainer's rank 0 writes each gathered tensor straight into its slot of the mapping (no bucket
+buffer needed: the mapping is the buffer), then stamps the header with the version; engine
+workers map the same file at init and, on commit, load from views into the mapping (zero-copy
+reads). The file is allocated and pre-faulted once, when the transfer is set up, and reused for
+every version, so a sync pays no tmpfs page faults.
+
+Transaction: the header holds ``version = -1`` while the trainer writes and the real version only
+after the last byte; the engine's verify refuses any other stamp, so a payload the trainer did not
+finish (it died mid-write) is never loaded. Versions are strictly sequential (the trainer sends
+v+1 only after every engine committed or aborted v), so one buffer suffices.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
-from relayrl.weightsync.base import WeightHandle, WeightSender
+from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, plan_layout
+from relayrl.weightsync.layout import FlatLayout, pack
 
-
-def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """CPU, contiguous, detached tensors; a tensor sharing storage with an earlier one is cloned.
-
-    safetensors refuses aliased tensors, and tied weights (embed_tokens / lm_head) are aliased.
-    """
-    seen: set[int] = set()
-    out = {}
-    for name, tensor in state_dict.items():
-        t = tensor.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        out[name] = t.clone() if ptr in seen else t
-        seen.add(ptr)
-    return out
+HEADER_BYTES = 64
+MAGIC = int.from_bytes(b"relayrl1", "little")
+WRITING = -1
 
 
-class ShmSender(WeightSender):
-    """Writes ``<shm_dir>/relayrl-<tag>-v<version>.safetensors``; keeps only the newest file."""
+class ShmRegion:
+    """``[header | flat payload]`` in a shared file mapping: header = int64 [magic, version, digest]."""
 
-    name = "shm"
+    def __init__(self, path: str, nbytes: int) -> None:
+        self.path = path
+        self.buffer = torch.from_file(path, shared=True, size=HEADER_BYTES + nbytes, dtype=torch.uint8)
+        self.header = self.buffer[:HEADER_BYTES].view(torch.int64)
+        self.data = self.buffer[HEADER_BYTES:]
 
-    def __init__(self, shm_dir: str = "/dev/shm", tag: str | None = None):
-        self.dir = Path(shm_dir)
-        if not self.dir.is_dir():
+    @classmethod
+    def create(cls, shm_dir: str, nbytes: int) -> "ShmRegion":
+        """A new file of the right size in ``shm_dir``, every page touched now rather than mid-sync."""
+        if not Path(shm_dir).is_dir():
             raise FileNotFoundError(f"weightsync.shm_dir={shm_dir} is not a directory; "
-                                    "set weightsync.shm_dir to an existing (ideally tmpfs) directory")
-        self.tag = tag or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._files: list[Path] = []
+                                    "set it to an existing (ideally tmpfs) directory")
+        path = os.path.join(shm_dir, f"relayrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}.bin")
+        with open(path, "wb") as f:
+            f.truncate(HEADER_BYTES + nbytes)
+        region = cls(path, nbytes)
+        region.buffer.zero_()
+        region.header[0] = MAGIC
+        region.header[1] = WRITING
+        return region
 
-    def send(self, state_dict: dict[str, torch.Tensor], version: int) -> WeightHandle:
-        tensors = _unshared(state_dict)
-        path = self.dir / f"relayrl-{self.tag}-v{version}.safetensors"
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"version": str(version)})
-        os.replace(tmp, path)
-        self._remove_old(keep=path)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        return WeightHandle(self.name, str(path), version, nbytes, len(tensors))
+    def begin(self) -> None:
+        self.header[1] = WRITING
 
-    def _remove_old(self, keep: Path) -> None:
-        for old in self._files:
-            if old != keep:
-                old.unlink(missing_ok=True)
-        self._files = [keep]
+    def commit(self, version: int, digest: str) -> None:
+        self.header[2] = _digest_int(digest)
+        self.header[1] = version
+
+    def check(self, version: int, digest: str) -> None:
+        """Raise unless the payload is a complete write of ``version`` cut by layout ``digest``."""
+        magic, stamped, stamped_digest = (int(x) for x in self.header[:3])
+        if magic != MAGIC:
+            raise ValueError(f"{self.path} is not a relayrl weight buffer (bad magic)")
+        if stamped != version:
+            state = "is mid-write" if stamped == WRITING else f"holds v{stamped}"
+            raise ValueError(f"shm payload {state}, expected a complete v{version}; the trainer did not "
+                             "finish writing it (the engine keeps its previous weights)")
+        if stamped_digest != _digest_int(digest):
+            raise ValueError(f"shm payload v{version} was cut by another layout; re-initialise the transfer")
+
+    def unlink(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+
+def _digest_int(digest: str) -> int:
+    return int(digest[:15], 16)   # 60 bits: fits a signed int64 header field
+
+
+@dataclass
+class ShmTrainerInitInfo(TrainerInitInfo):
+    backend: ClassVar[str] = "relayrl_shm"
+
+    shm_dir: str = "/dev/shm"
+    bucket_bytes: int = 64 << 20
+    wire_dtype: str | None = None
+
+
+class ShmTrainerEngine(FlatTrainerEngine):
+    init_info_cls = ShmTrainerInitInfo
+    region: ShmRegion | None = None
+
+    @classmethod
+    def trainer_init(cls, init_info: ShmTrainerInitInfo, *, client: Any,
+                     source: WeightSource | None = None) -> "ShmTrainerEngine":
+        layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
+        if engine.is_sender:
+            engine.region = ShmRegion.create(init_info.shm_dir, layout.nbytes)
+            client.init_weight_transfer_engine({"layout": layout.to_dict(), "transport": "shm",
+                                                "channel": {"path": engine.region.path}})
+        return engine
+
+    def transfer(self, named: Any, info: dict[str, Any]) -> None:
+        self.region.begin()
+        for bucket in self.layout.buckets:
+            pack(self.layout, bucket, named, self.region.data, base=0)
+        self.region.commit(info["version"], info["digest"])
+        self.client.update_weights(info)
+
+    def shutdown(self) -> None:
+        if self.region is not None:
+            self.region.unlink()   # engines that mapped it keep their mapping (POSIX unlink semantics)
+            self.region = None
+
+
+class ShmReceiver:
+    """Engine end: map the trainer's file once; every version is read in place (zero-copy views)."""
+
+    def __init__(self, layout: FlatLayout, channel: dict[str, Any], rank: int) -> None:
+        self.region = ShmRegion(channel["path"], layout.nbytes)
+
+    def receive(self, layout: FlatLayout, info: FlatUpdateInfo) -> torch.Tensor:
+        self.region.check(info.version, info.digest)
+        return self.region.data
 
     def close(self) -> None:
-        self._remove_old(keep=Path())
-        self._files = []
-
-    @staticmethod
-    def open_weights(handle: WeightHandle) -> Iterator[tuple[str, torch.Tensor]]:
-        """Check the file now (missing/overwritten fails before any weight moves), then stream it.
-
-        The file is memory-mapped; each yielded tensor is copied out of the mapping, so at most one
-        tensor beyond the engine's own weights is resident at a time.
-        """
-        if not os.path.exists(handle.location):
-            raise FileNotFoundError(f"shm weights v{handle.version} missing at {handle.location}; "
-                                    "the sender removed or never wrote it (is a newer version out?)")
-        f = safe_open(handle.location, framework="pt", device="cpu")
-        names = list(f.keys())
-        if len(names) != handle.num_tensors:
-            raise ValueError(f"{handle.location} holds {len(names)} tensors, the handle says "
-                             f"{handle.num_tensors}; the file was overwritten, resend the weights")
-        return ((name, f.get_tensor(name)) for name in names)
+        self.region = None

@@ -36,7 +36,7 @@ def test_metrics_per_step_and_versions_follow_steps(tiny_run):
     assert [r["step"] for r in rows] == list(range(1, cfg.run.steps + 1))
     for r in rows:
         assert r["weightsync/version"] == r["step"]
-        assert r["weightsync/engine_versions_ok"] == 1.0
+        assert r["weightsync/bytes"] > 0 and r["weightsync/stall_s"] > 0
         assert r["rollout/min_version"] == r["step"] - 1   # sync mode: strictly on-policy
         for key in ("reward/mean", "loss", "grad_norm", "timing/generate", "timing/train", "timing/sync"):
             assert key in r and r[key] == r[key], key  # present and not NaN

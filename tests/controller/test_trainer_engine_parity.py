@@ -1,6 +1,7 @@
 """After one real GRPO step and one sync, the engine scores tokens exactly as the trainer does.
 
-Real path: vLLM rollout actor generates -> rewards -> FSDP2 trainer step -> shm publish -> engine reload.
+Real path: vLLM rollout actor generates -> rewards -> FSDP2 trainer step -> shm sync (bucketed gather,
+engine verify + commit) -> engine reload.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def pair(ray_session, tiny_llama, tmp_path_factory):
     rollout = start_rollout_actor(str(tiny_llama), cfg.model, cfg.rollout, 0, sync_cfg=cfg.weightsync)
     trainer = TrainerGroup(1, str(tiny_llama), cfg.model, cfg.trainer, cfg.algorithm,
                            temperature=cfg.rollout.temperature)
-    trainer.ready()
+    trainer.connect_rollouts(cfg.weightsync, [rollout], [ray_session.get(rollout.info.remote())["workers"]])
     yield cfg, rollout, trainer
     trainer.shutdown()
     ray_session.get(rollout.shutdown.remote())
@@ -43,8 +44,8 @@ def test_engine_logprobs_match_trainer_after_sync(pair, ray_session):
 
     stats = trainer.train_step([ray_session.put(groups)])
     assert stats["grad_norm"] > 0
-    handle = trainer.publish_weights(cfg.weightsync, version=1)
-    ray_session.get(rollout.update_weights.remote(handle, 1))
+    sync = trainer.sync_weights(version=1)
+    assert sync["weightsync/version"] == 1 and sync["weightsync/bytes"] > 0
 
     engine_after = torch.tensor(ray_session.get(rollout.prompt_logprobs.remote(probe)))
     trainer_after = torch.tensor(trainer.sequence_logprobs(probe))

@@ -82,3 +82,42 @@ def test_last_number_correct_grades_value_not_format():
 
 def test_digit_fraction_counts_non_space_characters():
     assert builtin.digit_fraction([""] * 3, ["ab12 ", "   ", "7"]) == [0.5, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("completion, answer, expected", [
+    ("So the answer is $\\boxed{\\frac{1}{2}}$.", "0.5", 1.0),
+    ("1/2", "\\frac{1}{2}", 1.0),
+    ("Natalia sold 48 + 24 = 72 clips.", "Natalia sold 48/2 = 24 clips in May.\n#### 72", 1.0),   # GSM8K row
+    ("The answer is $\\boxed{3}$", "4", 0.0),
+    ("I don't know", "4", 0.0),
+    ("anything", "", None),            # a reference that does not parse: the reward does not apply
+])
+def test_math_verify(completion, answer, expected):
+    assert builtin.math_verify(["p"], [completion], answer=[answer]) == [expected]
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("<think>12 + 7 is 19</think>\nAnswer: 19", 1.0),
+    ("  <think>\nhmm\n</think> 19", 1.0),
+    ("<think>no answer after</think>  \n", 0.0),
+    ("Answer: 19", 0.0),
+    ("x <think>a</think> 19", 0.0),                  # text before the block
+    ("<think>a</think><think>b</think> 19", 0.0),    # two blocks
+    ("<think>a</think> 19 </think>", 0.0),
+    ("<think></think> 19", 0.0),                     # empty thinking
+])
+def test_think_format(completion, expected):
+    assert builtin.think_format([""], [completion]) == [expected]
+
+
+def test_regex_match_is_a_full_match():
+    got = builtin.regex_match([""] * 3, ["Answer: 12", "Answer: 12 because", "answer: 12"], pattern=r"Answer: -?\d+")
+    assert got == [1.0, 0.0, 0.0]
+
+
+def test_length_penalty_by_hand():
+    # max 10, buffer 4: no penalty up to 6 chars, then -1/4 per char, -1 beyond 10
+    got = builtin.length_penalty([""] * 5, ["x" * n for n in (0, 6, 7, 10, 11)], max_chars=10, buffer_chars=4)
+    assert got == [0.0, 0.0, -0.25, -1.0, -1.0]
+    with pytest.raises(ValueError, match="buffer_chars"):
+        builtin.length_penalty([""], ["x"], max_chars=10, buffer_chars=0)

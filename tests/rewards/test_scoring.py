@@ -1,10 +1,16 @@
+"""In-process scoring: weighted totals, None = not applicable, failures exclude samples, error limit."""
+
+import asyncio
 import math
+import time
 
 import pytest
 
 from relayrl.rewards import RewardError, reward_metrics, score_groups
 from relayrl.rewards.builtin import answer_format, arith_correct
-from relayrl.types import Trajectory, TrajectoryGroup
+from relayrl.rewards.scoring import check_error_rate, check_values
+from relayrl.types import Exclusion, Trajectory, TrajectoryGroup
+from tests.rewards.flaky import flaky, sleepy
 
 
 def traj(text: str, i: int = 0) -> Trajectory:
@@ -12,8 +18,8 @@ def traj(text: str, i: int = 0) -> Trajectory:
                       behaviour_logprobs=[-0.5], completion_text=text, finish_reason="stop", versions=[])
 
 
-def group(pid: int, answer: str, *texts: str) -> TrajectoryGroup:
-    return TrajectoryGroup(prompt_id=pid, prompt=f"prompt{pid}", columns={"answer": answer, "question": f"q{pid}"},
+def group(pid: int, answer: str, *texts: str, prompt: str | None = None) -> TrajectoryGroup:
+    return TrajectoryGroup(prompt_id=pid, prompt=prompt or f"prompt{pid}", columns={"answer": answer, "question": f"q{pid}"},
                            trajectories=[traj(t, i) for i, t in enumerate(texts)])
 
 
@@ -27,27 +33,31 @@ FNS = [("arith_correct", arith_correct, 1.0), ("answer_format", answer_format, 0
 
 def test_weighted_sum_and_breakdown():
     groups = score_groups(batch(), FNS)
-    got = [(t.rewards, t.reward) for g in groups for t in g.trajectories]
+    got = [(t.rewards, t.reward, t.excluded) for g in groups for t in g.trajectories]
     assert got == [
-        ({"arith_correct": 1.0, "answer_format": 1.0}, 1.5),
-        ({"arith_correct": 0.0, "answer_format": 1.0}, 0.5),
-        ({"arith_correct": 0.0, "answer_format": 0.0}, 0.0),
-        ({"arith_correct": 1.0, "answer_format": 1.0}, 1.5),
-        ({"arith_correct": 1.0, "answer_format": 1.0}, 1.5),
+        ({"arith_correct": 1.0, "answer_format": 1.0}, 1.5, None),
+        ({"arith_correct": 0.0, "answer_format": 1.0}, 0.5, None),
+        ({"arith_correct": 0.0, "answer_format": 0.0}, 0.0, None),
+        ({"arith_correct": 1.0, "answer_format": 1.0}, 1.5, None),
+        ({"arith_correct": 1.0, "answer_format": 1.0}, 1.5, None),
     ]
 
 
-def test_each_fn_called_once_with_columns_broadcast_per_completion():
+@pytest.mark.parametrize("groups_per_call, expected_calls", [(1, 2), (2, 1), (5, 1)])
+def test_one_call_per_chunk_of_groups_with_columns_broadcast(groups_per_call, expected_calls):
     calls = []
 
     def spy(prompts, completions, **columns):
         calls.append((prompts, completions, columns))
         return [0.0] * len(completions)
 
-    score_groups(batch(), [("spy", spy, 1.0)])
-    assert calls == [(["prompt0"] * 3 + ["prompt1"] * 2,
+    score_groups(batch(), [("spy", spy, 1.0)], groups_per_call=groups_per_call)
+    assert len(calls) == expected_calls
+    merged = ([p for c in calls for p in c[0]], [x for c in calls for x in c[1]],
+              {k: [v for c in calls for v in c[2][k]] for k in ("answer", "question")})
+    assert merged == (["prompt0"] * 3 + ["prompt1"] * 2,
                       ["Answer: 12", "Answer: 13", "twelve", "Answer: -4", "Answer: -4."],
-                      {"answer": ["12"] * 3 + ["-4"] * 2, "question": ["q0"] * 3 + ["q1"] * 2})]
+                      {"answer": ["12"] * 3 + ["-4"] * 2, "question": ["q0"] * 3 + ["q1"] * 2})
 
 
 def test_rescoring_replaces_previous_rewards():
@@ -57,25 +67,99 @@ def test_rescoring_replaces_previous_rewards():
     assert list(groups[0].trajectories[0].rewards) == ["answer_format"]
 
 
-def boom(prompts, completions, **_):
-    raise KeyError("answer")
+def test_none_means_not_applicable_like_trl():
+    """None adds nothing to the total (TRL's nansum), all-None totals 0.0, per-function means skip None."""
+    def half(prompts, completions, **_):
+        return [1.0 if c.startswith("Answer") else None for c in completions]
+
+    groups = score_groups(batch(), [("half", half, 2.0), ("fmt", answer_format, 1.0)])
+    assert [t.rewards["half"] for g in groups for t in g.trajectories] == [1.0, 1.0, None, 1.0, 1.0]
+    assert [t.reward for g in groups for t in g.trajectories] == [3.0, 3.0, 0.0, 3.0, 3.0]
+    assert all(t.excluded is None for g in groups for t in g.trajectories)
+    m = reward_metrics(groups)
+    assert m["reward/half"] == 1.0                     # mean over the 4 where it applied, not 4/5
+    assert m["reward/errors"] == 0.0
 
 
-@pytest.mark.parametrize("fn, message", [
-    (boom, r"reward 'bad' raised KeyError: 'answer'; fix the function"),
-    (lambda p, c, **_: [1.0], r"reward 'bad' returned 1 values for 5 completions; return one float per"),
-    (lambda p, c, **_: [1.0, 1.0, math.nan, 0.0, 0.0], r"reward 'bad' returned nan at index 2 for 'twelve'"),
-    (lambda p, c, **_: [1.0, None, 1.0, 0.0, 0.0], r"reward 'bad' returned None at index 1; return a float"),
-    (lambda p, c, **_: 1.0, r"reward 'bad' returned float; return a list of floats"),
+@pytest.mark.parametrize("raw, values, reasons", [
+    ([1, 0.5, None], [1.0, 0.5, None], [None, None, None]),
+    ([1.0, math.nan, math.inf], [1.0, None, None], [None, "non_finite", "non_finite"]),
+    ([1.0, "2", object()], [1.0, None, None], [None, "not_a_number", "not_a_number"]),
+    ([1.0, 1.0], [None] * 3, ["wrong_length"] * 3),
+    (1.0, [None] * 3, ["not_a_list"] * 3),
+    ({"a": 1, "b": 2, "c": 3}, [None] * 3, ["not_a_list"] * 3),
 ])
-def test_bad_reward_functions_raise_reward_error_naming_them(fn, message):
-    with pytest.raises(RewardError, match=message) as info:
-        score_groups(batch(), [("ok", answer_format, 1.0), ("bad", fn, 1.0)])
-    assert "\n" not in str(info.value)
+def test_check_values(raw, values, reasons):
+    result = check_values(raw, 3)
+    assert (result.values, result.reasons) == (values, reasons)
+
+
+@pytest.mark.parametrize("prompt, excluded, reason, detail", [
+    ("raise", [0, 1, 2], "raised", "raised KeyError: 'answer'"),
+    ("nan", [0], "non_finite", "returned nan at index 0"),
+    ("short", [0, 1, 2], "wrong_length", "returned 2 values for 3 completions"),
+    ("text", [0, 1, 2], "not_a_list", "returned str, not a list of floats"),
+])
+def test_a_failing_call_excludes_only_its_samples(prompt, excluded, reason, detail):
+    groups = [group(0, "1", "a", "bb", "ccc", prompt=prompt), group(1, "1", "dd", "e", "fff")]
+    score_groups(groups, [("flaky", flaky, 1.0), ("fmt", answer_format, 1.0)])
+    first, second = groups
+    assert [i for i, t in enumerate(first.trajectories) if t.excluded] == excluded
+    assert all(t.excluded == Exclusion("flaky", reason, detail) and t.reward == 0.0
+               for t in first.trajectories if t.excluded)
+    assert [t.reward for t in second.trajectories] == [2.0, 1.0, 3.0]     # the other group is untouched
+    m = reward_metrics(groups)
+    assert m["reward/errors"] == len(excluded) and m[f"reward/errors/{reason}"] == len(excluded)
+    assert m["reward/error_rate"] == pytest.approx(len(excluded) / 6)
+    assert m["reward/dropped_groups"] == (1.0 if len(excluded) == 3 else 0.0)
+    # statistics cover the scored samples only: 2, 1, 3 (+ 1, 1 from the nan group: flaky gives [nan, 1, 1])
+    assert m["reward/mean"] == pytest.approx(2.0 if len(excluded) == 3 else 8 / 5)
+
+
+def test_error_rate_above_limit_aborts_in_one_line():
+    groups = [group(0, "1", "a", "b", prompt="raise"), group(1, "1", "c", "d")]
+    score_groups(groups, [("flaky", flaky, 1.0)], max_error_rate=0.5)   # 2 of 4 = 50%: not above the limit
+    with pytest.raises(RewardError) as info:
+        score_groups(groups, [("flaky", flaky, 1.0)], max_error_rate=0.49)
+    assert str(info.value) == ("rewards failed on 2 of 4 completions (50% > reward.max_error_rate=0.49); first: "
+                               "reward 'flaky' raised: raised KeyError: 'answer'; fix the reward function or "
+                               "raise reward.max_error_rate")
+
+
+def test_nothing_left_to_train_on_aborts():
+    groups = [group(0, "1", "a", "b", prompt="nan"), group(1, "1", "c", "d", prompt="nan")]
+    with pytest.raises(RewardError, match=r"^no prompt group has 2 scored completions left to train on \(2 of 4"):
+        score_groups(groups, [("flaky", flaky, 1.0)], max_error_rate=0.5)
+    check_error_rate(score_groups(batch(), FNS), 0.0)                  # no errors: never aborts
+
+
+def test_async_rewards_run_concurrently_in_process():
+    groups = [group(i, "1", "a", "b") for i in range(8)]
+    t0 = time.perf_counter()
+    score_groups(groups, [("sleepy", sleepy, 1.0)])
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 1.0, f"8 async calls of 0.5 s took {elapsed:.2f}s: not concurrent"   # serial: 4 s
+    assert all(t.reward == 1.0 for g in groups for t in g.trajectories)
+
+
+def test_async_callable_object_and_sync_mix():
+    class Scaled:
+        async def __call__(self, prompts, completions, **_):
+            await asyncio.sleep(0)
+            return [2.0] * len(completions)
+
+    groups = score_groups(batch(), [("scaled", Scaled(), 1.0), ("fmt", answer_format, 1.0), ("dup", answer_format, 1.0)])
+    assert list(groups[0].trajectories[0].rewards) == ["scaled", "fmt", "dup"]
+    assert [t.reward for g in groups for t in g.trajectories] == [4.0, 4.0, 2.0, 4.0, 4.0]
+
+
+def test_duplicate_names_get_suffixes():
+    groups = score_groups(batch(), [("fmt", answer_format, 1.0), ("fmt", answer_format, 1.0)])
+    assert list(groups[0].trajectories[0].rewards) == ["fmt", "fmt_1"]
 
 
 def test_empty_batch_calls_nothing():
-    assert score_groups([], [("bad", boom, 1.0)]) == []
+    assert score_groups([], [("bad", flaky, 1.0)]) == []
     assert reward_metrics([]) == {}
 
 
@@ -88,4 +172,5 @@ def test_reward_metrics_by_hand():
     assert m["reward/answer_format"] == pytest.approx(4 / 5)
     assert m["reward/pass_rate"] == pytest.approx(3 / 5)           # first fn (arith_correct) >= 1
     assert m["reward/zero_std_groups"] == pytest.approx(1 / 2)     # group 1: both 1.5
+    assert m["reward/errors"] == 0.0 and m["reward/error_rate"] == 0.0 and m["reward/dropped_groups"] == 0.0
     assert reward_metrics(score_groups(batch(), FNS), primary="answer_format")["reward/pass_rate"] == 0.8

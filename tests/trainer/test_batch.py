@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from relayrl.trainer.batch import build_train_batch, split_batch
-from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
+from relayrl.trainer.batch import build_train_batch, split_batch, trainable_groups
+from relayrl.types import Exclusion, Trajectory, TrajectoryGroup, VersionSpan
 
 
 def _traj(prompt_id, idx, prompt, completion, logprobs, reward):
@@ -92,3 +92,24 @@ def test_split_uneven_pads_with_zero_weight_copies():
     assert batch.loss_mask[0].sum() == 2                             # original untouched by the padding
     with pytest.raises(ValueError, match="rank"):
         split_batch(batch, 3, 3)
+
+
+def test_excluded_trajectories_are_not_trained_on():
+    """Group a keeps 2 of 3 (stats over those two), group b keeps 1 of 2 (dropped), group c lost none."""
+    a = TrajectoryGroup(10, "a", {}, [_traj(10, 0, [5], [6], [-0.1], 1.0), _traj(10, 1, [5], [7], [-0.2], 0.0),
+                                      _traj(10, 2, [5], [8, 9], [-0.3, -0.4], 0.0)])
+    b = TrajectoryGroup(11, "b", {}, [_traj(11, 0, [1], [2], [-0.5], 1.0), _traj(11, 1, [1], [3], [-0.6], 0.0)])
+    c = TrajectoryGroup(12, "c", {}, [_traj(12, 0, [4], [2], [-0.7], 3.0)])          # G=1 (e.g. REINFORCE++)
+    a.trajectories[1].excluded = Exclusion("f", "timeout")
+    b.trajectories[0].excluded = Exclusion("f", "raised", "KeyError")
+    assert [[t.sample_idx for t in g.trajectories] for g in trainable_groups([a, b, c])] == [[0, 2], [0]]
+    batch = build_train_batch([a, b, c], pad_token_id=0, estimator="dr_grpo")
+    assert batch.prompt_ids == [10, 10, 12]
+    assert batch.input_ids.tolist() == [[5, 6, 0], [5, 8, 9], [4, 2, 0]]
+    # group a over samples 0 and 2 only: rewards 1, 0 -> mean .5 (with sample 1 it would be 1/3)
+    torch.testing.assert_close(batch.advantages, torch.tensor([0.5, -0.5, 0.0]))
+    assert len(a.trajectories) == 3                                   # the input groups are not modified
+    for t in a.trajectories + c.trajectories:
+        t.excluded = Exclusion("f", "non_finite")
+    with pytest.raises(ValueError, match=r"no trajectories to train on \(4 given; excluded ones"):
+        build_train_batch([a, c], pad_token_id=0)

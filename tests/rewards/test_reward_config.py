@@ -1,0 +1,29 @@
+"""The reward section of the config: defaults, ranges, and reward kwargs from a recipe."""
+
+import pytest
+
+from relayrl.config import ConfigError, load_config
+from relayrl.controller.driver import resolve_rewards
+
+
+def test_defaults_and_overrides():
+    cfg = load_config("grpo_tiny", ["reward.timeout_s=5", "reward.num_workers=3"])
+    assert (cfg.reward.timeout_s, cfg.reward.num_workers, cfg.reward.max_error_rate, cfg.reward.groups_per_call) \
+        == (5.0, 3, 0.25, 1)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("reward.max_error_rate=1.5", "reward.max_error_rate=1.5 must be in [0, 1]"),
+    ("reward.timeout_s=0", "reward.timeout_s=0.0 must be > 0"),
+    ("reward.num_workers=0", "reward.num_workers=0 must be > 0"),
+    ("reward.timeoutt=3", "unknown config key 'reward.timeoutt'; did you mean 'reward.timeout_s'?"),
+])
+def test_bad_values_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config("grpo_tiny", [override])
+
+
+def test_recipe_kwargs_reach_the_function():
+    cfg = load_config("grpo_tiny", ["rewards=[{fn: regex_match, weight: 0.5, kwargs: {pattern: 'a+'}}]"])
+    [(name, fn, weight)] = resolve_rewards(cfg, None)
+    assert (name, weight) == ("regex_match", 0.5) and fn([""] * 2, ["aaa", "ab"]) == [1.0, 0.0]
