@@ -70,6 +70,19 @@ class RolloutConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn episodes against an environment (``relayrl.envs``); unset, each sample is one completion."""
+
+    name: str | None = None
+    """A built-in environment (``relayrl.envs.ENVIRONMENTS``: calculator) or an import path ``module:Class``;
+    None: single-turn generation. Pair it with the ``env_reward`` reward to train on the episode's reward."""
+    max_turns: int = 4
+    """Most model turns per episode (each up to rollout.max_tokens tokens); environment turns go between."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Arguments for the environment's constructor (one instance per episode)."""
+
+
+@dataclass
 class TrainerConfig:
     world_size: int = 1
     """Trainer ranks (Ray actors in one torch.distributed group, FSDP2-sharded)."""
@@ -221,6 +234,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
@@ -280,6 +294,7 @@ def validate(cfg: Config) -> Config:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be > 0; set {key}=<positive value>")
     _validate_algorithm(cfg.algorithm)
+    _validate_env(cfg)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]; set rollout.top_p=1.0")
     if cfg.rollout.temperature <= 0:
@@ -346,6 +361,24 @@ def _validate_algorithm(algo: AlgorithmConfig) -> None:
     for key in ("kl_coef", "entropy_coef"):
         if getattr(algo, key) < 0:
             raise ConfigError(f"algorithm.{key}={getattr(algo, key)} must be >= 0; set algorithm.{key}=0")
+
+
+def _validate_env(cfg: Config) -> None:
+    """``env.name`` must load (built-in or importable ``module:Class``); ``env_reward`` needs an environment."""
+    uses_env_reward = any(spec.fn in ("env_reward", "relayrl.rewards.builtin:env_reward") for spec in cfg.rewards)
+    if cfg.env.name is None:
+        if uses_env_reward:
+            raise ConfigError("rewards use env_reward but env.name is not set; set env.name=calculator "
+                              "(or another environment) or drop the env_reward reward")
+        return
+    if cfg.env.max_turns < 1:
+        raise ConfigError(f"env.max_turns={cfg.env.max_turns} must be >= 1; set env.max_turns=4")
+    from relayrl.envs import env_factory
+
+    try:
+        env_factory(cfg.env.name, cfg.env.kwargs)
+    except ValueError as exc:
+        raise ConfigError(f"env.name: {exc}") from None
 
 
 def _fill_defaults(cfg: Config) -> Config:

@@ -48,6 +48,13 @@ class Trajectory:
     reward: float = 0.0                  # sum of weight * value over the functions that gave a value
     excluded: Exclusion | None = None    # set when a reward failed: the trainer skips this trajectory
     gen_seconds: float = 0.0
+    completion_mask: list[int] | None = None
+    """[T] 1 where the model sampled the token (trained on), 0 where an environment wrote it (multi-turn
+    episodes, ``relayrl.rollout.episode``); None: every token is the model's. Env tokens carry behaviour
+    logprob 0.0 (a placeholder: the mask keeps them out of every loss and statistic)."""
+    env_reward: float | None = None
+    """The episode's reward from its environment (sum of its ``step`` rewards); None without an environment.
+    Reward functions read it as the ``env_reward`` column (built-in reward ``env_reward``)."""
 
     @property
     def min_version(self) -> PolicyVersion:

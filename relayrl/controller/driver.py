@@ -63,6 +63,7 @@ def loop(cfg: Config, system: System, run: RunDir) -> None:
             train_stats = system.trainer.train_step(scored_refs)  # advantages, old/ref logprobs, update
         with timer("sync"):
             sync_stats = system.sync_weights(version=step)
+            sync_stats |= system.verify_sync(step, scored_refs)       # every weightsync.verify_every
         run.log(step, {**reward_stats, **train_stats, **sync_stats, **timer.metrics()})
 
 

@@ -71,10 +71,15 @@ class System:
         return cls(cfg, sampler, rollouts, trainer, rewards)
 
     def generate(self, prompts: list[dict]) -> list[ray.ObjectRef]:
-        """Spread prompts round-robin over replicas; one ref of list[TrajectoryGroup] per replica."""
-        n = len(self.rollouts)
+        """Spread prompts round-robin over replicas; one ref of list[TrajectoryGroup] per replica.
+        With ``env.name`` set, each sample is a multi-turn episode against that environment."""
+        n, G, env = len(self.rollouts), self.cfg.algorithm.group_size, self.cfg.env
         chunks = [prompts[i::n] for i in range(n)]
-        refs = [r.generate.remote(c, self.cfg.algorithm.group_size) for r, c in zip(self.rollouts, chunks)]
+        if env.name:
+            refs = [r.generate_episodes.remote(c, G, env.name, env.max_turns, env.kwargs)
+                    for r, c in zip(self.rollouts, chunks)]
+        else:
+            refs = [r.generate.remote(c, G) for r, c in zip(self.rollouts, chunks)]
         ray.wait(refs, num_returns=len(refs), fetch_local=False)
         return refs
 
@@ -98,6 +103,27 @@ class System:
         versions = ray.get([r.weight_version.remote() for r in self.rollouts])
         if versions != [version] * len(versions):
             raise RuntimeError(f"after syncing v{version} the engines report versions {versions}")
+        return stats
+
+    def verify_sync(self, version: int, group_refs: list[ray.ObjectRef]) -> dict[str, float]:
+        """Every ``weightsync.verify_every`` syncs: score a few of this step's completions in the engines
+        and in the trainer at temperature 1 and compare (``mismatch/*``); fail fast past the threshold."""
+        from relayrl.weightsync.client import WeightSyncError
+        from relayrl.weightsync.verify import logprob_mismatch
+
+        ws = self.cfg.weightsync
+        if not ws.verify_every or version % ws.verify_every:
+            return {}
+        trajs = [t for g in ray.get(group_refs[0]) for t in g.trajectories][: ws.verify_samples]
+        seqs = [t.prompt_token_ids + t.completion_token_ids for t in trajs]
+        engine = ray.get([self.rollouts[i % len(self.rollouts)].prompt_logprobs.remote(s)
+                          for i, s in enumerate(seqs)])
+        trainer = [self.trainer.sequence_logprobs(s, temperature=1.0) for s in seqs]
+        stats = logprob_mismatch(engine, trainer, [len(t.prompt_token_ids) - 1 for t in trajs])
+        if stats["mismatch/mean_abs"] > ws.max_mismatch:
+            raise WeightSyncError(f"after sync v{version} engine and trainer logprobs differ by "
+                                  f"{stats['mismatch/mean_abs']:.3g} nats/token (> weightsync.max_mismatch="
+                                  f"{ws.max_mismatch:g}): the engine is not running the trainer's weights")
         return stats
 
     def shutdown(self) -> None:

@@ -27,6 +27,7 @@ REWARDS: dict[str, Callable] = {
     "exact_match": builtin.exact_match,
     "last_number_correct": builtin.last_number_correct,
     "digit_fraction": builtin.digit_fraction,
+    "env_reward": builtin.env_reward,
     "math_verify": builtin.math_verify,
     "think_format": builtin.think_format,
     "regex_match": builtin.regex_match,

@@ -1,8 +1,8 @@
 """Built-in reward functions, with TRL's signature ``fn(prompts, completions, **columns) -> list[float | None]``.
 
 Arithmetic (``arith_correct``, ``answer_format``, ``last_number_correct``, ``digit_fraction``), ``exact_match``,
-math answers (``math_verify``), format (``think_format``, ``regex_match``), ``length_penalty`` and code
-execution in a sandbox (``code_exec``). Functions with settings take them as keyword arguments, which a
+math answers (``math_verify``), format (``think_format``, ``regex_match``), ``length_penalty``, code
+execution in a sandbox (``code_exec``) and a multi-turn episode's environment reward (``env_reward``). Functions with settings take them as keyword arguments, which a
 recipe gives as ``rewards: [{fn: regex_match, kwargs: {pattern: ...}}]``.
 
 How an arithmetic answer is read (``parse_answer``), chosen to reward the format the prompt asks for:
@@ -87,6 +87,15 @@ def digit_fraction(prompts: list[str], completions: list[str], **_: Any) -> list
     used by the tiny test recipe to check that learning happens end to end."""
     chars = [[ch for ch in c if not ch.isspace()] for c in completions]
     return [sum(ch.isdigit() for ch in cs) / len(cs) if cs else 0.0 for cs in chars]
+
+
+def env_reward(prompts: list[str], completions: list[str], env_reward: list[float | None] | None = None,
+               **_: Any) -> list[float | None]:
+    """The episode reward its environment gave (multi-turn runs, ``env.name``): the ``env_reward`` column."""
+    if env_reward is None:
+        raise ValueError("env_reward found no env_reward column: completions come from single-turn generation; "
+                         "set env.name=calculator (or another environment) in the recipe")
+    return [None if r is None else float(r) for r in env_reward]
 
 
 # --------------------------------------------------------------------------- math, format, length, code

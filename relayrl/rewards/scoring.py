@@ -86,7 +86,11 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 def flatten(groups: list[TrajectoryGroup]) -> Batch:
-    """Prompts, completions and columns with one entry per completion, groups in order."""
+    """Prompts, completions and columns with one entry per completion, groups in order.
+
+    Episodes from an environment add the per-completion column ``env_reward`` (``Trajectory.env_reward``),
+    only then, so reward functions of single-turn runs see the dataset's columns alone.
+    """
     keys = list(dict.fromkeys(k for g in groups for k in g.columns))
     batch = Batch([], [], {k: [] for k in keys})
     for g in groups:
@@ -95,6 +99,9 @@ def flatten(groups: list[TrajectoryGroup]) -> Batch:
             batch.completions.append(t.completion_text)
             for k in keys:
                 batch.columns[k].append(g.columns.get(k))
+    env_rewards = [t.env_reward for g in groups for t in g.trajectories]
+    if any(r is not None for r in env_rewards):
+        batch.columns["env_reward"] = env_rewards
     return batch
 
 

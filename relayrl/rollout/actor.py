@@ -98,6 +98,19 @@ class RolloutActor:
                  for c in sorted(final.outputs, key=lambda c: c.index)]
         return TrajectoryGroup(prompt["prompt_id"], prompt["prompt"], dict(prompt.get("columns", {})), trajs)
 
+    async def generate_episodes(self, prompts: list[dict[str, Any]], group_size: int, env_name: str,
+                                max_turns: int, env_kwargs: dict[str, Any] | None = None) -> list[TrajectoryGroup]:
+        """Multi-turn: ``group_size`` episodes per prompt of environment ``env_name`` (``relayrl.envs``: a
+        built-in name or ``module:Class``, built with ``env_kwargs``), model and environment turns alternating
+        for up to ``max_turns`` model turns. Environment tokens are masked (``relayrl.rollout.episode``)."""
+        from relayrl.envs import env_factory
+        from relayrl.rollout.episode import EpisodeRunner, vllm_sample_turn
+
+        runner = EpisodeRunner(vllm_sample_turn(self._final_output, self.rollout_cfg), self.engine.tokenizer,
+                               max_turns, self.rollout_cfg.max_tokens, self.engine.model_config.max_model_len)
+        make_env = env_factory(env_name, env_kwargs)
+        return list(await asyncio.gather(*(runner.run_group(p, group_size, make_env) for p in prompts)))
+
     async def _final_output(self, prompt: Any, params: Any) -> Any:
         final = None
         async for out in self.engine.generate(prompt, params, request_id=uuid.uuid4().hex):
@@ -124,7 +137,10 @@ class RolloutActor:
             await self.abort_weight_update(f"v{self._update[0]} was still open when v{version} started")
         self._pause_here = not self._paused
         if self._pause_here:
-            await self.engine.pause_generation(mode="keep", clear_cache=False)
+            # The engine-core call behind ``pause_generation``: the wrapper then sleeps 20 ms only so that
+            # outputs already sampled reach their callers first ("not required for correctness", says
+            # vLLM), and a sync's fixed cost is a few ms, so the sleep would dominate small models.
+            await self.engine.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
         self._update = (version, time.perf_counter())
         self._watchdog = asyncio.create_task(self._expire(self._update, WATCHDOG_STAGES * timeout_s))
         await self.engine.start_weight_update()

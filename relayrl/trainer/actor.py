@@ -343,11 +343,13 @@ class TrainerActor:
         return str(out_dir)
 
     @torch.no_grad()
-    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
-        """Logprob of each token after the first under the current weights (at the sampling temperature)."""
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:
+        """Logprob of each token after the first under the current weights (default: the sampling
+        temperature). Collective."""
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=ids, use_cache=False).logits
-        return token_logprobs(logits, ids, self.temperature)[0].tolist()
+        return token_logprobs(logits, ids, self.temperature if temperature is None else temperature)[0].tolist()
 
     def close(self) -> None:
         """Leave the process group (lets the actor be killed without a hung collective)."""

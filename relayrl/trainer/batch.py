@@ -4,7 +4,11 @@ Alignment (one sequence, prompt length P, completion length T, ``x = prompt + co
 
     position j of the [L-1] next-token axis scores token x[j+1]
     completion token k sits at x[P+k], so it is scored at j = P-1+k, k = 0..T-1
-    loss_mask[j] = 1 and behaviour_logprobs[j] = engine logprob of completion token k, for those j
+    loss_mask[j] = completion_mask[k] (1 when None) and behaviour_logprobs[j] = engine logprob of
+    completion token k, for those j
+
+In a multi-turn episode the completion interleaves model and environment tokens; ``completion_mask``
+is 0 on the environment's, so they condition later turns but are never trained on (or counted).
 
 Advantages come from ``ADVANTAGES[estimator]``, one per sequence; grouped estimators (GRPO, RLOO, ...)
 compare each sequence with the rest of its ``TrajectoryGroup`` (the G samples of one prompt).
@@ -29,6 +33,11 @@ def _check_trajectory(traj: Trajectory) -> None:
         raise ValueError(f"prompt {traj.prompt_id} sample {traj.sample_idx}: {len(traj.behaviour_logprobs)} "
                          f"behaviour logprobs for {len(traj.completion_token_ids)} completion tokens; "
                          "request logprobs=0 from the engine so every sampled token has one")
+    mask = traj.completion_mask
+    if mask is not None and (len(mask) != len(traj.completion_token_ids) or not set(mask) <= {0, 1}):
+        raise ValueError(f"prompt {traj.prompt_id} sample {traj.sample_idx}: completion_mask must hold one 0/1 "
+                         f"per completion token ({len(traj.completion_token_ids)}), got {len(mask)} values "
+                         f"{sorted(set(mask))}; 1 marks model tokens, 0 environment tokens")
 
 
 def trainable_groups(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
@@ -76,7 +85,8 @@ def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimato
         P, T = len(t.prompt_token_ids), len(t.completion_token_ids)
         input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention_mask[b, : len(seq)] = 1
-        loss_mask[b, P - 1 : P - 1 + T] = 1.0
+        loss_mask[b, P - 1 : P - 1 + T] = 1.0 if t.completion_mask is None else torch.tensor(
+            t.completion_mask, dtype=torch.float32)
         behaviour[b, P - 1 : P - 1 + T] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
     group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)

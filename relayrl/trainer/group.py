@@ -98,8 +98,8 @@ class TrainerGroup:
         """Write an HF model directory (loadable by transformers and vLLM); returns its path."""
         return self._all("save_hf", str(out_dir))[0]
 
-    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
-        return self._all("sequence_logprobs", list(token_ids))[0]
+    def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:
+        return self._all("sequence_logprobs", list(token_ids), temperature)[0]
 
     def shutdown(self) -> None:
         """Leave the process group on every rank, then end the actors."""

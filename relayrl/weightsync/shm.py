@@ -16,6 +16,7 @@ v+1 only after every engine committed or aborted v), so one buffer suffices.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,9 +109,18 @@ class ShmTrainerEngine(FlatTrainerEngine):
         return engine
 
     def transfer(self, named: Any, info: dict[str, Any]) -> None:
+        """Write every bucket into the mapping, stamp it, then have the engines verify it.
+
+        The write is the trainer's own work (FSDP gathers included), so its deadline is checked
+        here: a write slower than ``timeout_s`` aborts the sync like a slow engine would.
+        """
+        t0 = time.perf_counter()
         self.region.begin()
         for bucket in self.layout.buckets:
             pack(self.layout, bucket, named, self.region.data, base=0)
+        if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
+            raise TimeoutError(f"gathering and writing v{info['version']} took {seconds:.1f}s > "
+                               f"weightsync.timeout_s={self.client.timeout_s:g}")
         self.region.commit(info["version"], info["digest"])
         self.client.update_weights(info)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 from vllm.distributed.weight_transfer.base import WeightSource
 
 from relayrl.config import WeightSyncConfig
@@ -58,7 +59,9 @@ class TrainerSync:
         self.engine = None
 
     def metrics(self, total_s: float) -> dict[str, float]:
-        nbytes = float(self.engine.layout.nbytes) if hasattr(self.engine, "layout") else 0.0
+        nbytes = float(sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in self.source.metadata()))
+        if hasattr(self.engine, "layout"):
+            nbytes = float(self.engine.layout.nbytes)   # what moved: wire dtype, aligned
         moved = self.client.seconds.get("transfer", 0.0) + self.client.seconds.get("commit", 0.0)
         out = {f"weightsync/{k}_s": v for k, v in self.client.seconds.items()}
         out.update({"weightsync/bytes": nbytes, "weightsync/total_s": total_s,

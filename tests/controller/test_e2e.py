@@ -17,7 +17,8 @@ def tiny_run(ray_session, tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", f"run.output_dir={out}",
                                     "trainer.world_size=2", "trainer.num_cpus=0.5", "rollout.num_cpus=0.5",
-                                    "run.steps=3", "logging.wandb=offline"])
+                                    "run.steps=3", "logging.wandb=offline",
+                                    "weightsync.verify_every=2"])
     return cfg, train(cfg)
 
 
@@ -40,5 +41,8 @@ def test_metrics_per_step_and_versions_follow_steps(tiny_run):
         assert r["rollout/min_version"] == r["step"] - 1   # sync mode: strictly on-policy
         for key in ("reward/mean", "loss", "grad_norm", "timing/generate", "timing/train", "timing/sync"):
             assert key in r and r[key] == r[key], key  # present and not NaN
+    verified = [r for r in rows if "mismatch/mean_abs" in r]
+    assert [r["step"] for r in verified] == [2] and verified[0]["mismatch/tokens"] > 0
+    assert verified[0]["mismatch/max_abs"] < 1e-3      # the engine runs exactly the trainer's weights
     assert (result.run_dir / "samples.jsonl").exists()
     assert list((result.run_dir / "wandb").glob("offline-run-*")), "wandb offline files missing"

@@ -54,3 +54,25 @@ def test_engine_logprobs_match_trainer_after_sync(pair, ray_session):
     assert torch.allclose(engine_after, trainer_after, atol=1e-3), (engine_after - trainer_after).abs().max()
     new = ray_session.get(rollout.generate.remote(PROMPTS[:1], 2))[0]
     assert all(t.versions[0].version == 1 for t in new.trajectories)
+
+
+def test_verify_fails_fast_when_the_engine_runs_other_weights(pair, ray_session, tiny_llama):
+    """``System.verify_sync`` passes after a real sync and raises once the engine holds other weights."""
+    from relayrl.controller.system import System
+    from relayrl.weightsync.base import StateDictSource
+    from relayrl.weightsync.client import WeightSyncError
+    from relayrl.weightsync.sync import TrainerSync
+    from tests.rollout.reference import perturbed
+
+    cfg, rollout, trainer = pair
+    cfg.weightsync.verify_every, cfg.weightsync.verify_samples = 1, 2
+    system = System(cfg, None, [rollout], trainer, None)
+    version = ray_session.get(rollout.weight_version.remote()) + 1
+    trainer.sync_weights(version)
+    refs = [ray_session.put(ray_session.get(rollout.generate.remote(PROMPTS[:2], 2)))]
+    assert system.verify_sync(version, refs)["mismatch/max_abs"] < 1e-3
+    other = TrainerSync(cfg.weightsync, StateDictSource(perturbed(tiny_llama, 0.05, seed=3)), 0, [rollout], [1])
+    other.sync(version + 1)
+    other.close()
+    with pytest.raises(WeightSyncError, match="not running the trainer's weights"):
+        system.verify_sync(version + 1, refs)

@@ -1,0 +1,414 @@
+"""Weight-sync throughput and overhead of each CPU backend, measured side by side in one run (issue 4).
+
+What runs, all in this process tree on this box:
+
+1. baseline   single-thread libc ``memcpy`` of the same bytes into a pre-faulted buffer (best of 3);
+              a (multi-threaded) torch ``copy_`` is printed beside it for context.
+2. transport  a >= 500 MB fp32 state dict shaped like SmolLM2-135M, sent by the real ``TrainerSync``
+              to a small Ray actor (``ReceiverHost``) that hosts the backend's real engine-side
+              ``Receiver`` and checks stamped bytes; no vLLM, so commit is a no-op. 1 warm-up sync
+              (it includes connect), median of ``--syncs``.
+3. overhead   the same for tiny-llama's shapes (~1.4 MB): the fixed cost of a sync.
+4. count      64 MB split into 8 .. 4096 tensors (time should not depend on the count).
+5. bytes      64 .. 512 MB in ~100 tensors (time should grow linearly: constant s/GB).
+6. vLLM       the real SmolLM2 weights into a real vLLM engine (``RolloutActor``); one engine takes
+              shm, then broadcast (the transport is picked at init). Skipped with ``--quick``.
+
+Stage times come from ``TrainerSync.sync``'s metrics. "transfer" below is *measured* as
+``total - connect - start - commit``: everything between the start and commit round trips, i.e. the
+trainer packing the bytes plus the engines receiving and verifying them. (weightsync's own
+``transfer_s`` times only the ``update_weights`` RPC; for ``shm`` the bytes are written before that
+RPC, so its own figure leaves the copy out. Both are printed.)
+
+Targets (issue 4): shm >= 0.5x memcpy, broadcast >= 0.25x memcpy (transfer GB/s over memcpy GB/s, 500 MB
+dict), fixed overhead <= 20 ms (tiny model, total sync), flat in tensor count (max/min total time
+<= FLAT_MAX), linear in bytes (max/min s/GB <= LINEAR_MAX over 64..512 MB).
+
+Usage::
+
+    .venv/bin/python bench/weight_sync.py [--quick] [--syncs 3] [--tiny-syncs 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BACKENDS = ("shm", "broadcast")
+MIN_MODEL_BYTES = 500_000_000
+FLAT_MAX = 1.5       # "flat in tensor count": slowest / fastest split of the same bytes
+LINEAR_MAX = 1.5     # "linear in bytes": largest / smallest seconds per GB
+TARGET_RATIO = {"shm": 0.5, "broadcast": 0.25}
+TARGET_OVERHEAD_MS = 20.0
+MB = 1 << 20
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+def model_shapes(name: str, min_bytes: int = 0) -> tuple[dict[str, tuple[int, ...]], str]:
+    """``{param name: shape}`` of built-in model ``name`` (fp32, tied weights once), from a meta-device
+    model built from its real config; layers are added until the model holds ``min_bytes``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from relayrl.models import resolve_model
+
+    config = AutoConfig.from_pretrained(resolve_model(name))
+    note = f"{name}: {config.num_hidden_layers} layers (real config)"
+    while True:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}   # dedups tied parameters
+        if sum(torch.Size(s).numel() for s in shapes.values()) * 4 >= min_bytes:
+            return shapes, note
+        config.num_hidden_layers += 2
+        note = f"{name}: scaled to {config.num_hidden_layers} layers to reach {min_bytes / 1e6:.0f} MB"
+
+
+def random_state_dict(shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    return {n: torch.randn(s) for n, s in shapes.items()}
+
+
+def split_shapes(nbytes: int, count: int) -> dict[str, tuple[int, ...]]:
+    """``count`` equal fp32 tensors totalling ``nbytes``."""
+    return {f"w{i}": (nbytes // 4 // count,) for i in range(count)}
+
+
+def nbytes_of(sd: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in sd.values())
+
+
+def stamp(sd: dict[str, torch.Tensor], version: int) -> None:
+    """Write ``version`` into element 0 of the first and last tensor; the receiver checks it arrived."""
+    names = list(sd)
+    for n in (names[0], names[-1]):
+        sd[n].view(-1)[0] = float(version)
+
+
+# ---- baseline -----------------------------------------------------------------------------------
+
+def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
+    """Best-of-``repeats`` single-thread libc memcpy of ``nbytes`` into a pre-faulted destination."""
+    libc = ctypes.CDLL(None)
+    libc.memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    libc.memcpy.restype = ctypes.c_void_p
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    best = min(_timed(lambda: libc.memcpy(dst.data_ptr(), src.data_ptr(), nbytes)) for _ in range(repeats))
+    assert torch.equal(dst[:: 1 << 20], src[:: 1 << 20])
+    return nbytes / best / 1e9
+
+
+def torch_copy_gbps(nbytes: int, repeats: int = 3) -> float:
+    """Same, with ``Tensor.copy_`` (uses torch's intra-op threads): what the trainer's pack calls."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    return nbytes / min(_timed(lambda: dst.copy_(src)) for _ in range(repeats)) / 1e9
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ---- engine side without vLLM -------------------------------------------------------------------
+
+class ReceiverHost:
+    """Stands in for a RolloutActor: the calls ``RolloutClient`` makes, backed by the transport's real
+    ``Receiver`` (as ``RelayWeightEngine`` uses it), minus vLLM. Commit loads nothing."""
+
+    def __init__(self) -> None:
+        self.receiver: Any = None
+        self.layout: Any = None
+        self.verified = 0
+
+    def info(self) -> dict[str, int]:
+        return {"workers": 1}
+
+    def init_weight_transfer(self, info: dict[str, Any]) -> None:
+        from relayrl.weightsync import RECEIVERS, load
+        from relayrl.weightsync.layout import FlatLayout
+
+        self.close()
+        self.layout = FlatLayout.from_dict(info["layout"])
+        self.receiver = load(RECEIVERS[info["transport"]])(self.layout, info["channel"],
+                                                           info.get("rank_offset", 0))
+
+    def start_weight_update(self, version: int, timeout_s: float) -> None:
+        pass
+
+    def update_weights(self, info: dict[str, Any]) -> None:
+        """Receive, then check the layout digest (as the engine does) and the two stamped elements."""
+        from relayrl.weightsync.base import FlatUpdateInfo
+
+        update = FlatUpdateInfo(**info)
+        if update.digest != self.layout.digest():
+            raise ValueError(f"layout digest {update.digest} != {self.layout.digest()}")
+        buffer = self.receiver.receive(self.layout, update)
+        views = list(self.layout.views(buffer, 0, 1)) + list(self.layout.views(buffer, len(self.layout.slots) - 1))
+        got = [float(t.view(-1)[0]) for _, t in views]
+        if got != [float(update.version)] * 2:
+            raise ValueError(f"v{update.version}: stamped elements read {got}")
+        self.verified += 1
+
+    def finish_weight_update(self, version: int) -> float:
+        return 0.0
+
+    def abort_weight_update(self, reason: str = "") -> float:
+        return 0.0
+
+    def count(self) -> int:
+        return self.verified
+
+    def close(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+        self.receiver = self.layout = None
+        gc.collect()
+
+
+# ---- running syncs ------------------------------------------------------------------------------
+
+def run_syncs(backend: str, sd: dict[str, torch.Tensor], rollout: Any, syncs: int,
+              version0: int = 1) -> list[dict[str, float]]:
+    """One warm-up sync (connect) then ``syncs`` timed ones through the real ``TrainerSync``."""
+    from relayrl.config import WeightSyncConfig
+    from relayrl.weightsync.base import StateDictSource
+    from relayrl.weightsync.sync import TrainerSync
+
+    sync = TrainerSync(WeightSyncConfig(backend=backend, shm_dir="/dev/shm"), StateDictSource(sd), 0,
+                       [rollout], [1])
+    rows = []
+    try:
+        for i in range(syncs + 1):
+            stamp(sd, version0 + i)
+            m = sync.sync(version0 + i)
+            if i > 0:
+                rows.append(stages(m))
+    finally:
+        sync.close()
+    return rows
+
+
+def stages(m: dict[str, float]) -> dict[str, float]:
+    """Seconds per stage; ``transfer`` = total - connect - start - commit (see the module docstring)."""
+    g = {k: m.get(f"weightsync/{k}_s", 0.0) for k in ("connect", "start", "transfer", "commit", "total")}
+    return {"total": g["total"], "start": g["start"], "commit": g["commit"], "reported": g["transfer"],
+            "transfer": g["total"] - g["connect"] - g["start"] - g["commit"], "stall": m["weightsync/stall_s"],
+            "bytes": m["weightsync/bytes"]}
+
+
+def median(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+# ---- phases -------------------------------------------------------------------------------------
+
+def phase_transport(receiver: Any, syncs: int, memcpy: float) -> dict[str, float]:
+    shapes, note = model_shapes("smollm2", MIN_MODEL_BYTES)
+    sd = random_state_dict(shapes)
+    nbytes = nbytes_of(sd)
+    print(f"\n[2] transport, {nbytes / 1e6:.0f} MB fp32 in {len(sd)} tensors ({note}); receiver = Ray actor, "
+          f"no vLLM; warm-up 1, median of {syncs}")
+    print(f"    {'backend':<10} {'total ms':>9} {'start':>7} {'transfer':>9} {'(own)':>8} {'commit':>7} "
+          f"{'GB/s xfer':>9} {'x memcpy':>8} {'GB/s total':>10}")
+    ratios = {}
+    for backend in BACKENDS:
+        m = median(run_syncs(backend, sd, receiver, syncs))
+        gbps = nbytes / m["transfer"] / 1e9
+        ratios[backend] = gbps / memcpy
+        print(f"    {backend:<10} {m['total'] * 1e3:9.1f} {m['start'] * 1e3:7.1f} {m['transfer'] * 1e3:9.1f} "
+              f"{m['reported'] * 1e3:8.1f} {m['commit'] * 1e3:7.1f} {gbps:9.2f} {ratios[backend]:8.2f} "
+              f"{nbytes / m['total'] / 1e9:10.2f}")
+    del sd
+    gc.collect()
+    return ratios
+
+
+def phase_overhead(receiver: Any, syncs: int) -> dict[str, float]:
+    shapes, _ = model_shapes("tiny-llama")
+    sd = random_state_dict(shapes)
+    print(f"\n[3] fixed overhead, tiny-llama {nbytes_of(sd) / 1e6:.2f} MB in {len(sd)} tensors; median of {syncs}")
+    print(f"    {'backend':<10} {'total ms':>9} {'start':>7} {'transfer':>9} {'commit':>7}")
+    out = {}
+    for backend in BACKENDS:
+        m = median(run_syncs(backend, sd, receiver, syncs))
+        out[backend] = m["total"] * 1e3
+        print(f"    {backend:<10} {m['total'] * 1e3:9.2f} {m['start'] * 1e3:7.2f} {m['transfer'] * 1e3:9.2f} "
+              f"{m['commit'] * 1e3:7.2f}")
+    return out
+
+
+def sweep(receiver: Any, label: str, cases: list[tuple[str, dict[str, tuple[int, ...]]]], syncs: int
+          ) -> dict[str, list[dict[str, float]]]:
+    """Median stages per (backend, case); prints seconds."""
+    print(f"    {'backend':<10} {label:>10} {'total s':>9} {'transfer s':>11} {'s/GB total':>11}")
+    out: dict[str, list[dict[str, float]]] = {}
+    for backend in BACKENDS:
+        for name, shapes in cases:
+            sd = random_state_dict(shapes)
+            m = median(run_syncs(backend, sd, receiver, syncs))
+            m["gb"] = nbytes_of(sd) / 1e9
+            out.setdefault(backend, []).append(m)
+            print(f"    {backend:<10} {name:>10} {m['total']:9.4f} {m['transfer']:11.4f} {m['total'] / m['gb']:11.3f}")
+            del sd
+    gc.collect()
+    return out
+
+
+def phase_count(receiver: Any, syncs: int) -> dict[str, float]:
+    counts = (8, 64, 512, 4096)
+    print(f"\n[4] time vs tensor count, 64 MB fp32; median of {syncs}")
+    res = sweep(receiver, "tensors", [(str(c), split_shapes(64 * MB, c)) for c in counts], syncs)
+    flat = {b: max(r["total"] for r in rows) / min(r["total"] for r in rows) for b, rows in res.items()}
+    for b in BACKENDS:
+        per = [(r["total"] - res[b][0]["total"]) / (c - counts[0]) * 1e6 for r, c in zip(res[b][1:], counts[1:])]
+        print(f"    {b}: max/min total = {flat[b]:.2f}; extra per tensor vs 8 tensors: "
+              + ", ".join(f"{p:.1f} us" for p in per))
+    return flat
+
+
+def phase_bytes(receiver: Any, syncs: int) -> dict[str, float]:
+    sizes = (64, 128, 256, 512)
+    print(f"\n[5] time vs bytes, ~100 fp32 tensors; median of {syncs}")
+    res = sweep(receiver, "MB", [(str(s), split_shapes(s * MB, 100)) for s in sizes], syncs)
+    spread = {}
+    for b, rows in res.items():
+        per_gb = [r["total"] / r["gb"] for r in rows]
+        spread[b] = max(per_gb) / min(per_gb)
+        slope, intercept = fit_line([r["gb"] for r in rows], [r["total"] for r in rows])
+        print(f"    {b}: s/GB max/min = {spread[b]:.2f}; fit total = {intercept * 1e3:.1f} ms + "
+              f"{slope:.3f} s/GB x GB")
+    return spread
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least squares ``y = slope * x + intercept``."""
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+    return slope, my - slope * mx
+
+
+def phase_vllm(syncs: int, memcpy: float) -> None:
+    """The real SmolLM2 weights into a real vLLM engine; the same engine takes shm, then broadcast."""
+    import ray
+    from safetensors.torch import load_file
+
+    from relayrl.config import ModelConfig, RolloutConfig
+    from relayrl.models import resolve_model
+    from relayrl.rollout import start_rollout_actor
+
+    path = resolve_model("smollm2")
+    actor = start_rollout_actor(str(path), ModelConfig(path=str(path)), RolloutConfig(kv_cache_gb=0.5), seed=0)
+    try:
+        info = ray.get(actor.info.remote())
+        sd = load_file(str(path / "model.safetensors"))
+        nbytes = nbytes_of(sd)
+        probe = list(range(100, 140))
+        before = torch.tensor(ray.get(actor.prompt_logprobs.remote(probe)))
+        print(f"\n[6] vLLM end to end: SmolLM2-135M real weights, {nbytes / 1e6:.0f} MB in {len(sd)} tensors; "
+              f"engine start {info['start_seconds']:.1f} s; warm-up 1, median of {syncs}")
+        print(f"    {'backend':<10} {'total s':>8} {'start':>7} {'transfer':>9} {'(own)':>7} {'commit':>7} "
+              f"{'stall':>7} {'GB/s xfer':>9} {'x memcpy':>8} {'GB/s total':>10} {'|dlogp|':>8}")
+        version = 1
+        for backend in BACKENDS:
+            m = median(run_syncs_vllm(backend, sd, actor, syncs, version))
+            version += syncs + 1
+            assert ray.get(actor.weight_version.remote()) == version - 1
+            drift = (torch.tensor(ray.get(actor.prompt_logprobs.remote(probe))) - before).abs().max().item()
+            print(f"    {backend:<10} {m['total']:8.3f} {m['start']:7.3f} {m['transfer']:9.3f} {m['reported']:7.3f} "
+                  f"{m['commit']:7.3f} {m['stall']:7.3f} {nbytes / m['transfer'] / 1e9:9.2f} "
+                  f"{nbytes / m['transfer'] / 1e9 / memcpy:8.2f} {nbytes / m['total'] / 1e9:10.2f} {drift:8.1e}")
+        del sd
+    finally:
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
+
+
+def run_syncs_vllm(backend: str, sd: dict[str, torch.Tensor], actor: Any, syncs: int,
+                   version0: int) -> list[dict[str, float]]:
+    """Like ``run_syncs`` but the real weights are sent unchanged (no stamping): the engine keeps
+    serving the real model, so its logprobs must not move."""
+    from relayrl.config import WeightSyncConfig
+    from relayrl.weightsync.base import StateDictSource
+    from relayrl.weightsync.sync import TrainerSync
+
+    sync = TrainerSync(WeightSyncConfig(backend=backend, shm_dir="/dev/shm"), StateDictSource(sd), 0, [actor], [1])
+    try:
+        return [stages(sync.sync(version0 + i)) for i in range(syncs + 1)][1:]
+    finally:
+        sync.close()
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+def verdicts(ratios: dict[str, float], overhead_ms: dict[str, float], flat: dict[str, float],
+             spread: dict[str, float]) -> None:
+    print("\ntargets (issue 4)")
+    for b in BACKENDS:
+        line(f"{b} transfer >= {TARGET_RATIO[b]}x memcpy", f"{ratios[b]:.2f}x", ratios[b] >= TARGET_RATIO[b])
+    for b in BACKENDS:
+        line(f"{b} fixed overhead <= {TARGET_OVERHEAD_MS:g} ms", f"{overhead_ms[b]:.1f} ms",
+             overhead_ms[b] <= TARGET_OVERHEAD_MS)
+    for b in BACKENDS:
+        line(f"{b} flat in tensor count (max/min <= {FLAT_MAX})", f"{flat[b]:.2f}", flat[b] <= FLAT_MAX)
+    for b in BACKENDS:
+        line(f"{b} linear in bytes (s/GB max/min <= {LINEAR_MAX})", f"{spread[b]:.2f}", spread[b] <= LINEAR_MAX)
+
+
+def line(what: str, got: str, ok: bool) -> None:
+    print(f"    {'PASS' if ok else 'MISS'}  {what:<48} {got}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip the vLLM phase")
+    parser.add_argument("--syncs", type=int, default=3, help="timed syncs per large case (after 1 warm-up)")
+    parser.add_argument("--tiny-syncs", type=int, default=10, help="timed syncs for the tiny model")
+    args = parser.parse_args()
+    import ray
+
+    if not Path("/dev/shm").is_dir():
+        raise SystemExit("/dev/shm is missing; the shm backend needs a tmpfs directory")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        run(args)
+    finally:
+        ray.shutdown()
+
+
+def run(args: argparse.Namespace) -> None:
+    import ray
+
+    shapes, _ = model_shapes("smollm2", MIN_MODEL_BYTES)
+    nbytes = sum(torch.Size(s).numel() for s in shapes.values()) * 4
+    memcpy, tcopy = memcpy_gbps(nbytes), torch_copy_gbps(nbytes)
+    print(f"weight-sync bench: {torch.get_num_threads()} torch threads in the driver, "
+          f"torch {torch.__version__}")
+    print(f"\n[1] baseline, {nbytes / 1e6:.0f} MB: single-thread libc memcpy {memcpy:.2f} GB/s (best of 3); "
+          f"torch copy_ ({torch.get_num_threads()} threads) {tcopy:.2f} GB/s")
+    receiver = ray.remote(ReceiverHost).options(num_cpus=0.5).remote()
+    try:
+        ratios = phase_transport(receiver, args.syncs, memcpy)
+        overhead = phase_overhead(receiver, args.tiny_syncs)
+        flat = phase_count(receiver, args.syncs)
+        spread = phase_bytes(receiver, args.syncs)
+        print(f"\n    receiver verified {ray.get(receiver.count.remote())} payloads (stamped elements + digest)")
+    finally:
+        ray.get(receiver.close.remote())
+        ray.kill(receiver)
+    if not args.quick:
+        phase_vllm(args.syncs, memcpy)
+    verdicts(ratios, overhead, flat, spread)
+
+
+if __name__ == "__main__":
+    main()

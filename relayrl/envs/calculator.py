@@ -1,0 +1,141 @@
+"""A calculator tool, evaluated safely, and the environment that offers it for the arithmetic task.
+
+``calculate`` never calls ``eval``: it parses the expression with ``ast`` (``mode="eval"``) and walks
+the tree itself, accepting only number literals, parentheses, ``+ - * / // % **`` and unary ``+ -``.
+Names, calls, attributes, subscripts, comprehensions and strings are rejected, so an expression can
+never reach a Python object. Limits keep a hostile expression cheap: at most ``MAX_CHARS`` characters
+and every intermediate result within ``MAX_MAGNITUDE``; a power is checked *before* it is computed
+(``|b**e| = 10**(e * log10|b|)``), so ``9**9**9`` is refused at once, not after minutes of big-integer work.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from relayrl.envs.tools import ToolEnv, ToolError
+
+MAX_CHARS = 200
+MAX_MAGNITUDE = 1e100
+
+Number = int | float
+
+_BINARY: dict[type, Callable[[Number, Number], Number]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+}
+_UNARY: dict[type, Callable[[Number], Number]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+class CalcError(ToolError):
+    """The expression is not plain arithmetic, or it divides by zero, or it is too large."""
+
+
+def calculate(expression: str) -> str:
+    """Evaluate plain arithmetic and format the result: ``"3*7"`` -> ``"21"``, ``"1/4"`` -> ``"0.25"``.
+
+    Integral results print without a decimal point (``"6/3"`` -> ``"2"``); others with 10 significant
+    digits. Raises ``CalcError`` (one line, shown to the model) for anything else.
+    """
+    text = expression.strip()
+    if not text:
+        raise CalcError("empty expression; write e.g. <calc>3*7</calc>")
+    if len(text) > MAX_CHARS:
+        raise CalcError(f"expression has {len(text)} characters; at most {MAX_CHARS}")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise CalcError(f"cannot parse {text!r}; use numbers, ( ) and + - * / // % **") from None
+    return _format(_eval(tree.body))
+
+
+def _eval(node: ast.AST) -> Number:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):   # not bool, str, complex
+        return _checked(node.value)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left), _eval(node.right)
+        return _checked(_apply(type(node.op), left, right))
+    raise CalcError(f"{_describe(node)} is not allowed; use numbers, ( ) and + - * / // % **")
+
+
+def _apply(op: type, left: Number, right: Number) -> Number:
+    if op is ast.Pow and abs(left) not in (0, 1) and right * math.log10(abs(left)) > math.log10(MAX_MAGNITUDE):
+        raise CalcError(f"result is larger than {MAX_MAGNITUDE:g}")
+    try:
+        return _BINARY[op](left, right)
+    except ZeroDivisionError:
+        raise CalcError("division by zero") from None
+    except OverflowError:
+        raise CalcError(f"result is larger than {MAX_MAGNITUDE:g}") from None
+
+
+def _checked(value: Any) -> Number:
+    if isinstance(value, complex):
+        raise CalcError("result is not a real number (negative base with a fractional exponent)")
+    if isinstance(value, float) and not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:
+        raise CalcError(f"result is larger than {MAX_MAGNITUDE:g}")
+    return value
+
+
+def _describe(node: ast.AST) -> str:
+    if isinstance(node, ast.Constant):
+        return f"the literal {node.value!r}"
+    if isinstance(node, (ast.BinOp, ast.UnaryOp)):
+        return f"the operator {type(node.op).__name__}"
+    return type(node).__name__
+
+
+def _format(value: Number) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.10g}"
+
+
+HINT = "You may use a calculator: write <calc>expression</calc> and its result follows."
+FEEDBACK = "\nCall the calculator with <calc>expression</calc>, or end with your final answer as 'Answer: N'.\n"
+
+
+class CalculatorEnv(ToolEnv):
+    """Arithmetic with a calculator tool: needs the ``answer`` column (an integer), e.g. ``data.task=arith``.
+
+    * ``reset``: the prompt, with ``hint`` written right after the question (found verbatim in the
+      formatted prompt, so it lands inside the user turn of any chat template).
+    * a turn with ``<calc>expr</calc>`` (or ``<tool>calc: expr</tool>``): ``<result>value</result>``, reward 0.
+    * a turn with ``Answer:`` and no call: done; reward 1.0 if the integer after the last ``Answer:``
+      equals ``answer`` (``relayrl.rewards.builtin.parse_answer``, as the ``arith_correct`` reward) else 0.0.
+    * any other turn: ``feedback`` (how to call the tool or answer), reward 0, the episode goes on.
+      Re-prompting instead of ending lets a model recover from a malformed turn within ``max_turns``.
+    """
+
+    tools = {"calc": calculate}
+
+    def __init__(self, hint: str = HINT, feedback: str = FEEDBACK) -> None:
+        super().__init__()
+        self.hint, self.feedback = hint, feedback
+        self.answer = 0
+
+    def prompt(self, sample: dict[str, Any]) -> str:
+        if "answer" not in sample:
+            raise ValueError(f"CalculatorEnv needs an 'answer' column, the sample has {sorted(sample)}; "
+                             "use data.task=arith or a jsonl file with integer answers")
+        self.answer = int(str(sample["answer"]).strip().replace(",", ""))
+        prompt, question = sample["prompt"], sample.get("question", "")
+        if not self.hint:
+            return prompt
+        if question and question in prompt:
+            return prompt.replace(question, f"{question} {self.hint}", 1)
+        return f"{self.hint}\n{prompt}"
+
+    def finish(self, action: str) -> tuple[str, float, bool]:
+        from relayrl.rewards.builtin import ANSWER_TAG, parse_answer
+
+        if ANSWER_TAG not in action:
+            return self.feedback, 0.0, False
+        return "", float(parse_answer(action) == self.answer), True

@@ -1,0 +1,200 @@
+"""Multi-turn episodes: model turns on a vLLM engine alternating with environment turns.
+
+One episode (``EpisodeRunner.run_episode``), with ``ids`` the token ids so far::
+
+    ids = tokenize(env.reset(sample))                          # the prompt: P tokens
+    repeat up to max_turns:
+        model turn: sample on ids (TokensPrompt), stop at EOS | max_tokens | env.stop  -> append, mask 1
+        obs, r, done = env.step(turn text);  reward += r
+        if done or last turn or no room left: stop
+        env turn: tokenize(obs) (no special tokens added)                               -> append, mask 0
+
+The resulting ``Trajectory`` keeps the exact token ids the engine conditioned on (model tokens are
+never re-tokenized), so the trainer scores the same sequence the engine sampled. Its fields:
+
+* ``completion_token_ids`` [T]: every turn after the prompt, model and environment tokens in order.
+* ``completion_mask`` [T]: 1 on model tokens, 0 on environment tokens (left out of the loss).
+* ``behaviour_logprobs`` [T]: the engine's logprob for model tokens; 0.0 (a masked placeholder) for env tokens.
+* ``versions``: each model turn's spans as vLLM reports them (a turn that straddles a weight update has
+  two), shifted to completion positions. Environment tokens join the span before them: they take the
+  version of the model turn they answer, which is what produced the action they depend on. Spans stay
+  contiguous over [0, T) and ``min_version`` (staleness) sees every model turn.
+* ``env_reward``: the sum of the ``step`` rewards; ``finish_reason``: the last model turn's when the
+  environment ended the episode, else ``"length"`` (out of turns or context).
+* ``completion_text``: the whole transcript after the prompt (model and environment text).
+
+The last observation is dropped when the episode stops (nothing would be trained after it), so a
+completion always ends with a model token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.config import RolloutConfig
+from relayrl.envs.base import Environment
+from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
+
+
+@dataclass
+class ModelTurn:
+    """One model turn as the engine returned it; ``versions`` are relative to the turn's first token."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    versions: list[VersionSpan]
+
+
+SampleTurn = Callable[[list[int], int, list[str]], Awaitable[ModelTurn]]
+"""``(context token ids, max new tokens, stop strings) -> ModelTurn``: one request to the engine."""
+
+
+@dataclass
+class Episode:
+    """Accumulates an episode's completion turn by turn (see the module docstring for the fields)."""
+
+    prompt_ids: list[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    versions: list[VersionSpan] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    finish_reason: str = "length"
+    turns: int = 0
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.tokens
+
+    def add_model_turn(self, turn: ModelTurn) -> None:
+        if len(turn.logprobs) != len(turn.token_ids):
+            raise RuntimeError(f"engine returned {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens; "
+                               "request logprobs=0")
+        offset = len(self.tokens)
+        self.versions += [VersionSpan(s.version, offset + s.start, offset + s.end) for s in turn.versions]
+        self.tokens += turn.token_ids
+        self.logprobs += turn.logprobs
+        self.mask += [1] * len(turn.token_ids)
+        self.texts.append(turn.text)
+        self.finish_reason, self.turns = turn.finish_reason, self.turns + 1
+
+    def add_env_turn(self, token_ids: list[int], text: str) -> None:
+        """Environment tokens: mask 0, logprob 0.0, and the version of the model turn before them."""
+        if self.versions:
+            last = self.versions[-1]
+            self.versions[-1] = VersionSpan(last.version, last.start, last.end + len(token_ids))
+        self.tokens += token_ids
+        self.logprobs += [0.0] * len(token_ids)
+        self.mask += [0] * len(token_ids)
+        self.texts.append(text)
+
+    def trajectory(self, prompt_id: int, sample_idx: int, seconds: float) -> Trajectory:
+        return Trajectory(prompt_id=prompt_id, sample_idx=sample_idx, prompt_token_ids=list(self.prompt_ids),
+                          completion_token_ids=list(self.tokens), behaviour_logprobs=list(self.logprobs),
+                          completion_text="".join(self.texts),
+                          finish_reason=self.finish_reason if self.done else "length", versions=list(self.versions),
+                          gen_seconds=seconds, completion_mask=list(self.mask), env_reward=self.reward)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class EpisodeRunner:
+    """Runs episodes of an environment against one engine (``sample_turn``), ``max_turns`` model turns at most.
+
+    ``tokenizer``: the engine's (``encode(text, add_special_tokens=...)``); the prompt is encoded as vLLM
+    encodes a text prompt (special tokens added), observations without special tokens (they continue
+    a sequence). ``max_tokens`` bounds each model turn, ``max_model_len`` the whole context.
+    """
+
+    def __init__(self, sample_turn: SampleTurn, tokenizer: Any, max_turns: int, max_tokens: int,
+                 max_model_len: int) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns={max_turns} must be >= 1; set env.max_turns")
+        self.sample_turn, self.tokenizer = sample_turn, tokenizer
+        self.max_turns, self.max_tokens, self.max_model_len = max_turns, max_tokens, max_model_len
+
+    async def run_group(self, prompt: dict[str, Any], group_size: int,
+                        make_env: Callable[[], Environment]) -> TrajectoryGroup:
+        """``group_size`` concurrent episodes of ``{"prompt_id", "prompt", "columns"}``, a fresh env each."""
+        if group_size < 1:
+            raise ValueError(f"group_size={group_size} must be >= 1; set algorithm.group_size")
+        if not {"prompt_id", "prompt"} <= prompt.keys():
+            raise ValueError(f"prompt {prompt!r} lacks 'prompt_id' or 'prompt'; pass "
+                             "{'prompt_id': int, 'prompt': str, 'columns': dict}")
+        columns = dict(prompt.get("columns", {}))
+        sample = {**columns, "prompt": prompt["prompt"]}
+        results = await asyncio.gather(*(self.run_episode(make_env(), dict(sample), prompt["prompt_id"], i)
+                                         for i in range(group_size)))
+        return TrajectoryGroup(prompt["prompt_id"], results[0][0], columns, [traj for _, traj in results])
+
+    async def run_episode(self, env: Environment, sample: dict[str, Any], prompt_id: int,
+                          sample_idx: int) -> tuple[str, Trajectory]:
+        """One episode; returns (the first model input text, the trajectory)."""
+        t0 = time.perf_counter()
+        first = await _maybe_await(env.reset(sample))
+        episode = Episode(prompt_ids=list(self.tokenizer.encode(first)))
+        if len(episode.prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt {prompt_id} is {len(episode.prompt_ids)} tokens, no room to generate within "
+                             f"model.max_model_len={self.max_model_len}; raise model.max_model_len")
+        stop = list(getattr(env, "stop", None) or [])
+        while not episode.done and episode.turns < self.max_turns:
+            room = self.max_model_len - len(episode.context)
+            if room < 1:
+                break
+            turn = await self.sample_turn(episode.context, min(self.max_tokens, room), stop)
+            episode.add_model_turn(turn)
+            try:
+                obs, reward, done = await _maybe_await(env.step(turn.text))
+            except Exception as exc:
+                raise RuntimeError(f"environment {type(env).__name__}.step failed on prompt {prompt_id} sample "
+                                   f"{sample_idx} turn {episode.turns}: {type(exc).__name__}: {exc}") from exc
+            episode.reward += float(reward)
+            episode.done = bool(done)
+            if episode.done or episode.turns == self.max_turns:
+                break
+            obs_ids = list(self.tokenizer.encode(obs, add_special_tokens=False)) if obs else []
+            if len(episode.context) + len(obs_ids) >= self.max_model_len:
+                break                       # no room for the observation and another model token
+            episode.add_env_turn(obs_ids, obs)
+        return first, episode.trajectory(prompt_id, sample_idx, time.perf_counter() - t0)
+
+
+def vllm_sample_turn(final_output: Callable[[Any, Any], Awaitable[Any]], cfg: RolloutConfig) -> SampleTurn:
+    """A ``SampleTurn`` over vLLM: one ``n=1`` request on ``TokensPrompt(context)``, with the rollout's
+    temperature/top-p and the sampled tokens' logprobs (the engine is set to report processed ones)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    async def sample_turn(context: list[int], max_tokens: int, stop: list[str]) -> ModelTurn:
+        params = SamplingParams(n=1, logprobs=0, temperature=cfg.temperature, top_p=cfg.top_p,
+                                max_tokens=max_tokens, stop=stop or None, include_stop_str_in_output=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = await final_output(TokensPrompt(prompt_token_ids=list(context)), params)
+        return model_turn(final.outputs[0])
+
+    return sample_turn
+
+
+def model_turn(completion: Any) -> ModelTurn:
+    """A vLLM ``CompletionOutput`` -> ``ModelTurn`` (sampled-token logprobs, version spans)."""
+    from relayrl.rollout.actor import parse_version
+
+    tokens = list(completion.token_ids)
+    spans = [VersionSpan(parse_version(s.version), s.start, s.end) for s in completion.weight_versions or []]
+    if tokens and not spans:
+        raise RuntimeError("vLLM reported no weight_versions for a finished completion; "
+                           "relayrl needs vLLM>=0.32 (CompletionOutput.weight_versions)")
+    return ModelTurn(token_ids=tokens, logprobs=[pos[tok].logprob for tok, pos in zip(tokens, completion.logprobs)],
+                     text=completion.text, finish_reason=completion.finish_reason or "length", versions=spans)
