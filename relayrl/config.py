@@ -145,7 +145,7 @@ class WeightSyncConfig:
     bucket_mb: int = 64
     """Bucket size: the trainer gathers, packs and sends this much at a time (its extra memory per sync)."""
     shm_dir: str = "/dev/shm"
-    """Directory for the shm backend's buffer (falls back to the run dir if absent)."""
+    """Directory for the shm backend's buffer (must exist; tmpfs such as /dev/shm keeps it in memory)."""
     host: str = "127.0.0.1"
     """Address the trainer's rendezvous store binds (broadcast / vllm-native); a routable IP for multi-node."""
     timeout_s: float = 120.0

@@ -3,14 +3,14 @@
 ::
 
     ┌──────────┐ prompts ┌────────────────┐ refs ┌─────────────┐ refs ┌──────────────────┐
-    │ sampler  │────────▶│ RolloutActor×N │─────▶│ score task  │─────▶│ TrainerGroup     │
-    │ (driver) │         │ (vLLM AsyncLLM)│      │ (reward fns)│      │ FSDP2 ranks      │
+    │ sampler  │────────▶│ RolloutActor×N │─────▶│ reward pool │─────▶│ TrainerGroup     │
+    │ (driver) │         │ (vLLM AsyncLLM)│      │ (Ray procs) │      │ FSDP2 ranks      │
     └──────────┘         └───────▲────────┘      └─────────────┘      └────────┬─────────┘
-                                 │  weights v+1 (shm handle; version = step)   │
+                                 │  weights v+1: start→transfer→verify→commit  │
                                  └─────────────────────────────────────────────┘
 
 The driver holds actor handles, object refs and small metric dicts only: trajectories travel
-rollout -> score task -> trainer ranks as Ray object refs and are never pulled into this process.
+rollout -> reward pool -> trainer ranks as Ray object refs and are never pulled into this process.
 One step, strictly on-policy (``mode=sync``):
 sample prompts -> generate G completions each -> score -> (trainer: advantages, old/ref logprobs,
 update) -> sync weights to every engine at version=step -> log.

@@ -113,3 +113,31 @@ def test_excluded_trajectories_are_not_trained_on():
         t.excluded = Exclusion("f", "non_finite")
     with pytest.raises(ValueError, match=r"no trajectories to train on \(4 given; excluded ones"):
         build_train_batch([a, c], pad_token_id=0)
+
+
+def test_completion_mask_keeps_environment_tokens_out_of_the_loss():
+    """Multi-turn: prompt [5, 6]; model [8, 9], env [30, 31], model [10] -> mask 1 1 0 0 1 on the completion.
+
+    Completion token k of a P=2 prompt is scored at position 1+k: mask columns 1..5 = 1, 1, 0, 0, 1.
+    The single-turn sample (mask None) keeps all its completion positions.
+    """
+    multi = _traj(10, 0, [5, 6], [8, 9, 30, 31, 10], [-0.1, -0.2, 0.0, 0.0, -0.3], 1.0)
+    multi.completion_mask = [1, 1, 0, 0, 1]
+    single = _traj(10, 1, [5, 6], [7, 8], [-0.4, -0.5], 0.0)
+    batch = build_train_batch([TrajectoryGroup(10, "p", {}, [multi, single])], pad_token_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 8, 9, 30, 31, 10], [5, 6, 7, 8, 0, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 1, 1, 0, 0, 1], [0, 1, 1, 0, 0, 0]]
+    torch.testing.assert_close(batch.behaviour_logprobs, torch.tensor(
+        [[0, -0.1, -0.2, 0, 0, -0.3], [0, -0.4, -0.5, 0, 0, 0]]))
+    positions = batch.loss_mask[0].nonzero().squeeze(1)
+    assert batch.input_ids[0, positions + 1].tolist() == [8, 9, 10]       # exactly the model's tokens
+    assert batch.loss_mask.sum() == 5                                     # 3 model + 2 single-turn tokens
+    torch.testing.assert_close(batch.advantages, torch.tensor([0.707106, -0.707106]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mask, got", [([1, 0], "2 values \\[0, 1\\]"), ([1, 2, 1], "3 values \\[1, 2\\]")])
+def test_bad_completion_mask(mask, got):
+    t = _traj(0, 0, [1], [2, 3, 4], [-1.0, 0.0, -1.0], 0.0)
+    t.completion_mask = mask
+    with pytest.raises(ValueError, match=f"one 0/1 per completion token \\(3\\), got {got}"):
+        build_train_batch([TrajectoryGroup(0, "", {}, [t, _traj(0, 1, [1], [2], [-1.0], 1.0)])], 0)
