@@ -133,6 +133,25 @@ class AlgorithmConfig:
     """Per-token KL estimator, a key of ``trainer.losses.KL_ESTIMATORS``: k1 | k2 | k3."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (-coef * H per token); 0 skips it."""
+    off_policy: str = "auto"
+    """Correction for tokens sampled by older weights (mu = the engine's logprobs), multiplying the clipped
+    surrogate by w = pi_old / mu: tis (w truncated at is_cap, per token) | tis_sequence (one truncated
+    weight per sequence) | decoupled (AReaL's decoupled PPO: w untruncated) | none | auto (tis when
+    mode=async with buffer.max_staleness >= 1, else none)."""
+    is_cap: float = 2.0
+    """Truncation C of the importance weight min(pi_old / mu, C) (tis, tis_sequence)."""
+
+
+@dataclass
+class BufferConfig:
+    max_staleness: int = 1
+    """mode=async: train on groups whose oldest token is at most this many versions old (k; 0 = on-policy).
+    Rollout is paused (not thrown away) when it would run further ahead."""
+    capacity: int | None = None
+    """Most groups the buffer may hold (backpressure on rollout); None: bounded by max_staleness alone."""
+    drop_stale: bool = False
+    """Drop (and count) groups that exceed max_staleness instead of failing; admission control makes
+    this a safety net, off by default."""
 
 
 @dataclass
@@ -238,13 +257,15 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
     placement: PlacementConfig = MISSING
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     mode: str = "sync"
-    """sync: generate -> score -> train -> sync, strictly on-policy."""
+    """sync: generate -> score -> train -> sync, strictly on-policy. async: rollout keeps generating while
+    the trainer trains, at most buffer.max_staleness versions ahead; weights land in flight."""
 
 
 def register_configs() -> None:
@@ -256,7 +277,8 @@ def register_configs() -> None:
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "mode": ("sync",),
+    "mode": ("sync", "async"),
+    "algorithm.off_policy": ("auto", "tis", "tis_sequence", "decoupled", "none"),
     "model.dtype": ("float32", "bfloat16"),
     "data.task": ("arith", "jsonl"),
     "weightsync.backend": ("shm", "broadcast", "vllm-native"),
@@ -315,6 +337,14 @@ def validate(cfg: Config) -> Config:
     if cfg.weightsync.backend == "vllm-native" and not _has_cuda():
         raise ConfigError("weightsync.backend=vllm-native runs vLLM's nccl/ipc engines, which need GPUs; "
                           "on CPU use weightsync.backend=shm (one host) or broadcast")
+    if cfg.run.prompts_per_step % cfg.rollout.num_replicas:
+        raise ConfigError(f"run.prompts_per_step={cfg.run.prompts_per_step} must be a multiple of "
+                          f"rollout.num_replicas={cfg.rollout.num_replicas} (each replica generates an equal share)")
+    if cfg.buffer.max_staleness < 0:
+        raise ConfigError(f"buffer.max_staleness={cfg.buffer.max_staleness} must be >= 0 (0: on-policy)")
+    if cfg.buffer.capacity is not None and cfg.buffer.capacity < cfg.run.prompts_per_step:
+        raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is below run.prompts_per_step="
+                          f"{cfg.run.prompts_per_step}: a step could never fill; raise it or set null")
     if cfg.weightsync.verify_every < 0:
         raise ConfigError(f"weightsync.verify_every={cfg.weightsync.verify_every} must be >= 0 (0: never)")
     if not cfg.rewards:
@@ -382,9 +412,13 @@ def _validate_env(cfg: Config) -> None:
 
 
 def _fill_defaults(cfg: Config) -> Config:
-    """Defaults that depend on another section: ``algorithm.norm_len`` = ``rollout.max_tokens`` (Dr.GRPO's L)."""
+    """Defaults that depend on another section: ``algorithm.norm_len`` = ``rollout.max_tokens`` (Dr.GRPO's L);
+    ``algorithm.off_policy=auto`` -> tis when training can be off-policy (async, k >= 1), else none."""
     if cfg.algorithm.norm_len is None:
         cfg.algorithm.norm_len = cfg.rollout.max_tokens
+    if cfg.algorithm.off_policy == "auto":
+        off = cfg.mode == "async" and cfg.buffer.max_staleness >= 1
+        cfg.algorithm.off_policy = "tis" if off else "none"
     return cfg
 
 

@@ -1,4 +1,4 @@
-"""The controller: one Ray driver that starts the actors and runs the synchronous GRPO loop.
+"""The controller: one Ray driver that starts the actors and runs the training loop.
 
 ::
 
@@ -11,16 +11,15 @@
 
 The driver holds actor handles, object refs and small metric dicts only: trajectories travel
 rollout -> reward pool -> trainer ranks as Ray object refs and are never pulled into this process.
-One step, strictly on-policy (``mode=sync``):
-sample prompts -> generate G completions each -> score -> (trainer: advantages, old/ref logprobs,
-update) -> sync weights to every engine at version=step -> log.
+One step: sample prompts -> generate G completions each -> score -> (trainer: advantages, old/ref
+logprobs, update) -> sync weights to every engine at version=step -> log. ``mode=sync`` runs these
+in order, strictly on-policy; ``mode=async`` overlaps generation with training, at most
+``buffer.max_staleness`` versions apart (``controller/scheduler.py`` draws both).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import ray
@@ -51,20 +50,10 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
 
 
 def loop(cfg: Config, system: System, run: RunDir) -> None:
-    """The synchronous loop; each line is one stage, timed."""
-    for step in range(1, cfg.run.steps + 1):
-        timer = StageTimer()
-        prompts = system.sampler.next_batch()
-        with timer("generate"):
-            group_refs = system.generate(prompts)                 # refs, one per replica
-        with timer("score"):
-            scored_refs, reward_stats = system.score(group_refs)  # refs + small metric dict
-        with timer("train"):
-            train_stats = system.trainer.train_step(scored_refs)  # advantages, old/ref logprobs, update
-        with timer("sync"):
-            sync_stats = system.sync_weights(version=step)
-            sync_stats |= system.verify_sync(step, scored_refs)       # every weightsync.verify_every
-        run.log(step, {**reward_stats, **train_stats, **sync_stats, **timer.metrics()})
+    """Both modes run the scheduler (``controller/scheduler.py``): sync is its k = 0 case."""
+    from relayrl.controller.scheduler import Scheduler
+
+    Scheduler(cfg, system, run).run_steps()
 
 
 def resolve_rewards(cfg: Config, rewards: list[Callable] | None) -> list[tuple[str, Callable, float]]:
@@ -88,23 +77,4 @@ def resolve_model_path(cfg: Config) -> Path:
         raise ConfigError(str(exc).splitlines()[0]) from None
 
 
-class StageTimer:
-    """``with timer("generate"): ...`` records wall seconds per stage as ``timing/<stage>``."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.start = time.perf_counter()
-
-    @contextmanager
-    def __call__(self, stage: str):
-        t0 = time.perf_counter()
-        yield
-        self.seconds[stage] = time.perf_counter() - t0
-
-    def metrics(self) -> dict[str, float]:
-        out = {f"timing/{k}": v for k, v in self.seconds.items()}
-        out["timing/step"] = time.perf_counter() - self.start
-        return out
-
-
-__all__ = ["train", "loop", "StageTimer"]
+__all__ = ["train", "loop"]

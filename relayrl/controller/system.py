@@ -70,19 +70,6 @@ class System:
         trainer.connect_rollouts(cfg.weightsync, rollouts, workers)
         return cls(cfg, sampler, rollouts, trainer, rewards)
 
-    def generate(self, prompts: list[dict]) -> list[ray.ObjectRef]:
-        """Spread prompts round-robin over replicas; one ref of list[TrajectoryGroup] per replica.
-        With ``env.name`` set, each sample is a multi-turn episode against that environment."""
-        n, G, env = len(self.rollouts), self.cfg.algorithm.group_size, self.cfg.env
-        chunks = [prompts[i::n] for i in range(n)]
-        if env.name:
-            refs = [r.generate_episodes.remote(c, G, env.name, env.max_turns, env.kwargs)
-                    for r, c in zip(self.rollouts, chunks)]
-        else:
-            refs = [r.generate.remote(c, G) for r, c in zip(self.rollouts, chunks)]
-        ray.wait(refs, num_returns=len(refs), fetch_local=False)
-        return refs
-
     def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], dict]:
         """Scored-group refs (one per replica) and the step's reward + rollout metrics; raises ``RewardError``
         (one line) when more than ``reward.max_error_rate`` of the completions could not be scored."""
@@ -137,8 +124,17 @@ class System:
         self.rewards.shutdown()
 
 
+def generate_remote(cfg: Config, rollout: Any, prompts: list[dict]) -> ray.ObjectRef:
+    """One replica's generate call: G multi-turn episodes per prompt when ``env.name`` is set (against that
+    environment, ``relayrl.rollout.episode``), else G single completions."""
+    G, env = cfg.algorithm.group_size, cfg.env
+    if env.name:
+        return rollout.generate_episodes.remote(prompts, G, env.name, env.max_turns, env.kwargs)
+    return rollout.generate.remote(prompts, G)
+
+
 def make_sampler(cfg: Config, model_path: Path):
-    """Prompts from the configured task, formatted with the model's chat template."""
+    """Prompts from the configured task, formatted with the model's chat template, in per-replica chunks."""
     from transformers import AutoTokenizer
 
     from relayrl.data import load_task
@@ -146,5 +142,5 @@ def make_sampler(cfg: Config, model_path: Path):
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = load_task(cfg.data)
-    return PromptSampler(rows, cfg.run.prompts_per_step, cfg.data.seed,
+    return PromptSampler(rows, cfg.run.prompts_per_step // cfg.rollout.num_replicas, cfg.data.seed,
                          chat_formatter(tokenizer, cfg.data.chat_template))

@@ -213,6 +213,14 @@ class RolloutActor:
         await self.engine.resume_generation()
         self._paused = False
 
+    async def sleep(self) -> None:
+        """Colocated mode, before training: free the engine's memory (vLLM sleep level 1: weights offloaded,
+        KV cache dropped). On CPU vLLM ignores it (with a warning): the bundle's cores are simply idle."""
+        await self.engine.sleep(level=1, mode="wait")
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self.engine.wake_up(tags)
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 

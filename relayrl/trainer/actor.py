@@ -24,6 +24,7 @@ The model stays in eval mode: dropout off, so the old logprobs and the first epo
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from datetime import timedelta
@@ -40,7 +41,8 @@ from relayrl.types import TrainBatch, TrajectoryGroup
 
 # Sums all-reduced at the end of a step, in this order (ratio_max is reduced with MAX): "loss" is the
 # LOSS_AGG numerator (divided by the step's denominator), the rest are token-weighted (divided by tokens).
-_SUM_STATS = ("loss", "clip_frac", "approx_kl", "ratio_mean", "kl", "entropy", "behaviour_kl")
+_SUM_STATS = ("loss", "clip_frac", "approx_kl", "ratio_mean", "kl", "entropy", "behaviour_kl", "is_weight",
+              "is_trunc_frac")
 
 
 def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
@@ -52,6 +54,14 @@ def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
     if algo.policy_loss == "dual_clip":
         kw["dual_clip_c"] = algo.dual_clip_c
     return kw
+
+
+def off_policy_kwargs(algo: AlgorithmConfig) -> dict[str, float | str] | None:
+    """How the policy loss weighs tokens by ``w = pi_old / mu`` (None: not at all). ``auto`` is resolved by
+    ``load_config``; left unresolved it means none. ``decoupled``: AReaL's objective, w untruncated."""
+    return {"tis": {"is_level": "token", "is_cap": algo.is_cap},
+            "tis_sequence": {"is_level": "sequence", "is_cap": algo.is_cap},
+            "decoupled": {"is_level": "token", "is_cap": math.inf}}.get(algo.off_policy)
 
 
 def loss_agg_kwargs(algo: AlgorithmConfig) -> dict[str, int]:
@@ -92,6 +102,7 @@ class TrainerActor:
         self._sync = None  # TrainerSync, set by connect_rollouts
         self.policy_loss = POLICY_LOSSES[algo_cfg.policy_loss]
         self.policy_kw, self.agg_kw = policy_loss_kwargs(algo_cfg), loss_agg_kwargs(algo_cfg)
+        self.off_policy_kw = off_policy_kwargs(algo_cfg)
         self.aggregate = LOSS_AGG[algo_cfg.loss_agg]
 
     # ---------------------------------------------------------------- setup
@@ -238,7 +249,10 @@ class TrainerActor:
         logits = self._forward(self.model, mb)
         logprobs = self._token_logprobs(logits, mb)
         old = logprobs.detach() if old is None else old
-        per_token, stats = self.policy_loss(logprobs, old, mb.advantages, mb.loss_mask, **self.policy_kw)
+        behaviour = ({} if self.off_policy_kw is None else
+                     {"behaviour_logprobs": mb.behaviour_logprobs, **self.off_policy_kw})
+        per_token, stats = self.policy_loss(logprobs, old, mb.advantages, mb.loss_mask, **self.policy_kw,
+                                            **behaviour)
         kl_sum = torch.zeros((), device=self.device)
         if ref is not None:
             kl_term, kl_stats = kl_loss(logprobs, ref, mb.loss_mask, self.algo.kl_coef, self.algo.kl_estimator)
@@ -255,7 +269,9 @@ class TrainerActor:
             return {"loss": numerator.detach(), "clip_frac": stats["clip_frac"] * ntok,
                     "approx_kl": stats["approx_kl"] * ntok, "ratio_mean": stats["ratio_mean"] * ntok,
                     "ratio_max": stats["ratio_max"], "kl": kl_sum.detach(), "entropy": entropy_sum,
-                    "behaviour_kl": masked_token_sum(kl_k3(mb.behaviour_logprobs, old), mb.loss_mask)}, old
+                    "behaviour_kl": masked_token_sum(kl_k3(mb.behaviour_logprobs, old), mb.loss_mask),
+                    "is_weight": stats.get("is_weight_mean", ntok.new_ones((), dtype=torch.float32)) * ntok,
+                    "is_trunc_frac": stats.get("is_trunc_frac", ntok.new_zeros((), dtype=torch.float32)) * ntok}, old
 
     def _entropy(self, logits: torch.Tensor, mb: TrainBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(entropy-bonus loss term [B, T] or None when entropy_coef is 0, token-summed entropy for stats)."""

@@ -75,6 +75,11 @@ class TrainerGroup:
         Ray hands them to the ranks unresolved); returns the stats, identical on all ranks."""
         return self._all("train_step", group_refs)[0]
 
+    def train_step_async(self, group_refs: list) -> list[ray.ObjectRef]:
+        """``train_step`` without waiting: one ref per rank (all return the same stats)."""
+        self.ready()
+        return [a.train_step.remote(group_refs) for a in self.actors]
+
     def state_dict(self) -> dict:
         """Full CPU state dict with HF names, pulled to the caller (use ``state_dict_ref`` to avoid that)."""
         return self._all("state_dict")[0]

@@ -1,0 +1,139 @@
+"""Replay buffer and admission control: how rollout runs ahead of training by at most k versions.
+
+The buffer holds scored trajectory groups *by reference* (Ray ObjectRefs of ``list[TrajectoryGroup]``,
+one per generate call) with the metadata the scheduler needs: prompt ids, the oldest and newest policy
+version among their tokens, and when they arrived. The trainer at version v takes, oldest first, only
+entries whose oldest version is >= v - k (``max_staleness``; k = 0 is strictly on-policy).
+
+Why rollout is *paused* rather than stale work thrown away: a batch that is still generating when it
+goes stale is dominated by its long completions (short ones finished and were already used), so
+discarding stale work biases training toward short samples and wastes the engine time. Instead
+``Admission`` lets a replica start a new batch only if every batch started so far can still be trained
+within the bound:
+
+    groups_started + chunk <= (v + k + 1) * B        (v: trainer version, B: groups per train step)
+
+A batch started at engine version u >= v is the ((groups_started / B) + 1)-th step's data, trained at
+version <= u + k, so no admitted batch can go stale; ``take`` checks the bound anyway and, unless a
+drop policy is configured, raises if it ever breaks. ``capacity`` (groups) adds backpressure on top.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class StalenessError(RuntimeError):
+    """An entry older than the bound reached ``take`` with no drop policy configured."""
+
+
+@dataclass
+class Entry:
+    """One generate call's scored groups, by reference."""
+
+    seq: int                    # start order of its generate call (0, 1, 2, ...)
+    ref: Any                    # ObjectRef of list[TrajectoryGroup] (or the list itself, in tests)
+    prompt_ids: list[int]
+    min_version: int            # oldest policy version among its tokens
+    max_version: int
+    metrics: dict[str, Any] = field(default_factory=dict)   # the scorer's per-call metrics
+    created: float = field(default_factory=time.monotonic)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prompt_ids)
+
+
+class ReplayBuffer:
+    """Entries keyed by start order; ``take`` hands them out in that order, never skipping one.
+
+    Start order, not arrival order: with several replicas a later batch can finish first, and
+    training it before the earlier one would push the earlier one past the bound that admission
+    control planned for. So the trainer waits for the next batch in line.
+    """
+
+    def __init__(self, max_staleness: int, capacity: int | None = None, drop_stale: bool = False):
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness={max_staleness} must be >= 0 (0: on-policy)")
+        self.k, self.capacity, self.drop_stale = max_staleness, capacity, drop_stale
+        self.entries: dict[int, Entry] = {}
+        self.next_seq = 0
+        self.dropped: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return sum(e.num_groups for e in self.entries.values())
+
+    def has_room(self, groups: int) -> bool:
+        return self.capacity is None or len(self) + groups <= self.capacity
+
+    def put(self, entry: Entry) -> None:
+        if entry.seq < self.next_seq or entry.seq in self.entries:
+            raise ValueError(f"entry seq {entry.seq} was already put or taken")
+        self.entries[entry.seq] = entry
+
+    def _head(self, groups: int) -> list[Entry]:
+        """The consecutive entries from ``next_seq`` until they hold >= ``groups`` (or the run breaks)."""
+        out, seq = [], self.next_seq
+        while seq in self.entries and sum(e.num_groups for e in out) < groups:
+            out.append(self.entries[seq])
+            seq += 1
+        return out
+
+    def ready(self, groups: int) -> bool:
+        return sum(e.num_groups for e in self._head(groups)) >= groups
+
+    def take(self, version: int, groups: int) -> list[Entry]:
+        """Pop the next entries in start order holding >= ``groups`` groups, for training at ``version``.
+
+        An entry older than ``version - k`` raises ``StalenessError``, or with ``drop_stale`` is dropped
+        with its reason counted (and the next one in line is taken instead, if it has arrived).
+        """
+        out: list[Entry] = []
+        while sum(e.num_groups for e in out) < groups:
+            if self.next_seq not in self.entries:
+                raise RuntimeError(f"take({groups}) but entry {self.next_seq} has not arrived; call ready() first")
+            e = self.entries.pop(self.next_seq)
+            self.next_seq += 1
+            if e.min_version >= version - self.k:
+                out.append(e)
+            elif self.drop_stale:
+                self.dropped[f"stale>{self.k}"] += e.num_groups
+            else:
+                raise StalenessError(f"entry {e.seq} from v{e.min_version} reached the trainer at v{version} "
+                                     f"(max_staleness={self.k}); admission control should prevent this")
+        return out
+
+    def stats(self) -> dict[str, float]:
+        out = {"buffer/depth": float(len(self)), "buffer/entries": float(len(self.entries))}
+        out.update({f"buffer/dropped/{k}": float(v) for k, v in self.dropped.items()})
+        return out
+
+
+@dataclass
+class Admission:
+    """May a replica start a batch of ``chunk`` groups now? (``started`` counts every group ever started.)"""
+
+    max_staleness: int
+    groups_per_step: int
+    started: int = 0
+
+    def allows(self, version: int, chunk: int) -> bool:
+        return self.started + chunk <= (version + self.max_staleness + 1) * self.groups_per_step
+
+    def start(self, chunk: int) -> None:
+        self.started += chunk
+
+
+def staleness_histogram(entries: list[Entry], version: int) -> dict[str, float]:
+    """``staleness/<d>``: groups trained at ``version`` whose oldest token is d versions old; plus max/mean."""
+    counts: Counter[int] = Counter()
+    for e in entries:
+        counts[version - e.min_version] += e.num_groups
+    total = sum(counts.values()) or 1
+    out = {f"staleness/{d}": float(n) for d, n in sorted(counts.items())}
+    out["staleness/max"] = float(max(counts, default=0))
+    out["staleness/mean"] = sum(d * n for d, n in counts.items()) / total
+    return out

@@ -1,0 +1,173 @@
+"""The training loop of both modes: rollout runs ahead of training by at most k policy versions.
+
+::
+
+    replica r:  admit? ──generate(chunk)──▶ score ──▶ buffer.put(seq)          several in flight
+    trainer:    buffer.ready(B)? ──train_step(v)──▶ sync(v+1) ──▶ log(step)    one at a time
+                       ▲                                  │
+                       └── v = steps done; admission: started + chunk <= (v + k + 1) * B
+
+``mode=async`` takes k = ``buffer.max_staleness``: replicas keep generating while the trainer trains,
+and a sync lands in flight (the engine pauses, loads, resumes; unfinished completions go on under the
+new weights, their version spans recording the switch). ``mode=sync`` is this same loop with k = 0,
+which admits step v+1's prompts only after step v's weights are synced: strictly on-policy.
+``placement=colocated`` time-shares the bundles: never generating and training at once, engines
+asleep and the trainer on-loaded while it trains (on CPU the switch is made but frees nothing).
+
+The driver holds refs and counters only; trajectories go rollout -> scorer -> buffer -> trainer as refs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from relayrl.config import Config
+from relayrl.controller.buffer import Admission, Entry, ReplayBuffer, staleness_histogram
+from relayrl.controller.system import generate_remote
+
+
+@dataclass
+class Launch:
+    seq: int
+    replica: int
+    prompt_ids: list[int]
+    t0: float
+
+
+@dataclass
+class Clock:
+    """Busy seconds of the replicas and the trainer since the last step was logged."""
+
+    start: float = field(default_factory=time.perf_counter)
+    rollout_busy: float = 0.0
+    trainer_busy: float = 0.0
+    waited: float = 0.0          # trainer idle for lack of data
+    switches: int = 0            # colocated mode switches
+
+    def metrics(self, replicas: int) -> dict[str, float]:
+        wall = max(time.perf_counter() - self.start, 1e-9)
+        return {"idle/rollout": max(0.0, 1.0 - self.rollout_busy / (replicas * wall)),
+                "idle/trainer": max(0.0, 1.0 - self.trainer_busy / wall),
+                "timing/wait": self.waited, "timing/step": wall}
+
+
+class Scheduler:
+    def __init__(self, cfg: Config, system: Any, run: Any):
+        self.cfg, self.system, self.run = cfg, system, run
+        self.k = cfg.buffer.max_staleness if cfg.mode == "async" else 0
+        self.B = cfg.run.prompts_per_step
+        self.n = len(system.rollouts)
+        self.chunk = self.B // self.n
+        self.colocated = cfg.placement.mode == "colocated"
+        self.admission = Admission(self.k, self.B)
+        self.buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
+            self.k, cfg.buffer.capacity, cfg.buffer.drop_stale)
+        self.version = 0
+        self.generating: dict[ray.ObjectRef, Launch] = {}
+        self.idle = list(range(self.n))
+        self.training: tuple[list[ray.ObjectRef], list[Entry], float] | None = None
+        self.clock = Clock()
+        self.idle_since = time.perf_counter()
+
+    def run_steps(self) -> None:
+        while self.version < self.cfg.run.steps:
+            self._admit()
+            self._start_training()
+            refs = list(self.generating) + (self.training[0][:1] if self.training else [])
+            ready, _ = ray.wait(refs, num_returns=1)
+            if ready[0] in self.generating:
+                self._finish_generation(ready[0])
+            else:
+                self._finish_training()
+
+    # ---- rollout side ----------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Start a chunk on every idle replica that admission control (and the buffer's room) allows."""
+        if self.colocated and self.training:
+            return
+        while self.idle and self.admission.allows(self.version, self.chunk) and self._room():
+            replica = self.idle.pop(0)
+            prompts = self.system.sampler.next_batch()
+            seq = self.admission.started // self.chunk
+            self.admission.start(self.chunk)
+            ref = generate_remote(self.cfg, self.system.rollouts[replica], prompts)
+            self.generating[ref] = Launch(seq, replica, [p["prompt_id"] for p in prompts], time.perf_counter())
+
+    def _room(self) -> bool:
+        return self.cfg.buffer.capacity is None or ray.get(self.buffer.has_room.remote(self.chunk))
+
+    def _finish_generation(self, ref: ray.ObjectRef) -> None:
+        launch = self.generating.pop(ref)
+        generate_s = time.perf_counter() - launch.t0
+        self.clock.rollout_busy += time.perf_counter() - max(launch.t0, self.clock.start)
+        self.idle.append(launch.replica)
+        t0 = time.perf_counter()
+        (scored,), metrics = self.system.score([ref])
+        metrics |= {"timing/score": time.perf_counter() - t0, "timing/generate": generate_s}
+        entry = Entry(launch.seq, scored, launch.prompt_ids, int(metrics["rollout/min_version"]),
+                      int(metrics["rollout/max_version"]), metrics)
+        ray.get(self.buffer.put.remote(entry))
+
+    # ---- trainer side ----------------------------------------------------------------------------
+    def _start_training(self) -> None:
+        if self.training or (self.colocated and self.generating):
+            return
+        if not ray.get(self.buffer.ready.remote(self.B)):
+            return
+        entries = ray.get(self.buffer.take.remote(self.version, self.B))
+        self.clock.waited += time.perf_counter() - self.idle_since
+        if self.colocated:
+            self._switch("train")
+        refs = self.system.trainer.train_step_async([e.ref for e in entries])
+        self.training = (refs, entries, time.perf_counter())
+
+    def _finish_training(self) -> None:
+        refs, entries, t0 = self.training
+        train_stats = ray.get(refs)[0]
+        t1 = time.perf_counter()
+        if self.colocated:
+            self._switch("rollout")
+        sync_stats = self.system.sync_weights(self.version + 1)
+        sync_stats |= self.system.verify_sync(self.version + 1, [entries[0].ref])
+        t2 = time.perf_counter()
+        self.clock.trainer_busy += t2 - t0
+        self.training = None
+        self.idle_since = t2
+        self._log(entries, train_stats, {**sync_stats, "timing/train": t1 - t0, "timing/sync": t2 - t1})
+        self.version += 1
+
+    def _switch(self, to: str) -> None:
+        """Colocated: hand the bundles to the trainer (engines sleep) or back to rollout (engines wake)."""
+        self.clock.switches += 1
+        ray.get([r.sleep.remote() if to == "train" else r.wake_up.remote() for r in self.system.rollouts])
+
+    def _log(self, entries: list[Entry], train_stats: dict, stats: dict) -> None:
+        rows = [row for e in entries for row in e.metrics.get("_samples", [])]
+        out = {**mean_metrics(entries), **train_stats, **stats,
+               **staleness_histogram(entries, self.version), **ray.get(self.buffer.stats.remote()),
+               **self.clock.metrics(self.n), "colocated/switches": float(self.clock.switches),
+               "_samples": rows[: self.cfg.logging.samples_per_step]}
+        self.run.log(self.version + 1, out)
+        self.clock = Clock()
+
+
+SUMMED = ("rollout/completions", "rollout/tokens", "reward/errors", "reward/dropped_groups")
+"""Per-call counts: a step's value is their sum (every other metric is a group-weighted mean)."""
+
+
+def mean_metrics(entries: list[Entry]) -> dict[str, float]:
+    """Per-call scorer metrics combined over the step's entries: counts summed, extremes of versions
+    taken, the rest averaged weighted by groups (exact for means over equal-sized groups; for
+    ``reward/std`` the mean of per-call stds)."""
+    total = sum(e.num_groups for e in entries)
+    keys = {k for e in entries for k, v in e.metrics.items() if isinstance(v, (int, float))}
+    out = {k: (sum(e.metrics.get(k, 0.0) for e in entries) if k.startswith(SUMMED) else
+               sum(e.metrics.get(k, 0.0) * e.num_groups for e in entries) / total) for k in keys}
+    for k in ("rollout/min_version", "rollout/max_version"):   # extremes, not means
+        pick = min if k.endswith("min_version") else max
+        out[k] = float(pick(e.metrics[k] for e in entries))
+    return out
