@@ -146,6 +146,8 @@ class Scheduler:
         ray.get([r.sleep.remote() if to == "train" else r.wake_up.remote() for r in self.system.rollouts])
 
     def _log(self, entries: list[Entry], train_stats: dict, stats: dict) -> None:
+        now = time.perf_counter()   # credit generations still running to the window that is closing
+        self.clock.rollout_busy += sum(now - max(g.t0, self.clock.start) for g in self.generating.values())
         rows = [row for e in entries for row in e.metrics.get("_samples", [])]
         out = {**mean_metrics(entries), **train_stats, **stats,
                **staleness_histogram(entries, self.version), **ray.get(self.buffer.stats.remote()),

@@ -240,15 +240,18 @@ def _trajectory(prompt_id: int, prompt_token_ids: list[int], completion: Any, se
 
 def cpu_thread_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
     """vLLM-CPU thread binding: by default it binds one core and reserves the rest for other work; in
-    sync mode the engine runs alone, so bind ``num_threads`` cores (0: all). Empty on CUDA machines."""
+    sync mode the engine runs alone, so bind ``num_threads`` cores (0: all). They are the *last* cores,
+    so that with fewer threads (async: rollout and trainer side by side) the trainer keeps core 0 up.
+    Empty on CUDA machines."""
     import os
 
     import torch
 
     if torch.cuda.is_available():
         return {}
-    n = rollout_cfg.num_threads or os.cpu_count() or 1
-    return {"VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    cores = os.cpu_count() or 1
+    n = min(rollout_cfg.num_threads or cores, cores)
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"{cores - n}-{cores - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,

@@ -16,7 +16,7 @@ def my_reward(prompts, completions, **columns):
 
 def test_short_names_and_import_paths_resolve():
     assert set(REWARDS) == {"arith_correct", "answer_format", "exact_match", "last_number_correct",
-                            "digit_fraction", "math_verify", "think_format", "regex_match", "length_penalty",
+                            "digit_fraction", "env_reward", "math_verify", "think_format", "regex_match", "length_penalty",
                             "code_exec", "reward_model"}
     assert load_reward_fn("arith_correct") is arith_correct
     assert load_reward_fn("relayrl.rewards.builtin:answer_format") is answer_format
@@ -25,7 +25,7 @@ def test_short_names_and_import_paths_resolve():
 
 @pytest.mark.parametrize("spec, message", [
     ("nope", r"reward 'nope' is neither a built-in \(arith_correct, answer_format, exact_match, "
-             r"last_number_correct, digit_fraction, math_verify, .*, reward_model\) nor an import path; "
+             r"last_number_correct, digit_fraction, env_reward, math_verify, .*, reward_model\) nor an import path; "
              r"write module:function"),
     ("no_such_module_xyz:f", r"reward 'no_such_module_xyz:f': cannot import module 'no_such_module_xyz'"),
     ("relayrl.rewards.builtin:missing", r"module 'relayrl.rewards.builtin' has no attribute 'missing'; check"),

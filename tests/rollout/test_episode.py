@@ -1,0 +1,283 @@
+"""Multi-turn episodes: the runner on a scripted engine (hand-worked), then on a real vLLM engine, then end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+
+import pytest
+import torch
+
+from relayrl.config import ModelConfig, RolloutConfig, load_config
+from relayrl.envs.calculator import FEEDBACK, HINT
+from relayrl.rollout.episode import EpisodeRunner, ModelTurn
+from relayrl.trainer.batch import build_train_batch
+from relayrl.types import TrajectoryGroup, VersionSpan
+from tests.rollout.reference import hf_logprobs
+
+
+# ---------------------------------------------------------------------------- scripted engine (no vLLM)
+class CharTokenizer:
+    """One id per character (its code point); the prompt gets a BOS id 1, as vLLM adds special tokens."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([1] if add_special_tokens else []) + [ord(c) for c in text]
+
+
+class ScriptedEngine:
+    """Returns the given turns in order and records (context, max_tokens, stop) of every request."""
+
+    def __init__(self, turns: list[ModelTurn]):
+        self.turns, self.calls = list(turns), []
+
+    async def __call__(self, context: list[int], max_tokens: int, stop: list[str]) -> ModelTurn:
+        self.calls.append((list(context), max_tokens, stop))
+        return self.turns.pop(0)
+
+
+class ScriptedEnv:
+    """reset -> the prompt; step i -> steps[i]; records the actions."""
+
+    stop = ["</x>"]
+
+    def __init__(self, steps: list[tuple[str, float, bool]]):
+        self.steps, self.actions, self.sample = list(steps), [], None
+
+    def reset(self, sample):
+        self.sample = sample
+        return sample["prompt"]
+
+    def step(self, action):
+        self.actions.append(action)
+        return self.steps.pop(0)
+
+
+def _turn(tokens, logprobs, text, versions, finish="stop"):
+    return ModelTurn(tokens, logprobs, text, finish, versions)
+
+
+def _run(runner: EpisodeRunner, env, prompt="ab"):
+    return asyncio.run(runner.run_episode(env, {"prompt": prompt, "answer": "7"}, prompt_id=3, sample_idx=1))
+
+
+def test_two_turn_episode_hand_worked():
+    """prompt "ab" -> [1, 97, 98]; model [10, 11]; env "cd" -> [99, 100]; model [12] (sampled after an update)."""
+    engine = ScriptedEngine([_turn([10, 11], [-0.1, -0.2], "x</x>", [VersionSpan(0, 0, 2)]),
+                             _turn([12], [-0.3], "y", [VersionSpan(1, 0, 1)])])
+    env = ScriptedEnv([("cd", 0.5, False), ("ignored", 1.0, True)])
+    first, t = _run(EpisodeRunner(engine, CharTokenizer(), max_turns=4, max_tokens=8, max_model_len=64), env)
+    assert first == "ab" and t.prompt_token_ids == [1, 97, 98]
+    assert t.completion_token_ids == [10, 11, 99, 100, 12]
+    assert t.completion_mask == [1, 1, 0, 0, 1]
+    assert t.behaviour_logprobs == [-0.1, -0.2, 0.0, 0.0, -0.3]
+    # env tokens 2..3 join the span of the model turn before them (v0); the second turn is v1
+    assert t.versions == [VersionSpan(0, 0, 4), VersionSpan(1, 4, 5)] and t.min_version == 0
+    assert t.env_reward == 1.5 and t.finish_reason == "stop" and t.completion_text == "x</x>cdy"
+    assert env.actions == ["x</x>", "y"]                      # the env saw each turn's text
+    assert engine.calls == [([1, 97, 98], 8, ["</x>"]), ([1, 97, 98, 10, 11, 99, 100], 8, ["</x>"])]
+
+
+def test_turn_straddling_an_update_keeps_both_spans():
+    engine = ScriptedEngine([_turn([5], [-1.0], "a", [VersionSpan(2, 0, 1)]),
+                             _turn([6, 7, 8], [-1.0] * 3, "b", [VersionSpan(2, 0, 1), VersionSpan(3, 1, 3)])])
+    env = ScriptedEnv([("o", 0.0, False), ("", 0.0, True)])
+    _, t = _run(EpisodeRunner(engine, CharTokenizer(), 4, 8, 64), env)
+    assert t.versions == [VersionSpan(2, 0, 2), VersionSpan(2, 2, 3), VersionSpan(3, 3, 5)]
+    assert t.completion_mask == [1, 0, 1, 1, 1]
+
+
+def test_out_of_turns_drops_the_last_observation_and_says_length():
+    engine = ScriptedEngine([_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)]),
+                             _turn([11], [-0.2], "q", [VersionSpan(0, 0, 1)])])
+    env = ScriptedEnv([("o1", 0.25, False), ("o2", 0.5, False)])
+    _, t = _run(EpisodeRunner(engine, CharTokenizer(), max_turns=2, max_tokens=8, max_model_len=64), env)
+    assert t.completion_token_ids == [10, ord("o"), ord("1"), 11]           # "o2" is never appended
+    assert t.completion_mask == [1, 0, 0, 1] and t.finish_reason == "length" and t.env_reward == 0.75
+    assert len(env.actions) == 2                                            # the last turn was still scored
+
+
+def test_context_limit_bounds_turns_and_observations():
+    """max_model_len 8, prompt 3 ids: turn 1 may take 5; after 2 tokens and a 2-id observation only 1 is left."""
+    engine = ScriptedEngine([_turn([10, 11], [-0.1, -0.2], "p", [VersionSpan(0, 0, 2)]),
+                             _turn([12], [-0.3], "q", [VersionSpan(0, 0, 1)])])
+    env = ScriptedEnv([("cd", 0.0, False), ("efgh", 0.0, False)])
+    _, t = _run(EpisodeRunner(engine, CharTokenizer(), max_turns=5, max_tokens=6, max_model_len=8), env)
+    assert [max_tokens for _, max_tokens, _ in engine.calls] == [5, 1]
+    assert t.completion_token_ids == [10, 11, 99, 100, 12]                  # "efgh" would not fit: episode ends
+    assert t.finish_reason == "length" and len(env.actions) == 2
+    with pytest.raises(ValueError, match="prompt 3 is 8 tokens, no room"):
+        _run(EpisodeRunner(engine, CharTokenizer(), 5, 6, 8), env, prompt="abcdefg")
+
+
+def test_async_env_and_a_failing_env():
+    class AsyncEnv(ScriptedEnv):
+        async def step(self, action):
+            await asyncio.sleep(0)
+            return super().step(action)
+
+    engine = ScriptedEngine([_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)])])
+    _, t = _run(EpisodeRunner(engine, CharTokenizer(), 2, 8, 64), AsyncEnv([("", 2.0, True)]))
+    assert t.env_reward == 2.0 and t.completion_mask == [1]
+
+    class Broken(ScriptedEnv):
+        def step(self, action):
+            raise KeyError("answer")
+
+    engine = ScriptedEngine([_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)])])
+    with pytest.raises(RuntimeError, match="Broken.step failed on prompt 3 sample 1 turn 1: KeyError"):
+        _run(EpisodeRunner(engine, CharTokenizer(), 2, 8, 64), Broken([]))
+
+
+def test_group_makes_a_fresh_env_per_episode_and_trains_on_model_tokens_only():
+    turns = [_turn([10 + i, 20 + i], [-0.5, -0.5], "m", [VersionSpan(0, 0, 2)]) for i in range(4)]
+    envs = []
+
+    def make_env():
+        envs.append(ScriptedEnv([("ok", 0.0, False), ("", float(len(envs) % 2), True)]))
+        return envs[-1]
+
+    runner = EpisodeRunner(ScriptedEngine(turns), CharTokenizer(), max_turns=3, max_tokens=4, max_model_len=64)
+    prompt = {"prompt_id": 9, "prompt": "q", "columns": {"answer": "7"}}
+    group = asyncio.run(runner.run_group(prompt, 2, make_env))
+    assert len(envs) == 2 and envs[0].sample == {"answer": "7", "prompt": "q"}
+    assert group.prompt == "q" and group.columns == {"answer": "7"}
+    assert [t.sample_idx for t in group.trajectories] == [0, 1]
+    assert [t.env_reward for t in group.trajectories] == [0.0, 1.0]
+    batch = build_train_batch([group], pad_token_id=0)
+    # prompt [1, ord("q")]: P = 2; completion = 2 model, 2 env ("ok"), 2 model tokens -> mask 1 1 0 0 1 1
+    assert batch.loss_mask.tolist() == [[0, 1, 1, 0, 0, 1, 1]] * 2
+    with pytest.raises(ValueError, match="group_size=0 must be >= 1"):
+        asyncio.run(runner.run_group(prompt, 0, make_env))
+
+
+# ---------------------------------------------------------------------------- real vLLM engine, calculator env
+TEMPERATURE = 0.7
+MAX_TOKENS = 12
+MAX_TURNS = 3
+QUESTIONS = [(f"What is {a} + {b}? Reply with 'Answer: N'.", str(a + b)) for a, b in ((3, 4), (12, 30))]
+PROMPTS = [{"prompt_id": i, "prompt": f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",
+            "columns": {"question": q, "answer": a}} for i, (q, a) in enumerate(QUESTIONS)]
+
+
+@pytest.fixture(scope="module")
+def actor(ray_session, tiny_llama):
+    from relayrl.rollout import start_rollout_actor
+
+    handle = start_rollout_actor(
+        str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, num_cpus=0.5), seed=0)
+    ray_session.get(handle.info.remote())
+    yield handle
+    ray_session.get(handle.shutdown.remote())
+    ray_session.kill(handle)
+
+
+@pytest.fixture(scope="module")
+def episodes(actor, ray_session):
+    t0 = time.perf_counter()
+    groups = ray_session.get(actor.generate_episodes.remote(PROMPTS, 3, "calculator", MAX_TURNS))
+    print(f"\n{sum(len(g.trajectories) for g in groups)} episodes in {time.perf_counter() - t0:.2f}s")
+    return groups
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of equal values: (value, start, end)."""
+    runs, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((mask[start], start, i))
+            start = i
+    return runs
+
+
+def test_env_tokens_are_masked_exactly_where_observations_are(episodes, tiny_llama):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    feedback = tok.encode(FEEDBACK, add_special_tokens=False)
+    env_tokens = 0
+    for g, p in zip(episodes, PROMPTS):
+        assert HINT in g.prompt and g.columns == p["columns"]
+        for t in g.trajectories:
+            T, mask = len(t.completion_token_ids), t.completion_mask
+            assert len(mask) == len(t.behaviour_logprobs) == T and set(mask) <= {0, 1}
+            assert t.prompt_token_ids == tok.encode(g.prompt)
+            runs = _runs(mask)
+            model_runs = [r for r in runs if r[0] == 1]
+            env_runs = [r for r in runs if r[0] == 0]
+            assert runs[0][0] == 1 and runs[-1][0] == 1                 # starts and ends with the model
+            assert 1 <= len(model_runs) <= MAX_TURNS and len(env_runs) == len(model_runs) - 1
+            for _, start, end in env_runs:                              # each zero run is one observation
+                obs = t.completion_token_ids[start:end]
+                assert obs == feedback or tok.decode(obs).startswith("<result>"), tok.decode(obs)
+                assert t.behaviour_logprobs[start:end] == [0.0] * (end - start)
+                env_tokens += end - start
+            model_lps = [lp for lp, m in zip(t.behaviour_logprobs, mask) if m]
+            assert all(math.isfinite(lp) and lp < 0 for lp in model_lps)
+            assert all(len(range(s, e)) <= MAX_TOKENS for _, s, e in model_runs)
+            assert t.versions[0].start == 0 and t.versions[-1].end == T and {s.version for s in t.versions} == {0}
+            assert all(a.end == b.start for a, b in zip(t.versions, t.versions[1:]))
+            assert t.env_reward in (0.0, 1.0)
+            assert t.finish_reason == "length" or t.env_reward is not None
+    assert env_tokens > 0, "no episode had an environment turn"
+
+
+def test_later_turns_were_sampled_conditioned_on_the_env_tokens(episodes, tiny_llama):
+    """Behaviour logprobs of every model token match transformers on the full prompt+completion sequence, so
+    the engine saw exactly the recorded ids (observations included) before each turn."""
+    t = max((t for g in episodes for t in g.trajectories), key=lambda t: t.completion_mask.count(0))
+    assert t.completion_mask.count(0) > 0
+    P = len(t.prompt_token_ids)
+    ref = hf_logprobs(tiny_llama, t.prompt_token_ids + t.completion_token_ids, temperature=TEMPERATURE)[P - 1:]
+    model = torch.tensor(t.completion_mask, dtype=torch.bool)
+    got = torch.tensor(t.behaviour_logprobs)
+    assert torch.allclose(got[model], ref[model], atol=1e-3), (got[model] - ref[model]).abs().max()
+
+
+def test_train_batch_from_episodes_masks_env_tokens(episodes):
+    groups = [TrajectoryGroup(g.prompt_id, g.prompt, g.columns, g.trajectories) for g in episodes]
+    for g in groups:
+        for i, t in enumerate(g.trajectories):
+            t.reward = float(i)
+    batch = build_train_batch(groups, pad_token_id=0)
+    trajs = [t for g in groups for t in g.trajectories]
+    for b, t in enumerate(trajs):
+        positions = batch.loss_mask[b].nonzero().squeeze(1)
+        model_ids = [tok for tok, m in zip(t.completion_token_ids, t.completion_mask) if m]
+        assert batch.input_ids[b, positions + 1].tolist() == model_ids
+    assert batch.loss_mask.sum() == sum(sum(t.completion_mask) for t in trajs)
+    assert batch.loss_mask.sum() < sum(len(t.completion_token_ids) for t in trajs)
+
+
+# ---------------------------------------------------------------------------- end to end: driver + tiny recipe
+@pytest.mark.slow
+def test_multi_turn_training_run(ray_session, tiny_llama, tmp_path):
+    """grpo_calc_tiny for 2 steps: episodes through scoring (env_reward), training and weight sync.
+
+    The trainer's ``tokens`` is its loss-mask sum; ``rollout/tokens`` counts every completion token. With
+    a random model every observation is the env's fixed FEEDBACK (it never calls the tool), so the
+    difference must be a positive multiple of FEEDBACK's token count: the env tokens, and only they, masked.
+    """
+    from transformers import AutoTokenizer
+
+    from relayrl.controller import train
+
+    feedback = len(AutoTokenizer.from_pretrained(tiny_llama).encode(FEEDBACK, add_special_tokens=False))
+    cfg = load_config("grpo_calc_tiny", [f"model.path={tiny_llama}", f"run.output_dir={tmp_path}",
+                                         "trainer.num_cpus=0.5", "rollout.num_cpus=0.5"])
+    t0 = time.perf_counter()
+    result = train(cfg)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    print(f"\n2-step multi-turn run {time.perf_counter() - t0:.1f}s; "
+          + "; ".join(f"tokens {r['tokens']:.0f}/{r['rollout/tokens']:.0f}" for r in rows))
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["rollout/completions"] == cfg.run.prompts_per_step * cfg.algorithm.group_size
+        env_tokens = r["rollout/tokens"] - r["tokens"]
+        assert env_tokens > 0 and env_tokens % feedback == 0, (env_tokens, feedback)
+        assert r["reward/env_reward"] == 0.0 and r["reward/digit_fraction"] >= 0.0
+        assert r["rollout/min_version"] == r["step"] - 1 and r["weightsync/version"] == r["step"]
+        for key in ("loss", "grad_norm", "timing/generate", "timing/train", "timing/sync"):
+            assert math.isfinite(r[key]), key
