@@ -85,3 +85,18 @@ def test_cli_prints_one_line_and_exits_2_before_ray_starts():
     lines = proc.stderr.strip().splitlines()
     assert lines == ["relayrl: config error: unknown config key 'trainer.lrr'; did you mean 'trainer.lr'?"]
     assert "ray" not in proc.stdout.lower()
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["mode=async", "buffer.max_staleness=1"], "tis"),
+    (["mode=async", "buffer.max_staleness=0"], "none"),
+    (["mode=sync"], "none"),
+    (["mode=async", "algorithm.off_policy=decoupled"], "decoupled"),
+])
+def test_off_policy_auto_resolves_from_mode_and_staleness(overrides, expected):
+    assert load_config("grpo_tiny", overrides).algorithm.off_policy == expected
+
+
+def test_async_needs_an_equal_share_per_replica():
+    with pytest.raises(ConfigError, match="prompts_per_step=3 must be a multiple of rollout.num_replicas=2"):
+        load_config("grpo_tiny", ["run.prompts_per_step=3", "rollout.num_replicas=2"])

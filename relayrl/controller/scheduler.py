@@ -78,6 +78,9 @@ class Scheduler:
             self._admit()
             self._start_training()
             refs = list(self.generating) + (self.training[0][:1] if self.training else [])
+            if not refs:
+                raise RuntimeError(f"scheduler stalled at v{self.version}: nothing generating or training and "
+                                   "the buffer cannot fill a step; check buffer.capacity and run.prompts_per_step")
             ready, _ = ray.wait(refs, num_returns=1)
             if ready[0] in self.generating:
                 self._finish_generation(ready[0])
