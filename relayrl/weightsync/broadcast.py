@@ -27,7 +27,7 @@ import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
 from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, plan_layout
-from relayrl.weightsync.layout import FlatLayout, pack
+from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
 
 
 def open_group(host: str, port: int, rank: int, world_size: int, name: str, timeout_s: float,
@@ -74,6 +74,7 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
         engine.timeout_s = init_info.timeout_s
         if engine.is_sender:
             engine._rendezvous(init_info)
+            engine._buffers()
         return engine
 
     def _rendezvous(self, info: BroadcastTrainerInitInfo) -> None:
@@ -101,15 +102,20 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
         finally:
             pool.shutdown(wait=False)   # after a failed send the RPC ends by its own timeout; don't wait here
 
-    def _send_buckets(self, named: Any, version: int) -> None:
+    def _buffers(self) -> None:
+        """Two bucket-sized send buffers and every bucket's typed views into its buffer, made once."""
         size = max(b.end - b.start for b in self.layout.buckets)
-        buffers = [torch.empty(size, dtype=torch.uint8) for _ in range(min(2, len(self.layout.buckets)))]
+        self.buffers = [torch.empty(size, dtype=torch.uint8) for _ in range(min(2, len(self.layout.buckets)))]
+        self.dests = [bucket_views(self.layout, b, self.buffers[i % len(self.buffers)], base=b.start)
+                      for i, b in enumerate(self.layout.buckets)]
+
+    def _send_buckets(self, named: Any, version: int) -> None:
         work = None
         for i, bucket in enumerate(self.layout.buckets):
-            buf = buffers[i % len(buffers)]
-            pack(self.layout, bucket, named, buf, base=bucket.start)   # overlaps the previous send
+            pack(self.layout, bucket, named, self.dests[i])   # overlaps the previous bucket's send
             if work is not None:
                 work.wait()
+            buf = self.buffers[i % len(self.buffers)]
             work = broadcast(self.group, buf[: bucket.end - bucket.start], self.timeout_s)
         work.wait()
         broadcast(self.group, trailer(version, self.layout), self.timeout_s).wait()

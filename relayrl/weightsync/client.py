@@ -54,7 +54,7 @@ class RolloutClient:
         self._all("start", [r.start_weight_update.remote(self.version, self.timeout_s) for r in self.rollouts])
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._all("transfer", [r.update_weights.remote(update_info) for r in self.rollouts])
+        self._all("receive", [r.update_weights.remote(update_info) for r in self.rollouts])
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         version = self.version if weight_version is None else int(weight_version)

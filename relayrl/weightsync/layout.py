@@ -14,6 +14,7 @@ needs on the trainer is about one bucket.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
@@ -77,8 +78,9 @@ class FlatLayout:
             raise ValueError("no tensors to lay out; the model has no parameters")
         return cls(tuple(slots), _cut_buckets(slots, bucket_bytes), offset)
 
+    @functools.cached_property
     def digest(self) -> str:
-        """Short hash of the layout; sender and receiver compare it on every update."""
+        """Short hash of the layout; sender and receiver compare it on every update (computed once)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,13 +123,22 @@ def _cut_buckets(slots: list[Slot], bucket_bytes: int) -> tuple[Bucket, ...]:
     return tuple(buckets)
 
 
-def pack(layout: FlatLayout, bucket: Bucket, named: Iterator[tuple[str, torch.Tensor]], out: torch.Tensor,
-         base: int) -> None:
-    """Copy the tensors of ``bucket`` into ``out`` (uint8; its byte 0 is flat offset ``base``), converting
-    to the wire dtype. ``named`` yields the layout's tensors in order, next up ``bucket.first``, and is
-    checked against the plan as it goes."""
+def bucket_views(layout: FlatLayout, bucket: Bucket, out: torch.Tensor, base: int) -> list[torch.Tensor]:
+    """Typed views of ``bucket``'s slots in ``out`` (uint8; its byte 0 is flat offset ``base``).
+
+    Build them once per buffer and reuse them every sync: slicing and viewing costs microseconds per
+    tensor, which a model with thousands of tensors would pay on every sync."""
+    return [t for _, t in layout.views(out, bucket.first, bucket.last, base)]
+
+
+def pack(layout: FlatLayout, bucket: Bucket, named: Iterator[tuple[str, torch.Tensor]],
+         dests: list[torch.Tensor]) -> None:
+    """Copy ``bucket``'s tensors, pulled from ``named`` (the layout's tensors in order, next up
+    ``bucket.first``; checked against the plan), into ``dests`` (``bucket_views``), converting to the
+    wire dtype. One multi-tensor copy per bucket instead of one call per tensor."""
+    tensors = []
     for i in range(bucket.first, bucket.last):
         name, tensor = next(named)
-        slot = layout.check(name, tensor, i)
-        dst = out[slot.offset - base: slot.offset - base + slot.nbytes]
-        dst.view(to_dtype(slot.dtype)).view(slot.shape).copy_(tensor.detach())
+        layout.check(name, tensor, i)
+        tensors.append(tensor.detach())
+    torch._foreach_copy_(dests, tensors)   # the multi-tensor copy FSDP2 and optimizers use

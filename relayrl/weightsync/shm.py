@@ -26,7 +26,7 @@ import torch
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
 from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, plan_layout
-from relayrl.weightsync.layout import FlatLayout, pack
+from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
 
 HEADER_BYTES = 64
 MAGIC = int.from_bytes(b"relayrl1", "little")
@@ -104,8 +104,14 @@ class ShmTrainerEngine(FlatTrainerEngine):
         engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
         if engine.is_sender:
             engine.region = ShmRegion.create(init_info.shm_dir, layout.nbytes)
-            client.init_weight_transfer_engine({"layout": layout.to_dict(), "transport": "shm",
-                                                "channel": {"path": engine.region.path}})
+            try:
+                client.init_weight_transfer_engine({"layout": layout.to_dict(), "transport": "shm",
+                                                    "channel": {"path": engine.region.path}})
+            finally:
+                # Every engine has mapped it (or failed): the name can go now, the memory stays until the
+                # last mapping closes, so even a SIGKILLed trainer leaves nothing behind in /dev/shm.
+                engine.region.unlink()
+            engine.dests = [bucket_views(layout, b, engine.region.data, base=0) for b in layout.buckets]
         return engine
 
     def transfer(self, named: Any, info: dict[str, Any]) -> None:
@@ -116,8 +122,8 @@ class ShmTrainerEngine(FlatTrainerEngine):
         """
         t0 = time.perf_counter()
         self.region.begin()
-        for bucket in self.layout.buckets:
-            pack(self.layout, bucket, named, self.region.data, base=0)
+        for bucket, dests in zip(self.layout.buckets, self.dests):
+            pack(self.layout, bucket, named, dests)
         if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
             raise TimeoutError(f"gathering and writing v{info['version']} took {seconds:.1f}s > "
                                f"weightsync.timeout_s={self.client.timeout_s:g}")
@@ -125,9 +131,7 @@ class ShmTrainerEngine(FlatTrainerEngine):
         self.client.update_weights(info)
 
     def shutdown(self) -> None:
-        if self.region is not None:
-            self.region.unlink()   # engines that mapped it keep their mapping (POSIX unlink semantics)
-            self.region = None
+        self.region = None   # the file was unlinked at init; dropping the mapping frees the memory
 
 
 class ShmReceiver:

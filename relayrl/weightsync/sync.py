@@ -62,7 +62,8 @@ class TrainerSync:
         nbytes = float(sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in self.source.metadata()))
         if hasattr(self.engine, "layout"):
             nbytes = float(self.engine.layout.nbytes)   # what moved: wire dtype, aligned
-        moved = self.client.seconds.get("transfer", 0.0) + self.client.seconds.get("commit", 0.0)
+        seconds = self.client.seconds   # vLLM's own engines report no trainer-side transfer: use receive
+        moved = seconds.get("transfer", seconds.get("receive", 0.0)) + seconds.get("commit", 0.0)
         out = {f"weightsync/{k}_s": v for k, v in self.client.seconds.items()}
         out.update({"weightsync/bytes": nbytes, "weightsync/total_s": total_s,
                     "weightsync/gbps": nbytes / moved / 1e9 if moved > 0 else 0.0,
