@@ -106,6 +106,12 @@ class ReplayBuffer:
                                      f"(max_staleness={self.k}); admission control should prevent this")
         return out
 
+    def skip_to(self, seq: int) -> None:
+        """After a resume: entries before ``seq`` were trained before the checkpoint."""
+        if self.entries:
+            raise RuntimeError("skip_to on a buffer that already holds entries")
+        self.next_seq = seq
+
     def stats(self) -> dict[str, float]:
         out = {"buffer/depth": float(len(self)), "buffer/entries": float(len(self.entries))}
         out.update({f"buffer/dropped/{k}": float(v) for k, v in self.dropped.items()})

@@ -3,10 +3,13 @@
 ``separate``: one placement group, disjoint bundles for rollout replicas and trainer ranks.
 ``colocated``: one bundle per trainer rank; rollout replica i shares bundle i with trainer rank i and
 each takes half of it (they take turns in sync mode, so the work is time-shared, not split).
+On a multi-node cluster (``run.ray_address``) Ray may put bundles on different nodes; ``sync_config``
+then switches shared-memory weight sync to broadcast.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -14,7 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from relayrl.config import PlacementConfig, RolloutConfig, TrainerConfig
+from relayrl.config import PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig
 
 
 @dataclass
@@ -24,6 +27,8 @@ class Placement:
     group: PlacementGroup
     rollout: list[dict]   # one per replica
     trainer: list[dict]   # one per rank
+    rollout_nodes: list[str] = dataclasses.field(default_factory=list)   # Ray node id of each replica's bundle
+    trainer_nodes: list[str] = dataclasses.field(default_factory=list)
 
 
 def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: float) -> None:
@@ -72,4 +77,18 @@ def make_placement(rollout: RolloutConfig, trainer: TrainerConfig, placement: Pl
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
         return {"num_cpus": cpus, "scheduling_strategy": strategy}
 
-    return Placement(pg, [opts(i, r_cpus) for i in r_idx], [opts(i, t_cpus) for i in t_idx])
+    nodes = ray.util.placement_group_table(pg)["bundles_to_node_id"]
+    return Placement(pg, [opts(i, r_cpus) for i in r_idx], [opts(i, t_cpus) for i in t_idx],
+                     [nodes[i] for i in r_idx], [nodes[i] for i in t_idx])
+
+
+def sync_config(ws: WeightSyncConfig, placement: Placement) -> WeightSyncConfig:
+    """The weight-sync settings this placement can use: ``shm`` needs every engine on trainer rank 0's
+    node; when Ray put some elsewhere, fall back to ``broadcast`` with the store on rank 0's node IP."""
+    if ws.backend != "shm" or set(placement.rollout_nodes) <= {placement.trainer_nodes[0]}:
+        return ws
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    host = ips.get(placement.trainer_nodes[0], ws.host)
+    print(f"relayrl: rollout replicas span {len(set(placement.rollout_nodes) | set(placement.trainer_nodes))} "
+          f"nodes; weightsync.backend=shm -> broadcast (store on {host})")
+    return dataclasses.replace(ws, backend="broadcast", host=host)

@@ -34,26 +34,56 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     """Run a recipe end to end; ``rewards`` (callables) replace ``cfg.rewards`` when given."""
     reward_fns = resolve_rewards(cfg, rewards)          # import errors surface before Ray starts
     model_path = resolve_model_path(cfg)
-    run = RunDir.create(cfg)
+    resume = resolve_resume(cfg)                        # (run dir, checkpoint) or None, before Ray starts
+    run = RunDir.reopen(cfg, resume[0], resume[2]["step"]) if resume else RunDir.create(cfg)
     start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
     placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
     try:
         system = System.start(cfg, model_path, placement, reward_fns, run)
         try:
-            loop(cfg, system, run)
+            loop(cfg, system, run, resume)
             return run.finish(system)
         finally:
             system.shutdown()
+    except BaseException as exc:
+        run.fail(exc)                          # status.json says failed; logs/error.log has the traceback
+        raise
     finally:
         run.logger.close()  # idempotent; metrics.jsonl is flushed line by line anyway
         ray.util.remove_placement_group(placement.group)
 
 
-def loop(cfg: Config, system: System, run: RunDir) -> None:
-    """Both modes run the scheduler (``controller/scheduler.py``): sync is its k = 0 case."""
+def loop(cfg: Config, system: System, run: RunDir, resume: tuple | None = None) -> None:
+    """Both modes run the scheduler (``controller/scheduler.py``): sync is its k = 0 case. On resume the
+    trainer loads its shards, the engines get those weights at the checkpoint's version, and the data
+    continues from the saved cursor."""
     from relayrl.controller.scheduler import Scheduler
 
-    Scheduler(cfg, system, run).run_steps()
+    scheduler = Scheduler(cfg, system, run)
+    if resume:
+        _, ckpt, state = resume
+        system.trainer.load_checkpoint(str(ckpt))
+        system.sync_weights(state["step"])
+        scheduler.restore(state)
+        print(f"relayrl: resumed {run.path} from {ckpt.name} (step {state['step']})")
+    scheduler.run_steps()
+
+
+def resolve_resume(cfg: Config) -> tuple[Path, Path, dict] | None:
+    """``run.resume`` -> (run dir, checkpoint dir, driver state), or None to start fresh."""
+    from relayrl.controller import checkpoint
+
+    if not cfg.run.resume:
+        return None
+    try:
+        found = checkpoint.find_resume(cfg.run.output_dir, cfg.run.name, cfg.run.resume)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    if found is None:
+        print(f"relayrl: run.resume=auto found no complete checkpoint of {cfg.run.name!r}; starting fresh")
+        return None
+    state = checkpoint.driver_state(found[1])
+    return found[0], found[1], state
 
 
 def resolve_rewards(cfg: Config, rewards: list[Callable] | None) -> list[tuple[str, Callable, float]]:

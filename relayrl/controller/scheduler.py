@@ -19,6 +19,7 @@ The driver holds refs and counters only; trajectories go rollout -> scorer -> bu
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,20 @@ class Scheduler:
         self.training: tuple[list[ray.ObjectRef], list[Entry], float] | None = None
         self.clock = Clock()
         self.idle_since = time.perf_counter()
+        self.outstanding: dict[int, list[dict]] = {}   # seq -> prompts started but not yet trained
+        self.pending: list[list[dict]] = []             # chunks to generate again first (after a resume)
+        self.counts = {"issued": 0, "trained": 0, "dropped": 0}
+
+    def restore(self, state: dict) -> None:
+        """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
+        hold its weights; data continues from the saved cursor, unfinished chunks first."""
+        self.version = state["step"]
+        self.system.sampler.load_state_dict(state["sampler"])
+        self.pending = [list(c) for c in state["pending"]]
+        self.admission.started = self.version * self.B
+        ray.get(self.buffer.skip_to.remote(self.version * self.n))
+        self.counts = dict(state["counts"])
+        self.counts["issued"] -= sum(len(c) for c in self.pending)   # counted again when re-issued
 
     def run_steps(self) -> None:
         while self.version < self.cfg.run.steps:
@@ -86,6 +101,17 @@ class Scheduler:
                 self._finish_generation(ready[0])
             else:
                 self._finish_training()
+        self._check_accounting()
+
+    def _check_accounting(self) -> None:
+        """issued == trained + dropped + still in flight (started after the last step was taken)."""
+        in_flight = sum(len(p) for p in self.outstanding.values())
+        c = self.counts
+        if c["issued"] != c["trained"] + c["dropped"] + in_flight:
+            raise RuntimeError(f"prompt accounting broke: issued {c['issued']} != trained {c['trained']} + "
+                               f"dropped {c['dropped']} + in flight {in_flight}")
+        print(f"prompts: issued {c['issued']} = trained {c['trained']} + dropped {c['dropped']} "
+              f"+ in flight at the end {in_flight}")
 
     # ---- rollout side ----------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -94,9 +120,11 @@ class Scheduler:
             return
         while self.idle and self.admission.allows(self.version, self.chunk) and self._room():
             replica = self.idle.pop(0)
-            prompts = self.system.sampler.next_batch()
+            prompts = self.pending.pop(0) if self.pending else self.system.sampler.next_batch()
             seq = self.admission.started // self.chunk
             self.admission.start(self.chunk)
+            self.outstanding[seq] = prompts
+            self.counts["issued"] += len(prompts)
             ref = generate_remote(self.cfg, self.system.rollouts[replica], prompts)
             self.generating[ref] = Launch(seq, replica, [p["prompt_id"] for p in prompts], time.perf_counter())
 
@@ -122,6 +150,8 @@ class Scheduler:
         if not ray.get(self.buffer.ready.remote(self.B)):
             return
         entries = ray.get(self.buffer.take.remote(self.version, self.B))
+        for seq in range(min(self.outstanding), max(e.seq for e in entries) + 1):   # incl. dropped-stale ones
+            self.outstanding.pop(seq, None)
         self.clock.waited += time.perf_counter() - self.idle_since
         if self.colocated:
             self._switch("train")
@@ -140,8 +170,30 @@ class Scheduler:
         self.clock.trainer_busy += t2 - t0
         self.training = None
         self.idle_since = t2
+        self._account(entries, train_stats)
         self._log(entries, train_stats, {**sync_stats, "timing/train": t1 - t0, "timing/sync": t2 - t1})
         self.version += 1
+        every = self.cfg.run.checkpoint_every
+        if every and self.version % every == 0:
+            self.checkpoint()
+
+    def _account(self, entries: list[Entry], train_stats: dict) -> None:
+        """Every issued prompt ends trained or dropped with a reason (buffer staleness drops, groups the
+        trainer filtered out, reward-excluded groups are counted as such); the prompt log records order."""
+        trained = [p for e in entries for p in e.prompt_ids]
+        dropped = ray.get(self.buffer.stats.remote())
+        self.counts["dropped"] = int(sum(v for k, v in dropped.items() if k.startswith("buffer/dropped/")))
+        self.counts["trained"] += len(trained)
+        with open(self.run.path / "prompts.jsonl", "a") as f:
+            f.write(json.dumps({"step": self.version + 1, "prompt_ids": trained}) + "\n")
+
+    def checkpoint(self) -> None:
+        """Trainer shards + the driver's state at the current version (atomic; see controller/checkpoint)."""
+        from relayrl.controller import checkpoint
+
+        state = {"sampler": self.system.sampler.state_dict(), "counts": self.counts,
+                 "pending": [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending}
+        checkpoint.save(self.run.path, self.version, self.system.trainer, state, self.cfg.run.keep_checkpoints)
 
     def _switch(self, to: str) -> None:
         """Colocated: hand the bundles to the trainer (engines sleep) or back to rollout (engines wake)."""
@@ -155,6 +207,7 @@ class Scheduler:
         out = {**mean_metrics(entries), **train_stats, **stats,
                **staleness_histogram(entries, self.version), **ray.get(self.buffer.stats.remote()),
                **self.clock.metrics(self.n), "colocated/switches": float(self.clock.switches),
+               **{f"accounting/{k}": float(v) for k, v in self.counts.items()},
                "_samples": rows[: self.cfg.logging.samples_per_step]}
         self.run.log(self.version + 1, out)
         self.clock = Clock()
