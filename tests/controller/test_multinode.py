@@ -17,30 +17,44 @@ from relayrl.trainer.group import free_port
 pytestmark = pytest.mark.slow
 
 
-def _ray(*args: str) -> None:
-    subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), *args], check=True,
-                   capture_output=True, timeout=120)
+# Ray 2.60 turns token auth on when ~/.ray/auth_token exists; a throwaway local cluster needs none.
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+
+
+def _ray(*args: str) -> str:
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), *args], check=True,
+                         capture_output=True, text=True, timeout=120, env=ENV)
+    return out.stdout + out.stderr
+
+
+def _kill_cluster(port: int) -> None:
+    """SIGKILL exactly this cluster's processes: its GCS, and whatever names its port or its session
+    (``ray stop`` would take every Ray on the machine with it, other test sessions' included)."""
+    procs = list(psutil.process_iter(["pid", "cmdline"]))
+    cmds = {p.info["pid"]: " ".join(p.info["cmdline"] or []) for p in procs}
+    sessions = {part.split("/")[3] for cmd in cmds.values() if f"--gcs_server_port={port}" in cmd
+                for part in cmd.split() if part.startswith("--log_dir=/tmp/ray/session_")}
+    for pid, cmd in cmds.items():
+        if f":{port}" in cmd or f"--gcs_server_port={port}" in cmd or any(s in cmd for s in sessions):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture
-def two_nodes(tmp_path):
-    """Head and worker with 2 logical CPUs each; torn down by killing exactly this cluster's processes
-    (``ray stop`` would take every Ray on the machine with it)."""
+def two_nodes():
+    """Head and worker with 2 logical CPUs each, on this machine's node IP."""
     port = free_port()
-    address = f"127.0.0.1:{port}"
-    common = ["--num-cpus=2", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
     try:
-        _ray("start", "--head", f"--port={port}", "--include-dashboard=false", *common)
-        _ray("start", f"--address={address}", *common)
+        head = _ray("start", "--head", f"--port={port}", "--include-dashboard=false", "--num-cpus=2",
+                    "--disable-usage-stats")
+        address = next(line.split("--address=")[1].strip(" '\"") for line in head.splitlines()
+                       if "ray start --address=" in line)
+        _ray("start", f"--address={address}", "--num-cpus=2", "--disable-usage-stats")
         yield address
     finally:
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if address in cmd or f"--gcs_server_port={port}" in cmd:
-                try:
-                    os.kill(proc.info["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        _kill_cluster(port)
 
 
 def test_run_spans_two_nodes_and_syncs_by_broadcast(two_nodes, tiny_llama, tmp_path):
@@ -48,7 +62,7 @@ def test_run_spans_two_nodes_and_syncs_by_broadcast(two_nodes, tiny_llama, tmp_p
     cmd = [sys.executable, "-m", "relayrl.cli", "train", "--config-name", "grpo_tiny", f"model.path={tiny_llama}",
            f"run.ray_address={two_nodes}", f"run.output_dir={tmp_path}", "run.steps=2", "rollout.num_cpus=2",
            "trainer.num_cpus=1", "logging.wandb=disabled", "run.save_final=false"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "weightsync.backend=shm -> broadcast" in out.stdout
     rows = [json.loads(x) for x in next(tmp_path.glob("grpo_tiny-*/metrics.jsonl")).read_text().splitlines()]
