@@ -420,7 +420,7 @@ def main() -> None:
 
     if not Path("/dev/shm").is_dir():
         raise SystemExit("/dev/shm is missing; the shm backend needs a tmpfs directory")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     try:
         run(args)

@@ -32,7 +32,9 @@ class Placement:
 
 
 def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: float) -> None:
-    """Start (or join) Ray, bound to localhost. Logical CPUs may exceed cores: the sync loop time-shares them."""
+    """Start (or join) Ray, bound to localhost. Logical CPUs may exceed cores: the sync loop time-shares them.
+    Without ``address`` a new local Ray is started even if ``ray start`` left a cluster address behind
+    (``address="local"``): joining a cluster is always explicit (``run.ray_address``)."""
     if ray.is_initialized():
         return
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}}
@@ -40,7 +42,7 @@ def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: floa
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return
     cpus = placement.num_cpus or max(float(os.cpu_count() or 1), needed_cpus)
-    ray.init(num_cpus=int(-(-cpus // 1)), include_dashboard=False, runtime_env=env,
+    ray.init(address="local", num_cpus=int(-(-cpus // 1)), include_dashboard=False, runtime_env=env,
              _node_ip_address="127.0.0.1", log_to_driver=True)
 
 

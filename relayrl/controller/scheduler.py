@@ -37,6 +37,7 @@ class Launch:
     replica: int
     prompt_ids: list[int]
     t0: float
+    actor: Any = None        # the replica's actor when launched (it may be replaced meanwhile)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Scheduler:
         self.outstanding: dict[int, list[dict]] = {}   # seq -> prompts started but not yet trained
         self.pending: list[list[dict]] = []             # chunks to generate again first (after a resume)
         self.counts = {"issued": 0, "trained": 0, "dropped": 0}
+        self.retry: list[Launch] = []                   # chunks to generate again after their replica died
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -118,6 +120,12 @@ class Scheduler:
         """Start a chunk on every idle replica that admission control (and the buffer's room) allows."""
         if self.colocated and self.training:
             return
+        while self.idle and self.retry:            # chunks whose replica died: same seq, already admitted
+            old = self.retry.pop(0)
+            replica = self.idle.pop(0)
+            actor = self.system.rollouts[replica]
+            ref = generate_remote(self.cfg, actor, self.outstanding[old.seq])
+            self.generating[ref] = Launch(old.seq, replica, old.prompt_ids, time.perf_counter(), actor)
         while self.idle and self.admission.allows(self.version, self.chunk) and self._room():
             replica = self.idle.pop(0)
             prompts = self.pending.pop(0) if self.pending else self.system.sampler.next_batch()
@@ -125,8 +133,36 @@ class Scheduler:
             self.admission.start(self.chunk)
             self.outstanding[seq] = prompts
             self.counts["issued"] += len(prompts)
-            ref = generate_remote(self.cfg, self.system.rollouts[replica], prompts)
-            self.generating[ref] = Launch(seq, replica, [p["prompt_id"] for p in prompts], time.perf_counter())
+            actor = self.system.rollouts[replica]
+            ref = generate_remote(self.cfg, actor, prompts)
+            self.generating[ref] = Launch(seq, replica, [p["prompt_id"] for p in prompts], time.perf_counter(), actor)
+
+    def _replace_replica(self, launch: Launch, error: BaseException) -> None:
+        """A replica died mid-generation: start a new one (with the current weights) and generate its chunk
+        again under the same sequence number, so data order and accounting are unchanged."""
+        if self.system.rollouts[launch.replica] is launch.actor:    # not yet replaced (e.g. during a sync)
+            self._restart(launch.replica, error, self.version)
+        self.retry.append(launch)
+        self.idle.append(launch.replica)
+
+    def _restart(self, replica: int, error: BaseException, version: int) -> None:
+        if self.system.restarts >= self.cfg.rollout.max_restarts:
+            raise RuntimeError(f"rollout replica {replica} died again after {self.system.restarts} restarts "
+                               f"(rollout.max_restarts): {str(error).strip().splitlines()[-1]}") from error
+        print(f"relayrl: rollout replica {replica} died ({type(error).__name__}); restarting it")
+        self.system.restart_rollout(replica, version)
+
+    def _sync(self, version: int) -> dict[str, float]:
+        """Sync the weights; if it failed because an engine died, replace the dead ones and sync again."""
+        try:
+            return self.system.sync_weights(version)
+        except Exception as exc:
+            dead = self.system.dead_rollouts()
+            if not dead:
+                raise
+            for i in dead:
+                self._restart(i, exc, version=0)       # the retry below brings every engine to ``version``
+            return self.system.sync_weights(version)
 
     def _room(self) -> bool:
         return self.cfg.buffer.capacity is None or ray.get(self.buffer.has_room.remote(self.chunk))
@@ -135,9 +171,15 @@ class Scheduler:
         launch = self.generating.pop(ref)
         generate_s = time.perf_counter() - launch.t0
         self.clock.rollout_busy += time.perf_counter() - max(launch.t0, self.clock.start)
-        self.idle.append(launch.replica)
         t0 = time.perf_counter()
-        (scored,), metrics = self.system.score([ref])
+        try:
+            (scored,), metrics = self.system.score([ref])
+        except Exception:
+            if (error := generation_error(ref)) is None:
+                raise
+            self._replace_replica(launch, error)
+            return
+        self.idle.append(launch.replica)
         metrics |= {"timing/score": time.perf_counter() - t0, "timing/generate": generate_s}
         entry = Entry(launch.seq, scored, launch.prompt_ids, int(metrics["rollout/min_version"]),
                       int(metrics["rollout/max_version"]), metrics)
@@ -164,7 +206,7 @@ class Scheduler:
         t1 = time.perf_counter()
         if self.colocated:
             self._switch("rollout")
-        sync_stats = self.system.sync_weights(self.version + 1)
+        sync_stats = self._sync(self.version + 1)
         sync_stats |= self.system.verify_sync(self.version + 1, [entries[0].ref])
         t2 = time.perf_counter()
         self.clock.trainer_busy += t2 - t0
@@ -208,9 +250,23 @@ class Scheduler:
                **staleness_histogram(entries, self.version), **ray.get(self.buffer.stats.remote()),
                **self.clock.metrics(self.n), "colocated/switches": float(self.clock.switches),
                **{f"accounting/{k}": float(v) for k, v in self.counts.items()},
+               "rollout/restarts": float(self.system.restarts),
                "_samples": rows[: self.cfg.logging.samples_per_step]}
         self.run.log(self.version + 1, out)
         self.clock = Clock()
+
+
+def generation_error(ref: ray.ObjectRef) -> BaseException | None:
+    """After scoring ``ref`` failed: the error the generate call itself ended with (its actor or engine
+    died), or None if generation was fine and the failure is the scorer's. Only called on that path, so
+    a good result is never pulled into the driver."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    try:
+        ray.get(ref, timeout=0)
+    except (RayActorError, RayTaskError) as exc:
+        return exc
+    return None
 
 
 SUMMED = ("rollout/completions", "rollout/tokens", "reward/errors", "reward/dropped_groups")

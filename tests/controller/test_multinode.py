@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -55,6 +56,9 @@ def two_nodes():
         yield address
     finally:
         _kill_cluster(port)
+        current = Path("/tmp/ray/ray_current_cluster")   # `ray start` records itself as the default address
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
 
 
 def test_run_spans_two_nodes_and_syncs_by_broadcast(two_nodes, tiny_llama, tmp_path):
