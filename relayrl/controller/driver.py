@@ -21,36 +21,65 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ray
 
 from relayrl.config import Config, ConfigError
 from relayrl.controller.cluster import make_placement, needed_cpus, start_ray
 from relayrl.controller.run import RunDir, RunResult
+from relayrl.controller.scheduler import TrainerDied
 from relayrl.controller.system import System
 
 
 def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
-    """Run a recipe end to end; ``rewards`` (callables) replace ``cfg.rewards`` when given."""
+    """Run a recipe end to end; ``rewards`` (callables) replace ``cfg.rewards`` when given.
+
+    If a trainer rank dies, the whole system is torn down and started again from the run's latest
+    checkpoint (from scratch if there is none yet), at most ``trainer.max_restarts`` times.
+    """
     reward_fns = resolve_rewards(cfg, rewards)          # import errors surface before Ray starts
     model_path = resolve_model_path(cfg)
-    resume = resolve_resume(cfg)                        # (run dir, checkpoint) or None, before Ray starts
+    resume = resolve_resume(cfg)                        # (run dir, checkpoint, state) or None, before Ray starts
     run = RunDir.reopen(cfg, resume[0], resume[2]["step"]) if resume else RunDir.create(cfg)
     start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
     placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
     try:
-        system = System.start(cfg, model_path, placement, reward_fns, run)
-        try:
-            loop(cfg, system, run, resume)
-            return run.finish(system)
-        finally:
-            system.shutdown()
+        for restart in range(cfg.trainer.max_restarts + 1):
+            try:
+                return run_once(cfg, model_path, placement, reward_fns, run, resume)
+            except TrainerDied as exc:
+                if restart == cfg.trainer.max_restarts:
+                    raise
+                resume, run = restart_point(cfg, run)
+                print(f"relayrl: {exc}; restarting from {resume[1].name if resume else 'the start'} "
+                      f"({restart + 1}/{cfg.trainer.max_restarts})")
     except BaseException as exc:
         run.fail(exc)                          # status.json says failed; logs/error.log has the traceback
         raise
     finally:
         run.logger.close()  # idempotent; metrics.jsonl is flushed line by line anyway
         ray.util.remove_placement_group(placement.group)
+
+
+def run_once(cfg: Config, model_path: Path, placement: Any, reward_fns: list, run: RunDir,
+             resume: tuple | None) -> RunResult:
+    system = System.start(cfg, model_path, placement, reward_fns, run)
+    try:
+        loop(cfg, system, run, resume)
+        return run.finish(system)
+    finally:
+        system.shutdown()
+
+
+def restart_point(cfg: Config, run: RunDir) -> tuple[tuple | None, RunDir]:
+    """After a trainer death: the run's latest complete checkpoint (or none) and the run dir reopened at it."""
+    from relayrl.controller import checkpoint
+
+    run.logger.close()
+    ckpt = checkpoint.latest(run.path)
+    resume = (run.path, ckpt, checkpoint.driver_state(ckpt)) if ckpt else None
+    return resume, RunDir.reopen(cfg, run.path, resume[2]["step"] if resume else 0)
 
 
 def loop(cfg: Config, system: System, run: RunDir, resume: tuple | None = None) -> None:

@@ -31,6 +31,10 @@ from relayrl.controller.buffer import Admission, Entry, ReplayBuffer, staleness_
 from relayrl.controller.system import generate_remote
 
 
+class TrainerDied(RuntimeError):
+    """A trainer rank's actor died; the driver restarts the system from the latest checkpoint."""
+
+
 @dataclass
 class Launch:
     seq: int
@@ -157,6 +161,8 @@ class Scheduler:
         try:
             return self.system.sync_weights(version)
         except Exception as exc:
+            if died := self.system.trainer.dead_ranks():
+                raise TrainerDied(f"trainer rank {died[0]} died during the sync of v{version}") from exc
             dead = self.system.dead_rollouts()
             if not dead:
                 raise
@@ -202,7 +208,7 @@ class Scheduler:
 
     def _finish_training(self) -> None:
         refs, entries, t0 = self.training
-        train_stats = ray.get(refs)[0]
+        train_stats = trainer_result(self.system.trainer, refs)
         t1 = time.perf_counter()
         if self.colocated:
             self._switch("rollout")
@@ -254,6 +260,21 @@ class Scheduler:
                "_samples": rows[: self.cfg.logging.samples_per_step]}
         self.run.log(self.version + 1, out)
         self.clock = Clock()
+
+
+def trainer_result(trainer: Any, refs: list[ray.ObjectRef]) -> dict:
+    """Rank 0's stats once every rank finished. If a rank fails, ``TrainerDied`` when some rank's process
+    is gone (the survivors then fail in their collectives: gloo reports the closed peer), else the error."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(ready[0])
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+            if dead := trainer.dead_ranks():
+                raise TrainerDied(f"trainer rank {dead[0]} died in a train step") from exc
+            raise
+    return ray.get(refs[0])
 
 
 def generation_error(ref: ray.ObjectRef) -> BaseException | None:

@@ -65,3 +65,42 @@ def test_engine_killed_three_times_and_the_run_finishes(tiny_llama, tmp_path):
     assert last["rollout/restarts"] == KILLS
     assert last["accounting/issued"] >= last["accounting/trained"] + last["accounting/dropped"]
     assert last["accounting/trained"] == STEPS * 2                      # grpo_tiny: 2 prompts per step
+
+
+def actor_processes(root: int, name: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process(root).children(recursive=True):
+        try:
+            if name in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_killed_trainer_rank_restarts_from_the_checkpoint(tiny_llama, tmp_path):
+    """kill -9 one of two trainer ranks after step 3: the run restarts from the step-2 checkpoint and
+    ends with every step logged once, in order."""
+    cmd = [sys.executable, "-m", "relayrl.cli", "train", "--config-name", "grpo_tiny", f"model.path={tiny_llama}",
+           f"run.output_dir={tmp_path}", "run.steps=5", "run.checkpoint_every=2", "trainer.world_size=2",
+           "trainer.num_cpus=0.5", "rollout.num_cpus=0.5", "logging.wandb=disabled", "run.save_final=false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + 900
+    try:
+        while time.time() < deadline and proc.poll() is None and steps_logged(tmp_path) < 3:
+            time.sleep(0.3)
+        ranks = actor_processes(proc.pid, "TrainerActor")
+        assert ranks, "no trainer rank process found"
+        os.kill(ranks[-1].pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-4000:]
+    assert "restarting from step_000002" in output
+    (run,) = tmp_path.glob("grpo_tiny-*")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    prompts = [json.loads(x)["prompt_ids"] for x in (run / "prompts.jsonl").read_text().splitlines()]
+    flat = [p for ids in prompts for p in ids]
+    assert len(prompts) == 5 and len(flat) == len(set(flat))
