@@ -52,7 +52,7 @@ def steps_to(rewards: list[float], threshold: float, window: int = 3) -> int | N
 def speed(recipe: str, steps: int, overrides: list[str]) -> None:
     sync = run(recipe, steps, ["mode=sync", *overrides])
     asyn = run(recipe, steps, ["mode=async", "buffer.max_staleness=1", *overrides])
-    tg = statistics.mean(r["timing/generate"] + r["timing/score"] for r in sync[1:])
+    tg = statistics.mean(r["timing/generate"] + r["timing/reward"] for r in sync[1:])
     tt = statistics.mean(r["timing/train"] + r["timing/sync"] for r in sync[1:])
     ideal = (tg + tt) / max(tg, tt)
     measured = throughput(asyn) / throughput(sync)

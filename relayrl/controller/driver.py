@@ -128,12 +128,42 @@ def resolve_rewards(cfg: Config, rewards: list[Callable] | None) -> list[tuple[s
 
 
 def resolve_model_path(cfg: Config) -> Path:
+    """The model directory, checked against the config: context length, and a non-empty dataset."""
     from relayrl.models import resolve_model
 
     try:
-        return resolve_model(cfg.model.path)
+        path = resolve_model(cfg.model.path)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
+    check_context(cfg, path)
+    check_data(cfg)
+    return path
+
+
+def check_context(cfg: Config, path: Path) -> None:
+    """``model.max_model_len`` within the model's positions, and room for a prompt beside ``max_tokens``."""
+    import json
+
+    positions = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    if positions and cfg.model.max_model_len > positions:
+        raise ConfigError(f"model.max_model_len={cfg.model.max_model_len} exceeds the model's context "
+                          f"({positions} positions); set model.max_model_len<={positions}")
+    if cfg.rollout.max_tokens >= cfg.model.max_model_len:
+        raise ConfigError(f"rollout.max_tokens={cfg.rollout.max_tokens} leaves no room for the prompt in "
+                          f"model.max_model_len={cfg.model.max_model_len}; lower max_tokens or raise max_model_len")
+
+
+def check_data(cfg: Config) -> None:
+    """Load the prompts once before Ray starts: a malformed row or an empty dataset fails here, in one line."""
+    from relayrl.data import load_task
+
+    try:
+        rows = load_task(cfg.data)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    if not rows:
+        raise ConfigError(f"the dataset ({cfg.data.task}{': ' + cfg.data.path if cfg.data.path else ''}) has "
+                          "no rows; point data.path at a non-empty .jsonl file")
 
 
 __all__ = ["train", "loop"]
