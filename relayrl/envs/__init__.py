@@ -7,7 +7,6 @@ then run episodes (``relayrl.rollout.episode``) instead of single completions, a
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -28,18 +27,11 @@ def load_env_class(name: str) -> Callable[..., Environment]:
     """A name from ``ENVIRONMENTS`` or an import path ``package.module:Class`` -> the class (or factory)."""
     if name in ENVIRONMENTS:
         return ENVIRONMENTS[name]
-    if name.count(":") != 1:
-        raise ValueError(f"environment {name!r} is neither a built-in ({', '.join(ENVIRONMENTS)}) nor an import "
-                         "path; write module:Class, e.g. my_envs:GuessEnv")
-    module_name, attr = name.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"environment {name!r}: cannot import module {module_name!r} ({exc}); "
-                         "check the module path and that it is importable (on PYTHONPATH)") from None
-    cls = getattr(module, attr, None)
+    from relayrl.imports import import_path
+
+    cls = import_path(name, "environment", ENVIRONMENTS, "module:Class, e.g. my_envs:GuessEnv", "class")
     if not callable(cls):
-        raise ValueError(f"environment {name!r}: module {module_name!r} has no class {attr!r}; "
+        raise ValueError(f"environment {name!r} names {type(cls).__name__}, not a class; "
                          "check the name after the ':'")
     return cls
 

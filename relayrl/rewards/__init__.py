@@ -10,7 +10,6 @@ so extra columns don't break it. How values combine and what happens when a func
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -63,19 +62,9 @@ def load_reward_fn(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
 
 
 def _import(spec: str) -> Any:
-    if spec.count(":") != 1:
-        raise ValueError(f"reward {spec!r} is neither a built-in ({', '.join(REWARDS)}) nor an import path; "
-                         "write module:function, e.g. my_pkg.rewards:my_reward")
-    module_name, attr = spec.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"reward {spec!r}: cannot import module {module_name!r} ({exc}); "
-                         "check the module path and that it is importable (on PYTHONPATH)") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}; "
-                         "check the function name after the ':'")
-    return getattr(module, attr)
+    from relayrl.imports import import_path
+
+    return import_path(spec, "reward", REWARDS, "module:function, e.g. my_pkg.rewards:my_reward")
 
 
 def load_reward_fns(specs: list[tuple]) -> RewardFns:

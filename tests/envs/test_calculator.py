@@ -154,7 +154,7 @@ def test_registry_and_import_paths():
     ("no_such_module_xyz:Env", None, "cannot import module 'no_such_module_xyz'"),
     ("tests.envs.test_calculator:Missing", None, "has no class 'Missing'"),
     ("calculator", {"bogus": 1}, "rejects kwargs=\\{'bogus': 1\\}"),
-    ("tests.envs.test_calculator:QUESTION", None, "has no class 'QUESTION'"),
+    ("tests.envs.test_calculator:QUESTION", None, "names str, not a class"),
     ("tests.envs.test_calculator:_not_an_env", None, "lacks reset\\(sample\\) or step\\(action\\)"),
 ])
 def test_bad_environment_names(name, kwargs, match):
