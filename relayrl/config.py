@@ -67,6 +67,9 @@ class RolloutConfig:
     """CPU engines only: OpenMP threads vLLM binds (0: every core; the sync loop runs one phase at a time)."""
     enforce_eager: bool = True
     """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
+    max_restarts: int = 5
+    """Replicas that die (actor or engine process) are replaced and their prompts generated again, at most
+    this many times per run."""
 
 
 @dataclass
@@ -102,6 +105,9 @@ class TrainerConfig:
     """Ray CPUs each trainer rank asks for."""
     num_threads: int = 0
     """CPU only: torch threads per rank (0: every core; the sync loop runs one phase at a time)."""
+    max_restarts: int = 2
+    """If a trainer rank dies, restart the run from its latest checkpoint (run.checkpoint_every) at most
+    this many times."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
 
@@ -110,7 +116,8 @@ class TrainerConfig:
 class AlgorithmConfig:
     name: str = "grpo"
     """Advantage estimator, a key of ``trainer.advantages.ADVANTAGES``: grpo | dr_grpo (no std division) |
-    rloo | reinforce_pp (batch-whitened) | reinforce_pp_baseline."""
+    rloo | reinforce_pp (batch-whitened) | reinforce_pp_baseline; or gae: PPO with a learned critic
+    (``critic`` section; per-token GAE(gamma, lam) advantages, whitened over the step)."""
     group_size: int = 8
     """Completions sampled per prompt (G); grouped estimators compare each one with its group."""
     policy_loss: str = "ppo_clip"
@@ -140,6 +147,36 @@ class AlgorithmConfig:
     mode=async with buffer.max_staleness >= 1, else none)."""
     is_cap: float = 2.0
     """Truncation C of the importance weight min(pi_old / mu, C) (tis, tis_sequence)."""
+    gamma: float = 1.0
+    """gae only: discount per token, in [0, 1]; LLM PPO uses 1 (the reward arrives at the last token)."""
+    lam: float = 1.0
+    """gae only: GAE's lambda in [0, 1]; 1 = Monte-Carlo return minus V (unbiased), lower trusts the critic more."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: leave out groups whose completions all got the same reward (their grouped
+    advantages are 0, so they only dilute the batch); counted as ``dapo/dropped_groups``."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment: completions longer than overlong_max_len - overlong_buffer tokens lose
+    reward linearly, up to overlong_penalty at overlong_max_len; 0 turns it off."""
+    overlong_penalty: float = 1.0
+    """Reward lost by a completion of overlong_max_len tokens (DAPO: 1)."""
+    overlong_max_len: int | None = None
+    """DAPO's L_max in tokens; None: rollout.max_tokens (set by load_config)."""
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO (``algorithm.name=gae``): the policy's backbone with a 1-output head, trained
+    on the trainer ranks as a second FSDP2 module with its own AdamW (``trainer/critic.py``)."""
+
+    lr: float = 1e-5
+    """AdamW learning rate of the critic."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of the critic."""
+    grad_clip: float = 1.0
+    """Clip the critic's global gradient norm to this value (0 disables)."""
+    value_clip: float = 0.2
+    """PPO value clipping: V may move at most this far from the old value per step before its loss stops
+    giving gradient (0 disables); in reward units, so scale it with the reward."""
 
 
 @dataclass
@@ -244,6 +281,13 @@ class RunConfig:
     """Write an HF-format checkpoint (safetensors + tokenizer) at the end."""
     ray_address: str | None = None
     """Ray cluster address; None starts a local Ray."""
+    checkpoint_every: int = 0
+    """Save a resumable checkpoint (trainer shards via DCP + driver state) every N steps; 0: never."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept in <run dir>/checkpoints (older ones are deleted)."""
+    resume: str | None = None
+    """auto: continue the newest run of this name that has a complete checkpoint (fresh if none); or a
+    path to a run dir or checkpoint dir. The resumed run appends to that run directory."""
 
 
 @dataclass
@@ -256,6 +300,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     weightsync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     placement: PlacementConfig = MISSING
@@ -316,6 +361,7 @@ def validate(cfg: Config) -> Config:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be > 0; set {key}=<positive value>")
     _validate_algorithm(cfg.algorithm)
+    _validate_critic(cfg)
     _validate_env(cfg)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]; set rollout.top_p=1.0")
@@ -340,6 +386,9 @@ def validate(cfg: Config) -> Config:
     if cfg.run.prompts_per_step % cfg.rollout.num_replicas:
         raise ConfigError(f"run.prompts_per_step={cfg.run.prompts_per_step} must be a multiple of "
                           f"rollout.num_replicas={cfg.rollout.num_replicas} (each replica generates an equal share)")
+    if cfg.run.checkpoint_every < 0 or cfg.run.keep_checkpoints < 1:
+        raise ConfigError("run.checkpoint_every must be >= 0 and run.keep_checkpoints >= 1; "
+                          "e.g. run.checkpoint_every=10 run.keep_checkpoints=2")
     if cfg.buffer.max_staleness < 0:
         raise ConfigError(f"buffer.max_staleness={cfg.buffer.max_staleness} must be >= 0 (0: on-policy)")
     if cfg.buffer.capacity is not None and cfg.buffer.capacity < cfg.run.prompts_per_step:
@@ -363,10 +412,10 @@ def _has_cuda() -> bool:
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     """Valid names per algorithm field, read from the registries (pure torch modules, cheap to import)."""
-    from relayrl.trainer.advantages import ADVANTAGES
+    from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS
     from relayrl.trainer.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
 
-    return {"algorithm.name": tuple(ADVANTAGES), "algorithm.policy_loss": tuple(POLICY_LOSSES),
+    return {"algorithm.name": (*ADVANTAGES, *CRITIC_ESTIMATORS), "algorithm.policy_loss": tuple(POLICY_LOSSES),
             "algorithm.loss_agg": tuple(LOSS_AGG), "algorithm.kl_estimator": tuple(KL_ESTIMATORS)}
 
 
@@ -388,9 +437,31 @@ def _validate_algorithm(algo: AlgorithmConfig) -> None:
         raise ConfigError(f"algorithm.dual_clip_c={algo.dual_clip_c} must be > 1; set algorithm.dual_clip_c=3.0")
     if algo.norm_len is not None and algo.norm_len <= 0:
         raise ConfigError(f"algorithm.norm_len={algo.norm_len} must be > 0; set it to rollout.max_tokens")
-    for key in ("kl_coef", "entropy_coef"):
+    for key in ("kl_coef", "entropy_coef", "overlong_buffer", "overlong_penalty"):
         if getattr(algo, key) < 0:
             raise ConfigError(f"algorithm.{key}={getattr(algo, key)} must be >= 0; set algorithm.{key}=0")
+    if algo.dynamic_sampling and algo.group_size < 2:
+        raise ConfigError(f"algorithm.dynamic_sampling drops groups whose rewards don't vary, and a group of "
+                          f"group_size={algo.group_size} never varies; set algorithm.group_size>=2")
+    for key in ("gamma", "lam"):
+        if not 0.0 <= getattr(algo, key) <= 1.0:
+            raise ConfigError(f"algorithm.{key}={getattr(algo, key)} must be in [0, 1]; set algorithm.{key}=1.0")
+    if algo.overlong_max_len is not None and algo.overlong_max_len <= 0:
+        raise ConfigError(f"algorithm.overlong_max_len={algo.overlong_max_len} must be > 0; leave it unset "
+                          "(rollout.max_tokens)")
+    if algo.overlong_buffer and algo.overlong_max_len is not None and algo.overlong_buffer > algo.overlong_max_len:
+        raise ConfigError(f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
+                          f"{algo.overlong_max_len} (rollout.max_tokens by default); set it to about a fifth of that")
+
+
+def _validate_critic(cfg: Config) -> None:
+    """``critic.*`` ranges; a critic only runs with ``algorithm.name=gae``."""
+    c = cfg.critic
+    if not c.lr > 0:
+        raise ConfigError(f"critic.lr={c.lr} must be > 0; set critic.lr=1e-5")
+    for key in ("value_clip", "grad_clip", "weight_decay"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"critic.{key}={getattr(c, key)} must be >= 0 (0 disables); set critic.{key}=0")
 
 
 def _validate_env(cfg: Config) -> None:
@@ -412,10 +483,13 @@ def _validate_env(cfg: Config) -> None:
 
 
 def _fill_defaults(cfg: Config) -> Config:
-    """Defaults that depend on another section: ``algorithm.norm_len`` = ``rollout.max_tokens`` (Dr.GRPO's L);
+    """Defaults that depend on another section: ``algorithm.norm_len`` and ``algorithm.overlong_max_len`` =
+    ``rollout.max_tokens`` (Dr.GRPO's L, DAPO's L_max);
     ``algorithm.off_policy=auto`` -> tis when training can be off-policy (async, k >= 1), else none."""
     if cfg.algorithm.norm_len is None:
         cfg.algorithm.norm_len = cfg.rollout.max_tokens
+    if cfg.algorithm.overlong_max_len is None:
+        cfg.algorithm.overlong_max_len = cfg.rollout.max_tokens
     if cfg.algorithm.off_policy == "auto":
         off = cfg.mode == "async" and cfg.buffer.max_staleness >= 1
         cfg.algorithm.off_policy = "tis" if off else "none"

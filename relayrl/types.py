@@ -83,11 +83,14 @@ class TrainBatch:
     attention_mask: torch.Tensor         # [B, L] 1 for real tokens
     loss_mask: torch.Tensor              # [B, L-1] 1 where the *next* token is a completion token
     behaviour_logprobs: torch.Tensor     # [B, L-1] engine logprobs aligned with loss_mask
-    advantages: torch.Tensor             # [B] one scalar per sequence (GRPO)
+    advantages: torch.Tensor             # [B] one scalar per sequence (GRPO), or [B, L-1] per token (PPO's GAE)
     prompt_ids: list[int]                # [B]
     target_start: int = 0
     """Column 0 of loss_mask/behaviour_logprobs scores ``input_ids[:, target_start + 1]``. The trainer
     trims prompt-only columns this way and asks the model for logits from there on only."""
+    rewards: torch.Tensor | None = None
+    """[B] each sequence's total reward (after the trainer's reward shaping): what a critic's returns are
+    built from. None in batches that don't carry it."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -100,3 +100,27 @@ def test_off_policy_auto_resolves_from_mode_and_staleness(overrides, expected):
 def test_async_needs_an_equal_share_per_replica():
     with pytest.raises(ConfigError, match="prompts_per_step=3 must be a multiple of rollout.num_replicas=2"):
         load_config("grpo_tiny", ["run.prompts_per_step=3", "rollout.num_replicas=2"])
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["algorithm.lam=1.5"], "algorithm.lam=1.5 must be in [0, 1]"),
+    (["algorithm.gamma=-0.1"], "algorithm.gamma=-0.1 must be in [0, 1]"),
+    (["critic.lr=0"], "critic.lr=0.0 must be > 0"),
+    (["critic.value_clip=-1"], "critic.value_clip=-1.0 must be >= 0"),
+    (["algorithm.overlong_buffer=17"], "algorithm.overlong_buffer=17 exceeds overlong_max_len=16"),
+    (["algorithm.overlong_buffer=-1"], "algorithm.overlong_buffer=-1 must be >= 0"),
+    (["algorithm.dynamic_sampling=true", "algorithm.name=reinforce_pp", "algorithm.group_size=1"],
+     "a group of group_size=1 never varies; set algorithm.group_size>=2"),
+])
+def test_ppo_and_dapo_fields_are_checked(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config("grpo_tiny", overrides)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_ppo_and_dapo_recipes():
+    ppo, dapo = load_config("ppo_tiny"), load_config("dapo_arith")
+    assert (ppo.algorithm.name, ppo.algorithm.gamma, ppo.algorithm.lam, ppo.trainer.epochs) == ("gae", 1.0, 1.0, 2)
+    assert ppo.critic.value_clip == 0.2 and load_config("ppo_arith").algorithm.name == "gae"
+    assert dapo.algorithm.dynamic_sampling and dapo.algorithm.overlong_buffer == 8
+    assert dapo.algorithm.overlong_max_len == dapo.rollout.max_tokens == 32

@@ -11,7 +11,7 @@ from typing import Any
 import ray
 
 from relayrl.config import Config
-from relayrl.controller.cluster import Placement
+from relayrl.controller.cluster import Placement, sync_config
 
 RewardFns = list[tuple[str, Callable, float]]
 
@@ -46,6 +46,9 @@ class System:
     rollouts: list[Any]
     trainer: Any
     rewards: Any                         # relayrl.rewards.pool.RewardPool: scorer actor + reward workers
+    model_path: Path | None = None
+    placement: Placement | None = None
+    restarts: int = 0                    # rollout replicas replaced after they died
 
     @classmethod
     def start(cls, cfg: Config, model_path: Path, placement: Placement, reward_fns: RewardFns,
@@ -62,13 +65,39 @@ class System:
                     for i, opts in enumerate(placement.rollout)]
         trainer = TrainerGroup(cfg.trainer.world_size, str(model_path), cfg.model, cfg.trainer, cfg.algorithm,
                                temperature=cfg.rollout.temperature, seed=cfg.run.seed,
-                               actor_options=placement.trainer)
+                               actor_options=placement.trainer, critic_cfg=cfg.critic)
         rc = cfg.reward
         rewards = RewardPool.start(reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate,
                                    cpus=SCORING_CPUS)
         workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in rollouts])]  # engines up
-        trainer.connect_rollouts(cfg.weightsync, rollouts, workers)
-        return cls(cfg, sampler, rollouts, trainer, rewards)
+        trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts, workers)
+        return cls(cfg, sampler, rollouts, trainer, rewards, model_path, placement)
+
+    def dead_rollouts(self, timeout_s: float = 30.0) -> list[int]:
+        """Replicas whose actor or engine no longer answers (a dead engine raises on any call)."""
+        dead = []
+        for i, r in enumerate(self.rollouts):
+            try:
+                ray.get(r.weight_version.remote(), timeout=timeout_s)
+            except Exception:  # noqa: BLE001 - any failure to answer means the replica must be replaced
+                dead.append(i)
+        return dead
+
+    def restart_rollout(self, i: int, version: int) -> None:
+        """Replace replica ``i`` (its actor or its engine process died): a new engine in the same bundle,
+        the trainer reconnected to all engines, and the current weights synced at ``version`` before it
+        generates (every engine reloads them; the new one would otherwise serve the initial model)."""
+        from relayrl.rollout import start_rollout_actor
+
+        ray.kill(self.rollouts[i], no_restart=True)
+        self.rollouts[i] = start_rollout_actor(str(self.model_path), self.cfg.model, self.cfg.rollout,
+                                               self.cfg.run.seed + i + 1000 * (self.restarts + 1),
+                                               sync_cfg=self.cfg.weightsync, **self.placement.rollout[i])
+        workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in self.rollouts])]
+        self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts, workers)
+        if version > 0:
+            self.sync_weights(version)
+        self.restarts += 1
 
     def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], dict]:
         """Scored-group refs (one per replica) and the step's reward + rollout metrics; raises ``RewardError``

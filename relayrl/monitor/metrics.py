@@ -5,7 +5,8 @@ Sinks: ``ConsoleSink`` (one progress line per step), ``JsonlSink`` (``metrics.js
 files under ``<run_dir>/wandb``) and ``NoopSink`` (tests and disabled logging). Every sink has the
 same three methods, so the training loop never checks which ones are on.
 
-Metric names are ``section/name`` (``reward/mean``, ``timing/step``); values are plain floats.
+Metric names are ``section/name`` (``reward/mean``, ``timing/step``), all listed with units and meanings
+in ``relayrl/monitor/schema.py``; values are plain floats.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ REWARD_KEY = "reward/mean"
 """The headline metric: mean total reward of the step's completions."""
 STEP_TIME_KEY = "timing/step"
 """Wall seconds of the step, when the loop measures it; otherwise the console sink measures it."""
+STALENESS_KEY = "staleness/max"
+"""Versions between the trainer and the oldest token it trained on this step (0: on-policy)."""
+KL_KEYS = ("policy/kl", "policy/approx_kl")
+"""The KL the console shows: to the reference when present, else the step's own policy change."""
 
 
 def is_kl_key(key: str) -> bool:
@@ -88,18 +93,33 @@ class JsonlSink:
 
 
 class ConsoleSink:
-    """One compact line per step: ``step 3/20 | reward 0.512 ±0.210 | pass 0.38 | kl 1.2e-03 | 4.3 s/step | ETA 1:12``.
+    """One compact line per step, and on a terminal a live progress bar under the lines.
 
+    Line: ``step 3/20 | reward 0.512 ±0.210 | pass 0.38 | kl 1.2e-03 | stale 1 | 4.3 s/step | ETA 1:12``
+    (fields whose metric the step lacks are left out). Bar: ``━━━━╸──── 3/20 reward 0.512 stale 1 ETA 1:12``.
+    The bar is drawn only when the console is a terminal, so CI logs and pipes keep plain lines.
     ETA = mean step seconds so far x steps left (the mean is steadier than the last step alone).
     """
 
-    def __init__(self, total_steps: int, console: Any = None):
+    def __init__(self, total_steps: int, console: Any = None, live: bool | None = None):
         from rich.console import Console
 
         self.total_steps = total_steps
         self.console = console or Console(highlight=False, soft_wrap=True)
         self._step_seconds: list[float] = []
         self._last = time.perf_counter()
+        self.progress = self._start_bar() if (self.console.is_terminal if live is None else live) else None
+
+    def _start_bar(self) -> Any:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("reward [cyan]{task.fields[reward]}[/cyan] | stale {task.fields[stale]}"
+                                       " | ETA {task.fields[eta]}"), TimeElapsedColumn(),
+                            console=self.console, refresh_per_second=2)
+        self._task = progress.add_task("train", total=self.total_steps, reward="-", stale="-", eta="-")
+        progress.start()
+        return progress
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         now = time.perf_counter()
@@ -107,6 +127,16 @@ class ConsoleSink:
         self._last = now
         self._step_seconds.append(seconds)
         self.console.print(self.format_line(step, metrics, seconds))
+        if self.progress is not None:
+            reward = metrics.get(REWARD_KEY)
+            self.progress.update(self._task, completed=step, eta=self._eta(step),
+                                 reward="-" if reward is None else f"{reward:.3f}",
+                                 stale=f"{metrics.get(STALENESS_KEY, 0):.0f}")
+            self.progress.refresh()
+
+    def _eta(self, step: int) -> str:
+        mean_seconds = sum(self._step_seconds) / max(len(self._step_seconds), 1)
+        return _clock(mean_seconds * max(self.total_steps - step, 0))
 
     def format_line(self, step: int, metrics: dict[str, float], seconds: float) -> str:
         parts = [f"[bold]step {step}/{self.total_steps}[/bold]"]
@@ -115,19 +145,22 @@ class ConsoleSink:
             parts.append(f"reward [cyan]{metrics[REWARD_KEY]:.3f}[/cyan]" + (f" ±{std:.3f}" if std is not None else ""))
         if "reward/pass_rate" in metrics:
             parts.append(f"pass {metrics['reward/pass_rate']:.2f}")
-        kl = next((k for k in metrics if is_kl_key(k)), None)
+        kl = next((k for k in KL_KEYS if k in metrics), None) or next((k for k in metrics if is_kl_key(k)), None)
         if kl is not None:
             parts.append(f"kl {metrics[kl]:.2e}")
-        mean_seconds = sum(self._step_seconds) / max(len(self._step_seconds), 1)
+        if STALENESS_KEY in metrics:
+            parts.append(f"stale {metrics[STALENESS_KEY]:.0f}")
         parts.append(f"{seconds:.1f} s/step")
-        parts.append(f"ETA {_clock(mean_seconds * max(self.total_steps - step, 0))}")
+        parts.append(f"ETA {self._eta(step)}")
         return " | ".join(parts)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
 
 
 def _clock(seconds: float) -> str:

@@ -1,5 +1,9 @@
 """Charts of a finished (or running) run from its ``metrics.jsonl``: PNGs in ``<run_dir>/plots/``.
 
+``reward.png`` (total ±std and each reward function), ``kl.png`` (policy/kl, approx_kl, behaviour_kl),
+``staleness.png`` (groups trained at each version lag, stacked), ``throughput.png`` (tokens/s end to
+end and per busy engine, completions/s) and ``timing.png`` (where a step's seconds go).
+
 Uses matplotlib's object API with the Agg canvas (``Figure`` + ``FigureCanvasAgg``): no display is
 needed and no global pyplot state is touched. ``reward_curve_ascii`` gives the console a one-line
 picture of the reward at the end of a run.
@@ -9,13 +13,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from relayrl.monitor.metrics import REWARD_KEY, is_kl_key
+from relayrl.monitor.schema import lookup
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
-_NOT_PER_FUNCTION = {REWARD_KEY, "reward/std", "reward/pass_rate", "reward/zero_std_groups"}
+TIMING_KEYS = ("timing/step", "timing/generate", "timing/reward", "timing/train", "timing/sync", "timing/wait")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -36,8 +42,7 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return [s for s, _ in pairs], [v for _, v in pairs]
 
 
-def _save_chart(path: Path, title: str, ylabel: str, lines: list[tuple[str, list[int], list[float]]],
-                band: tuple[list[int], list[float], list[float]] | None = None) -> Path:
+def _axes(title: str, ylabel: str) -> tuple[Any, Any]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -45,21 +50,40 @@ def _save_chart(path: Path, title: str, ylabel: str, lines: list[tuple[str, list
     fig = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    if band is not None:
-        ax.fill_between(band[0], band[1], band[2], alpha=0.2, label="±1 std")
-    for label, steps, values in lines:
-        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
     ax.set(title=title, xlabel="step", ylabel=ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # steps are whole numbers
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    return fig, ax
+
+
+def _save(fig: Any, ax: Any, path: Path) -> Path:
+    handles, labels = ax.get_legend_handles_labels()
+    for other in fig.axes[1:]:                               # twin axes: one legend for all lines
+        h, lab = other.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lab
+    ax.legend(handles, labels, loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     return path
 
 
+def _save_chart(path: Path, title: str, ylabel: str, lines: list[tuple[str, list[int], list[float]]],
+                band: tuple[list[int], list[float], list[float]] | None = None) -> Path:
+    fig, ax = _axes(title, ylabel)
+    if band is not None:
+        ax.fill_between(band[0], band[1], band[2], alpha=0.2, label="±1 std")
+    for label, steps, values in lines:
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+    return _save(fig, ax, path)
+
+
+def _lines(records: list[dict[str, Any]], keys: list[str]) -> list[tuple[str, list[int], list[float]]]:
+    """(key, steps, values) for each key that has at least one finite value."""
+    return [line for line in ((k, *_series(records, k)) for k in keys) if line[1]]
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
-    """Write ``reward.png`` (total mean ±std, per-function means) and ``kl.png`` (every KL metric).
+    """Write reward, kl, staleness, throughput and timing PNGs into ``<run_dir>/plots``.
 
     A chart whose metrics never appear is skipped. Returns the paths written.
     """
@@ -67,22 +91,64 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out = Path(run_dir) / "plots"
     out.mkdir(exist_ok=True)
     keys = list(dict.fromkeys(k for r in records for k in r))
-    written = []
+    charts = [_reward_chart(records, keys, out / "reward.png"),
+              _line_chart(records, [k for k in keys if is_kl_key(k)], out / "kl.png", "KL", "nats/token"),
+              _staleness_chart(records, keys, out / "staleness.png"),
+              _throughput_chart(records, out / "throughput.png"),
+              _line_chart(records, list(TIMING_KEYS), out / "timing.png", "Seconds per step", "s")]
+    return [path for path in charts if path is not None]
+
+
+def _line_chart(records: list[dict[str, Any]], keys: list[str], path: Path, title: str, ylabel: str) -> Path | None:
+    lines = _lines(records, keys)
+    return _save_chart(path, title, ylabel, lines) if lines else None
+
+
+def _reward_chart(records: list[dict[str, Any]], keys: list[str], path: Path) -> Path | None:
+    """Total mean with a ±std band, and one line per reward function (``reward/<fn>`` in the schema)."""
     steps, means = _series(records, REWARD_KEY)
-    if steps:
-        lines = [("reward (weighted total)", steps, means)]
-        lines += [(k.split("/", 1)[1], *_series(records, k)) for k in keys
-                  if k.startswith("reward/") and k not in _NOT_PER_FUNCTION]
-        std_steps, stds = _series(records, "reward/std")
-        band = None
-        if std_steps == steps:
-            band = (steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)])
-        written.append(_save_chart(out / "reward.png", "Reward", "reward", lines, band))
-    kl_lines = [(k, *_series(records, k)) for k in keys if is_kl_key(k)]
-    kl_lines = [line for line in kl_lines if line[1]]
-    if kl_lines:
-        written.append(_save_chart(out / "kl.png", "KL", "kl", kl_lines))
-    return written
+    if not steps:
+        return None
+    per_fn = [k for k in keys if k.startswith("reward/") and getattr(lookup(k), "name", "") == "reward/<fn>"]
+    lines = [("reward (weighted total)", steps, means)]
+    lines += [(k.split("/", 1)[1], fn_steps, values) for k, fn_steps, values in _lines(records, per_fn)]
+    std_steps, stds = _series(records, "reward/std")
+    band = None
+    if std_steps == steps:
+        band = (steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)])
+    return _save_chart(path, "Reward", "reward", lines, band)
+
+
+def _staleness_chart(records: list[dict[str, Any]], keys: list[str], path: Path) -> Path | None:
+    """Stacked bars: groups trained at each step by version lag d (``staleness/<d>``), d = 0 at the bottom."""
+    lags = sorted(int(k.split("/")[1]) for k in keys if re.fullmatch(r"staleness/\d+", k))
+    if not lags:
+        return None
+    fig, ax = _axes("Staleness: groups trained per version lag", "groups")
+    steps = [r["step"] for r in records]
+    bottom = [0.0] * len(steps)
+    for d in lags:
+        counts = [float(r.get(f"staleness/{d}") or 0.0) for r in records]
+        ax.bar(steps, counts, bottom=bottom, label=f"{d} version{'s' if d != 1 else ''} old")
+        bottom = [b + c for b, c in zip(bottom, counts)]
+    return _save(fig, ax, path)
+
+
+def _throughput_chart(records: list[dict[str, Any]], path: Path) -> Path | None:
+    """Tokens/s (end to end, per replica, per busy engine) on the left axis, completions/s on the right."""
+    lines = _lines(records, ["perf/tokens_per_s", "perf/tokens_per_s_per_replica", "rollout/tokens_per_s"])
+    if not lines:
+        return None
+    fig, ax = _axes("Throughput", "tokens/s")
+    for label, steps, values in lines:
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+    completions = _lines(records, ["perf/completions_per_s"])
+    if completions:
+        right = ax.twinx()
+        right.set_ylabel("completions/s")
+        _, steps, values = completions[0]
+        right.plot(steps, values, "k--", label="perf/completions_per_s (right axis)")
+    return _save(fig, ax, path)
 
 
 def reward_curve_ascii(values: list[float], width: int = 60) -> str:

@@ -8,11 +8,17 @@ A train step, on every rank:
     ray.get(group refs)  ->  build_train_batch (whole step, identical on all ranks)  ->  split_batch
     D_step = all_reduce(sum of LOSS_AGG denominators)               from masks only, before any backward
     ref logprobs if kl_coef > 0                                      once, before any update
+    PPO (algorithm.name=gae): V_old = critic(batch); r_t = R at the last token - kl_coef * KL_t
+                              A, R_t = GAE(r, V_old); A whitened over the whole step (all ranks)
     for epoch in 1..E:  for micro-batch:
                             per_token = POLICY_LOSSES[policy_loss] [+ kl_coef * KL_ESTIMATORS[kl_estimator]]
-                                        [- entropy_coef * H]
+                                        [- entropy_coef * H]          (PPO: KL is in the reward instead)
                             (LOSS_AGG[loss_agg] numerator of per_token / D_step).backward()
-                        clip_grad_norm_ ; AdamW step
+                            PPO: (clipped value loss summed over tokens / step tokens).backward()
+                        clip_grad_norm_ ; AdamW step  (and the critic's)
+
+Before any of it, DAPO's shaping (``shaping.py``): groups whose rewards don't vary are dropped
+(``algorithm.dynamic_sampling``) and overlong completions lose reward (``algorithm.overlong_buffer``).
 
 Every ``LOSS_AGG`` mode is a ratio of sums (tokens, or sequences, or sequences x L), so with the
 denominator summed over the whole step on all ranks the gradient is that of the step's loss however
@@ -24,6 +30,7 @@ The model stays in eval mode: dropout off, so the old logprobs and the first epo
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -33,16 +40,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, WeightSyncConfig
-from relayrl.trainer.batch import build_train_batch, split_batch
+from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig
+from relayrl.trainer.advantages import (CRITIC_ESTIMATORS, masked_moments, moments_mean_var, outcome_gae,
+                                        whiten_from_moments)
+from relayrl.trainer.batch import build_train_batch, split_batch, trainable_groups
+from relayrl.trainer.fsdp import clip_and_step, shard_model
 from relayrl.trainer.logprobs import token_entropy, token_logprobs
-from relayrl.trainer.losses import (LOSS_AGG, POLICY_LOSSES, entropy_bonus, kl_k3, kl_loss, masked_token_sum)
+from relayrl.trainer.losses import (KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, entropy_bonus, kl_k3, kl_loss,
+                                    masked_token_sum)
+from relayrl.trainer.shaping import dynamic_sampling_filter, overlong_penalty
 from relayrl.types import TrainBatch, TrajectoryGroup
 
 # Sums all-reduced at the end of a step, in this order (ratio_max is reduced with MAX): "loss" is the
 # LOSS_AGG numerator (divided by the step's denominator), the rest are token-weighted (divided by tokens).
 _SUM_STATS = ("loss", "clip_frac", "approx_kl", "ratio_mean", "kl", "entropy", "behaviour_kl", "is_weight",
               "is_trunc_frac")
+_CRITIC_SUM_STATS = ("value_loss", "value_clip_frac")     # the critic's token sums (PPO), reduced likewise
 
 
 def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
@@ -94,8 +107,9 @@ class TrainerActor:
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, model_path: str,
                  model_cfg: ModelConfig, trainer_cfg: TrainerConfig, algo_cfg: AlgorithmConfig,
-                 temperature: float, seed: int, timeout_s: float = 600.0):
+                 temperature: float, seed: int, timeout_s: float = 600.0, critic_cfg: CriticConfig | None = None):
         self.rank, self.world_size = rank, world_size
+        self.critic_cfg, self.critic = critic_cfg or CriticConfig(), None   # Critic, made in setup for gae
         self.init_method = f"tcp://{master_addr}:{master_port}"
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
         self.temperature, self.seed, self.timeout = temperature, seed, timedelta(seconds=timeout_s)
@@ -104,10 +118,20 @@ class TrainerActor:
         self.policy_kw, self.agg_kw = policy_loss_kwargs(algo_cfg), loss_agg_kwargs(algo_cfg)
         self.off_policy_kw = off_policy_kwargs(algo_cfg)
         self.aggregate = LOSS_AGG[algo_cfg.loss_agg]
+        self.reward_shaping = None
+        if algo_cfg.overlong_buffer:
+            max_len = algo_cfg.overlong_max_len
+            if max_len is None:
+                raise ValueError("algorithm.overlong_buffer is set but algorithm.overlong_max_len is None; set it "
+                                 "to rollout.max_tokens (load_config does this by default)")
+            self.reward_shaping = functools.partial(overlong_penalty, max_len=max_len,
+                                                    buffer_len=algo_cfg.overlong_buffer,
+                                                    factor=algo_cfg.overlong_penalty)
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Join the process group, load and shard the policy (and the frozen reference if KL is on)."""
+        """Join the process group, load and shard the policy (and the frozen reference if KL is on, the critic
+        for PPO)."""
         backend = resolve_backend(self.cfg.backend)
         if backend == "nccl":
             torch.cuda.set_device(self.rank % torch.cuda.device_count())
@@ -126,27 +150,18 @@ class TrainerActor:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=tuple(self.cfg.betas),
                                            weight_decay=self.cfg.weight_decay)
         self.pad_token_id = self._pad_token_id()
+        if self.algo.name in CRITIC_ESTIMATORS:
+            from relayrl.trainer.critic import Critic
+
+            self.critic = Critic(self.model_path, self.mesh, self.device, self.model_cfg.dtype, self.critic_cfg,
+                                 self.world_size)
 
     def _load_sharded(self, trainable: bool) -> torch.nn.Module:
-        """HF model with float32 master weights, ``fully_shard`` per decoder layer, then the root.
-
-        Sharding each layer separately lets FSDP2 gather one layer at a time (memory ~ one layer, not the
-        model); the root owns what is left (embeddings, final norm, a tied lm_head). With
-        ``model.dtype=bfloat16`` compute runs in bf16 while weights, grads and AdamW states stay float32.
-        """
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        """The HF causal LM with float32 master weights, sharded per decoder layer (``fsdp.shard_model``)."""
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
-        model.eval()
-        model.requires_grad_(trainable)
-        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, self.model_cfg.dtype), reduce_dtype=torch.float32)
-        layer_classes = set(getattr(model, "_no_split_modules", None) or ())
-        for module in model.modules():
-            if type(module).__name__ in layer_classes:
-                fully_shard(module, mesh=self.mesh, mp_policy=mp)
-        fully_shard(model, mesh=self.mesh, mp_policy=mp)
-        return model
+        return shard_model(model, self.mesh, self.model_cfg.dtype, trainable)
 
     def _pad_token_id(self) -> int:
         config = self.model.config
@@ -166,8 +181,10 @@ class TrainerActor:
         KL(engine || trainer) before the update: ~0 on-policy, large if weight sync or sampling settings differ.
         """
         t0 = time.perf_counter()
-        groups = self._fetch(group_refs)
-        batch = build_train_batch(groups, self.pad_token_id, self.algo.name)
+        groups, shaping_stats = self._select_groups(self._fetch(group_refs))
+        if not groups:       # dynamic sampling left nothing to learn from: no update (same on every rank)
+            return {**shaping_stats, "tokens": 0.0, "sequences": 0.0, "step_seconds": time.perf_counter() - t0}
+        batch = build_train_batch(groups, self.pad_token_id, self.algo.name, self.reward_shaping)
         micro = self._micro_batches(split_batch(batch, self.rank, self.world_size))
         n_tokens, denom = self._step_totals(micro)
         t1 = time.perf_counter()
@@ -175,22 +192,85 @@ class TrainerActor:
         # at the end of an epoch, so within epoch 0 the policy *is* pi_old. This saves a full forward.
         old: list[torch.Tensor | None] = [None] * len(micro)
         ref = [self._logprobs(self.ref_model, mb) for mb in micro] if self.ref_model is not None else None
+        targets, critic_stats = self._gae_targets(micro, old, ref, n_tokens) if self.critic else (None, {})
+        loss_ref = None if self.critic else ref          # PPO puts the KL into the reward, not into the loss
         t2 = time.perf_counter()
-        sums = {k: torch.zeros((), device=self.device) for k in _SUM_STATS}
-        ratio_max, grad_norms = torch.zeros((), device=self.device), []
+        sums = {k: torch.zeros((), device=self.device) for k in _SUM_STATS + (_CRITIC_SUM_STATS if targets else ())}
+        ratio_max, grad_norms, critic_norms = torch.zeros((), device=self.device), [], []
         for _ in range(self.cfg.epochs):
             for i, mb in enumerate(micro):
-                stats, old[i] = self._train_micro(mb, old[i], ref[i] if ref else None, denom)
+                stats, old[i] = self._train_micro(mb, old[i], loss_ref[i] if loss_ref else None, denom)
+                if targets:
+                    stats |= self.critic.train_micro(mb, *targets[i], n_tokens)
                 ratio_max = torch.maximum(ratio_max, stats.pop("ratio_max"))
                 for k, v in stats.items():
                     sums[k] += v
             grad_norms.append(self._optimizer_step())
+            critic_norms += [self.critic.step()] if self.critic else []
         t3 = time.perf_counter()
-        out = self._reduce_stats(sums, ratio_max, n_tokens, denom)
+        out = {**self._reduce_stats(sums, ratio_max, n_tokens, denom), **shaping_stats, **critic_stats}
+        if critic_norms:
+            out["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
         out.update(grad_norm=sum(grad_norms) / len(grad_norms), tokens=float(n_tokens),
                    loss_denominator=float(denom), sequences=float(len(batch)), fetch_seconds=t1 - t0,
                    logprob_seconds=t2 - t1, train_seconds=t3 - t2, step_seconds=time.perf_counter() - t0)
         return out
+
+    def _select_groups(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """DAPO's dynamic sampling (``algorithm.dynamic_sampling``: drop groups whose rewards don't vary) and
+        the overlong penalty's statistics (the penalty itself is added in ``build_train_batch``).
+
+        The filter reads the rewards from the reward functions, before the overlong term (DAPO filters on
+        accuracy), after exclusions (``trainable_groups``). Stats: ``dapo/dropped_groups``, ``dapo/kept_groups``,
+        ``dapo/overlong_penalty`` (mean term added to the reward), ``dapo/overlong_frac`` (share penalised).
+        """
+        stats: dict[str, float] = {}
+        if self.algo.dynamic_sampling:
+            groups, dropped = dynamic_sampling_filter(trainable_groups(groups))
+            stats |= {"dapo/dropped_groups": float(dropped), "dapo/kept_groups": float(len(groups))}
+        if self.reward_shaping is not None and groups:
+            lengths = [len(t.completion_token_ids) for g in groups for t in g.trajectories if t.excluded is None]
+            penalty = self.reward_shaping(torch.tensor(lengths))
+            stats |= {"dapo/overlong_penalty": float(penalty.mean()),
+                      "dapo/overlong_frac": float((penalty < 0).float().mean())}
+        return groups, stats
+
+    def _gae_targets(self, micro: list[TrainBatch], old: list[torch.Tensor | None], ref: list[torch.Tensor] | None,
+                     n_tokens: torch.Tensor) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, float]]:
+        """PPO: V_old from the critic, token rewards with the KL penalty, GAE, and advantages whitened with
+        the whole step's mean/std (all ranks), written to each ``mb.advantages`` [B, T].
+
+        With a reference model the penalty ``kl_coef * k(pi_old, pi_ref)`` needs pi_old before any update,
+        so ``old`` is filled here (one extra no-grad forward). Returns ``(V_old, returns)`` per micro-batch
+        and step-wide stats: explained variance of V_old (1 - Var(R - V) / Var(R)), value and return means,
+        the mean KL of the penalty.
+        """
+        targets, advantages, kl_sum = [], [], torch.zeros((), device=self.device)
+        for i, mb in enumerate(micro):
+            values, penalty = self.critic.values(mb), None
+            if ref is not None:
+                old[i] = self._logprobs(self.model, mb)
+                kl = KL_ESTIMATORS[self.algo.kl_estimator](old[i], ref[i])
+                penalty, kl_sum = self.algo.kl_coef * kl, kl_sum + masked_token_sum(kl, mb.loss_mask)
+            adv, returns = outcome_gae(mb.rewards, values, mb.loss_mask, self.algo.gamma, self.algo.lam, penalty)
+            targets.append((values, returns))
+            advantages.append(adv)
+        adv_moments = self._step_moments(advantages, micro)
+        for mb, adv in zip(micro, advantages):
+            mb.advantages = whiten_from_moments(adv, mb.loss_mask, adv_moments)
+        (v_mean, _), (r_mean, r_var), (_, err_var) = (
+            moments_mean_var(self._step_moments(xs, micro)) for xs in
+            ([v for v, _ in targets], [r for _, r in targets], [r - v for v, r in targets]))
+        stats = {"explained_variance": float(1.0 - err_var / r_var.clamp(min=1e-8)),
+                 "value_mean": float(v_mean), "return_mean": float(r_mean)}
+        if ref is not None:
+            stats["kl"] = float(self._all_reduce(kl_sum) / n_tokens)
+        return targets, stats
+
+    def _step_moments(self, xs: list[torch.Tensor], micro: list[TrainBatch]) -> torch.Tensor:
+        """``masked_moments`` [n, sum, sum of squares] of [B, T] tensors over the whole step (all ranks)."""
+        local = torch.stack([masked_moments(x, mb.loss_mask) for x, mb in zip(xs, micro)]).sum(0)
+        return self._all_reduce(local, dtype=torch.float64)
 
     def _step_totals(self, micro: list[TrainBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         """(completion tokens, ``LOSS_AGG`` denominator) of the whole step on all ranks, each >= 1.
@@ -225,7 +305,7 @@ class TrainerActor:
                 loss_mask=share.loss_mask[rows, first: L - 1].to(self.device),
                 behaviour_logprobs=share.behaviour_logprobs[rows, first: L - 1].to(self.device),
                 advantages=share.advantages[rows].to(self.device), prompt_ids=share.prompt_ids[rows],
-                target_start=first))
+                target_start=first, rewards=None if share.rewards is None else share.rewards[rows].to(self.device)))
         return out
 
     def _forward(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
@@ -283,15 +363,11 @@ class TrainerActor:
 
     def _optimizer_step(self) -> float:
         """Clip the global grad norm (DTensor-aware), step AdamW; returns the pre-clip norm."""
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return clip_and_step(self.model, self.optimizer, self.cfg.grad_clip)
 
-    def _all_reduce(self, value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
-        value = value.detach().to(self.device, torch.float32).clone()
+    def _all_reduce(self, value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        value = value.detach().to(self.device, dtype).clone()
         dist.all_reduce(value, op=op)
         return value
 
@@ -299,8 +375,8 @@ class TrainerActor:
                       denom: torch.Tensor) -> dict[str, float]:
         """Means over all ranks and epochs (loss: over the aggregation's denominator, the rest: over
         tokens); ratio_max is the max over them."""
-        total = self._all_reduce(torch.stack([sums[k] for k in _SUM_STATS])) / self.cfg.epochs
-        out = {k: float(v / (denom if k == "loss" else n_tokens)) for k, v in zip(_SUM_STATS, total)}
+        total = self._all_reduce(torch.stack(list(sums.values()))) / self.cfg.epochs
+        out = {k: float(v / (denom if k == "loss" else n_tokens)) for k, v in zip(sums, total)}
         out["ratio_max"] = float(self._all_reduce(ratio_max, dist.ReduceOp.MAX))
         return out
 
@@ -315,6 +391,13 @@ class TrainerActor:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.model, options=options)
+        return state if self.rank == 0 else None
+
+    def critic_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The critic's full CPU state dict (HF ``*ForTokenClassification`` names) on rank 0. Collective."""
+        if self.critic is None:
+            raise RuntimeError(f"algorithm.name={self.algo.name!r} trains no critic; use algorithm.name=gae (PPO)")
+        state = self.critic.state_dict()
         return state if self.rank == 0 else None
 
     def connect_rollouts(self, ws_cfg: WeightSyncConfig, rollouts: list, workers: list[int]) -> None:
@@ -366,6 +449,25 @@ class TrainerActor:
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=ids, use_cache=False).logits
         return token_logprobs(logits, ids, self.temperature if temperature is None else temperature)[0].tolist()
+
+    # ---------------------------------------------------------------- checkpoints
+    def _checkpoint_parts(self) -> dict:
+        parts = {"policy": (self.model, self.optimizer)}
+        if self.critic is not None:
+            parts["critic"] = (self.critic.model, self.critic.optimizer)
+        return parts
+
+    def save_checkpoint(self, path: str) -> None:
+        """Collective: this rank's shards of the policy (and critic) with their optimizers, and its RNG."""
+        from relayrl.trainer import checkpoint
+
+        checkpoint.save(Path(path), self._checkpoint_parts(), self.rank)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Collective: restore ``save_checkpoint``'s state into the live sharded modules."""
+        from relayrl.trainer import checkpoint
+
+        checkpoint.load(Path(path), self._checkpoint_parts(), self.rank)
 
     def close(self) -> None:
         """Leave the process group (lets the actor be killed without a hung collective)."""

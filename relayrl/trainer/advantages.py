@@ -141,6 +141,10 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 ``norm_std``, ``eps``; ``reinforce_pp*`` take ``eps``). Token-level ``gae_advantages`` needs values and
 ``reinforce_pp_token_advantages`` token rewards, so they are called directly, not through this dict."""
 
+CRITIC_ESTIMATORS: tuple[str, ...] = ("gae",)
+"""Estimators that need a learned value model (PPO): per-token advantages from ``outcome_gae``, computed by
+the trainer once the critic has scored the batch. Valid ``algorithm.name`` values besides ``ADVANTAGES``."""
+
 
 # ---------------------------------------------------------------------------------------- token level
 def _check_tokens(mask: torch.Tensor, **tensors: torch.Tensor) -> None:
@@ -232,3 +236,53 @@ def reinforce_pp_token_advantages(rewards: torch.Tensor, mask: torch.Tensor, gam
     [B, T] -> [B, T] float32.
     """
     return masked_whiten(discounted_returns(rewards, mask, gamma), mask)
+
+
+@torch.no_grad()
+def outcome_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                lam: float = 1.0, kl_penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's advantages for an outcome reward: the reward on the last token, a per-token KL penalty on
+    every token, then GAE against the critic's values (Ouyang et al. 2022, arXiv:2203.02155, eq. 2)::
+
+        r_t = [t = last] * R  -  kl_penalty_t          kl_penalty = kl_coef * k(pi_old, pi_ref), or None
+        (A, R_t) = gae_advantages(r, V, mask, gamma, lam)
+
+    rewards: [B] one scalar per sequence; values, mask, kl_penalty: [B, T] aligned with the loss mask
+    (``losses.kl_penalized_rewards`` is the same penalty applied to ``r``). Returns (advantages, returns)
+    [B, T] float32, zero off the mask; whiten the advantages over the whole step (``whiten_from_moments``).
+    """
+    token_rewards = last_token_rewards(rewards, mask)
+    if kl_penalty is not None:
+        _check_tokens(mask, kl_penalty=kl_penalty)
+        token_rewards = torch.where(mask.bool(), token_rewards - kl_penalty.to(torch.float32), 0.0)
+    return gae_advantages(token_rewards, values, mask, gamma, lam)
+
+
+def masked_moments(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[n, sum x, sum x^2]`` over the masked entries of ``x`` [B, T], float64: sums, so the moments of a
+    step split over micro-batches and ranks are the sum of the parts' (one all-reduce)."""
+    _check_tokens(mask, x=x)
+    m = mask.bool()
+    v = x.to(torch.float64)[m]
+    return torch.stack([v.new_tensor(float(v.numel())), v.sum(), (v * v).sum()])
+
+
+def moments_mean_var(moments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, sample variance) from ``masked_moments`` ``[n, s1, s2]``: ``var = (s2 - s1^2 / n) / (n - 1)``;
+    (0, 0) when n < 2."""
+    n, s1, s2 = moments.to(torch.float64)
+    if n < 2:
+        return s1.new_zeros(()), s1.new_zeros(())
+    mean = s1 / n
+    return mean, ((s2 - s1 * mean) / (n - 1)).clamp(min=0.0)
+
+
+def whiten_from_moments(x: torch.Tensor, mask: torch.Tensor, moments: torch.Tensor,
+                        eps: float = 1e-8) -> torch.Tensor:
+    """``masked_whiten`` with the mean and std of a larger set (the whole step) given as its moments: each
+    micro-batch is whitened with the step's statistics. [B, T] -> [B, T] float32, 0 off the mask."""
+    mean, var = moments_mean_var(moments)
+    if moments[0] < 2:
+        return torch.zeros_like(x, dtype=torch.float32)
+    whitened = (x.to(torch.float64) - mean) / (var.sqrt() + eps)
+    return torch.where(mask.bool(), whitened, 0.0).to(torch.float32)

@@ -11,7 +11,9 @@ In a multi-turn episode the completion interleaves model and environment tokens;
 is 0 on the environment's, so they condition later turns but are never trained on (or counted).
 
 Advantages come from ``ADVANTAGES[estimator]``, one per sequence; grouped estimators (GRPO, RLOO, ...)
-compare each sequence with the rest of its ``TrajectoryGroup`` (the G samples of one prompt).
+compare each sequence with the rest of its ``TrajectoryGroup`` (the G samples of one prompt). A critic
+estimator (``gae``) gets zeros here: the trainer fills per-token advantages once its critic has scored
+the batch, from ``rewards`` (each sequence's reward, plus any ``reward_shaping`` term of its length).
 
 Trajectories whose reward failed (``traj.excluded``) are left out before anything else
 (``trainable_groups``), so group statistics are over the remaining samples only.
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.trainer.advantages import ADVANTAGES
+from collections.abc import Callable
+
+from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 
 
@@ -57,16 +61,20 @@ def trainable_groups(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
     return out
 
 
-def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimator: str = "grpo") -> TrainBatch:
+def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimator: str = "grpo",
+                      reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TrainBatch:
     """Concatenate prompt+completion, right-pad to the longest, and align masks/logprobs to next tokens.
 
-    ``estimator`` names the advantage function in ``ADVANTAGES``. The group of each sequence is its
-    position in ``groups`` (so two groups of the same prompt, e.g. sampled at different policy versions,
-    are normalised separately); ``prompt_ids`` records the prompts. Excluded trajectories are dropped
-    first (``trainable_groups``).
+    ``estimator`` names the advantage function in ``ADVANTAGES`` (or a ``CRITIC_ESTIMATORS`` one: zero
+    advantages, filled later). The group of each sequence is its position in ``groups`` (so two groups
+    of the same prompt, e.g. sampled at different policy versions, are normalised separately);
+    ``prompt_ids`` records the prompts. Excluded trajectories are dropped first (``trainable_groups``).
+    ``reward_shaping`` maps completion lengths in tokens [B] to a term added to each reward [B] (DAPO's
+    ``shaping.overlong_penalty``) before advantages are computed.
     """
-    if estimator not in ADVANTAGES:
-        raise ValueError(f"advantage estimator {estimator!r} is not known; use one of {', '.join(ADVANTAGES)}")
+    if estimator not in ADVANTAGES and estimator not in CRITIC_ESTIMATORS:
+        raise ValueError(f"advantage estimator {estimator!r} is not known; use one of "
+                         f"{', '.join((*ADVANTAGES, *CRITIC_ESTIMATORS))}")
     n_given = sum(len(g.trajectories) for g in groups)
     groups = trainable_groups(groups)
     trajs = [t for g in groups for t in g.trajectories]
@@ -90,15 +98,20 @@ def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimato
         behaviour[b, P - 1 : P - 1 + T] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
     group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+    if reward_shaping is not None:
+        rewards = rewards + reward_shaping(torch.tensor([len(t.completion_token_ids) for t in trajs]))
+    advantages = (ADVANTAGES[estimator](rewards, group_ids) if estimator in ADVANTAGES
+                  else torch.zeros(B, dtype=torch.float32))
     return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                      behaviour_logprobs=behaviour, advantages=ADVANTAGES[estimator](rewards, group_ids),
-                      prompt_ids=[t.prompt_id for t in trajs])
+                      behaviour_logprobs=behaviour, advantages=advantages,
+                      prompt_ids=[t.prompt_id for t in trajs], rewards=rewards.to(torch.float32))
 
 
 def _rows(batch: TrainBatch, index: torch.Tensor) -> TrainBatch:
     return TrainBatch(input_ids=batch.input_ids[index], attention_mask=batch.attention_mask[index],
                       loss_mask=batch.loss_mask[index], behaviour_logprobs=batch.behaviour_logprobs[index],
-                      advantages=batch.advantages[index], prompt_ids=[batch.prompt_ids[i] for i in index.tolist()])
+                      advantages=batch.advantages[index], prompt_ids=[batch.prompt_ids[i] for i in index.tolist()],
+                      rewards=None if batch.rewards is None else batch.rewards[index])
 
 
 def split_batch(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
@@ -118,5 +131,7 @@ def split_batch(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
     if n_pad:
         share.loss_mask[len(index):] = 0.0
         share.advantages[len(index):] = 0.0
+        if share.rewards is not None:
+            share.rewards[len(index):] = 0.0
         share.prompt_ids[len(index):] = [-1] * n_pad
     return share

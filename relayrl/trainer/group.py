@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 
-from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, WeightSyncConfig
+from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from relayrl.trainer.actor import TrainerActor, resolve_backend
 
 
@@ -30,20 +30,24 @@ class TrainerGroup:
     merged over the defaults ``num_cpus=trainer_cfg.num_cpus`` (+ ``num_gpus=1`` for nccl). The
     rendezvous is on 127.0.0.1, so all ranks must share one node.
 
+    With ``algo_cfg.name=gae`` (PPO) every rank also holds its shard of the critic (``critic.py``), trained
+    with ``critic_cfg`` in the same ``train_step``.
+
     Construction starts ``setup`` on every rank without waiting (model loading can overlap with engine
     start); ``ready()`` waits, and every other method calls it first.
     """
 
     def __init__(self, world_size: int, model_path: str, model_cfg: ModelConfig, trainer_cfg: TrainerConfig,
                  algo_cfg: AlgorithmConfig, temperature: float = 1.0, seed: int = 0,
-                 actor_options: dict[str, Any] | list[dict[str, Any]] | None = None, timeout_s: float = 600.0):
+                 actor_options: dict[str, Any] | list[dict[str, Any]] | None = None, timeout_s: float = 600.0,
+                 critic_cfg: CriticConfig | None = None):
         per_rank = self._options(world_size, trainer_cfg, actor_options)
         port = free_port()
         remote_cls = ray.remote(TrainerActor)
         self.actors = [
             remote_cls.options(**per_rank[rank]).remote(rank, world_size, "127.0.0.1", port, model_path,
                                                         model_cfg, trainer_cfg, algo_cfg, temperature, seed,
-                                                        timeout_s)
+                                                        timeout_s, critic_cfg)
             for rank in range(world_size)]
         self._setup_refs: list | None = [a.setup.remote() for a in self.actors]
 
@@ -91,6 +95,10 @@ class TrainerGroup:
         ray.wait(refs, num_returns=len(refs), fetch_local=False)
         return refs[0]
 
+    def critic_state_dict(self) -> dict:
+        """The critic's full CPU state dict (PPO only), pulled to the caller."""
+        return self._all("critic_state_dict")[0]
+
     def connect_rollouts(self, ws_cfg: WeightSyncConfig, rollouts: list, workers: list[int]) -> None:
         """Tell every rank which engines its syncs go to (``workers[i]``: vLLM workers of replica i)."""
         self._all("connect_rollouts", ws_cfg, list(rollouts), list(workers))
@@ -99,6 +107,13 @@ class TrainerGroup:
         """Gather and send the weights to every engine as ``version`` (a transaction); rank 0's metrics."""
         return self._all("sync_weights", version)[0]
 
+    def save_checkpoint(self, path: str) -> None:
+        """Every rank writes its shards (DCP) and RNG under ``path`` (one shared directory)."""
+        self._all("save_checkpoint", str(path))
+
+    def load_checkpoint(self, path: str) -> None:
+        self._all("load_checkpoint", str(path))
+
     def save_hf(self, out_dir: str) -> str:
         """Write an HF model directory (loadable by transformers and vLLM); returns its path."""
         return self._all("save_hf", str(out_dir))[0]
@@ -106,10 +121,25 @@ class TrainerGroup:
     def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:
         return self._all("sequence_logprobs", list(token_ids), temperature)[0]
 
+    def dead_ranks(self, timeout_s: float = 30.0) -> list[int]:
+        """Ranks whose actor process is gone (a survivor stuck in a collective still counts as alive)."""
+        refs = [a.__ray_ready__.remote() for a in self.actors]
+        dead = []
+        for rank, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except ray.exceptions.RayActorError:
+                dead.append(rank)
+            except ray.exceptions.GetTimeoutError:
+                pass
+        return dead
+
     def shutdown(self) -> None:
-        """Leave the process group on every rank, then end the actors."""
+        """Leave the process group on every rank (best effort: a dead rank cannot), then end the actors."""
         try:
             ray.get([a.close.remote() for a in self.actors], timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+            pass
         finally:
             for a in self.actors:
                 ray.kill(a)

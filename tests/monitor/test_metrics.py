@@ -51,6 +51,28 @@ def test_console_line_has_progress_reward_kl_time_and_eta():
     assert lines[1] == "step 2/10 | reward 0.625 | 8.0 s/step | ETA 0:48"      # mean 6 s x 8 steps left
 
 
+def test_console_prefers_reference_kl_and_shows_staleness():
+    out = io.StringIO()
+    sink = ConsoleSink(total_steps=4, console=Console(file=out, width=200, color_system=None))
+    assert sink.progress is None                                   # not a terminal: plain lines only
+    sink.log(1, {"reward/mean": 0.25, "policy/behaviour_kl": 0.5, "policy/approx_kl": 0.002, "policy/kl": 0.125,
+                 "staleness/max": 1.0, "timing/step": 3.0})
+    assert out.getvalue() == "step 1/4 | reward 0.250 | kl 1.25e-01 | stale 1 | 3.0 s/step | ETA 0:09\n"
+
+
+def test_console_draws_a_progress_bar_on_a_terminal():
+    out = io.StringIO()
+    console = Console(file=out, width=160, force_terminal=True, color_system=None)
+    sink = ConsoleSink(total_steps=10, console=console)
+    assert sink.progress is not None
+    sink.log(3, {"reward/mean": 0.625, "staleness/max": 1.0, "timing/step": 5.0})
+    sink.close()
+    text = out.getvalue()
+    assert "step 3/10 | reward 0.625 | stale 1 | 5.0 s/step | ETA 0:35" in text   # the line is kept
+    bar = [ln for ln in text.replace("\r", "\n").splitlines() if "train" in ln][-1]
+    assert "3/10" in bar and "reward 0.625" in bar and "stale 1" in bar and "ETA 0:35" in bar and "━" in bar
+
+
 def test_clock_and_kl_names():
     assert [_clock(s) for s in (0, 75, 3725)] == ["0:00", "1:15", "1:02:05"]
     assert [is_kl_key(k) for k in ("train/kl", "train/approx_kl", "kl_ref", "reward/mean", "skl_x")] == \

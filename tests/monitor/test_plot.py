@@ -10,25 +10,56 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def write_run(run_dir, steps: int = 20):
+    """A synthetic async run in schema names: reward climbs, KL grows, one step in three trains on data
+    one version old, throughput dips when it does."""
     logger = MetricsLogger([JsonlSink(run_dir)])
     for step in range(1, steps + 1):
         correct = min(1.0, step / steps + 0.05 * math.sin(step))
+        stale = 2.0 if step % 3 == 0 else 0.0
         logger.log(step, {"reward/mean": correct + 0.1, "reward/std": 0.3 * (1 - correct),
                           "reward/arith_correct": correct, "reward/answer_format": 1.0,
-                          "reward/pass_rate": correct, "train/approx_kl": 1e-3 * step,
-                          "timing/step": 2.0})
+                          "reward/pass_rate": correct, "reward/errors": 0.0, "reward/error_rate": 0.0,
+                          "reward/errors/timeout": 0.0, "reward/zero_std_groups": 0.5,
+                          "policy/approx_kl": 1e-3 * step, "policy/kl": 5e-4 * step,
+                          "staleness/0": 4.0 - stale, "staleness/1": stale, "staleness/max": float(stale > 0),
+                          "perf/tokens_per_s": 200.0 - 30 * (stale > 0), "perf/tokens_per_s_per_replica": 100.0,
+                          "rollout/tokens_per_s": 400.0, "perf/completions_per_s": 8.0 - stale,
+                          "timing/step": 2.0, "timing/generate": 1.2, "timing/reward": 0.1, "timing/train": 0.5,
+                          "timing/sync": 0.1, "timing/wait": 0.05})
     logger.close()
 
 
-def test_plot_run_writes_reward_and_kl_pngs(tmp_path):
+def test_plot_run_writes_every_chart(tmp_path):
     write_run(tmp_path)
     paths = plot_run(tmp_path)
-    assert [p.name for p in paths] == ["reward.png", "kl.png"]
+    assert [p.name for p in paths] == ["reward.png", "kl.png", "staleness.png", "throughput.png", "timing.png"]
     for p in paths:
         assert p.parent == tmp_path / "plots" and p.read_bytes()[:8] == PNG_MAGIC
         assert p.stat().st_size > 10_000                  # a real chart, not an empty canvas
     from matplotlib.image import imread
     assert imread(paths[0]).shape[:2] == (400, 700)     # figsize 7x4 at 100 dpi
+
+
+def test_reward_chart_draws_functions_not_error_counts(tmp_path, monkeypatch):
+    import relayrl.monitor.plot as plot
+
+    write_run(tmp_path, steps=5)
+    drawn = {}
+    monkeypatch.setattr(plot, "_save_chart", lambda path, title, ylabel, lines, band=None:
+                        drawn.setdefault(path.name, [label for label, _, _ in lines]) and path)
+    plot_run(tmp_path)
+    assert drawn["reward.png"] == ["reward (weighted total)", "arith_correct", "answer_format"]
+    assert drawn["kl.png"] == ["policy/approx_kl", "policy/kl"]
+
+
+def test_cli_plot_prints_the_paths(tmp_path, capsys):
+    from relayrl.cli import main
+
+    write_run(tmp_path, steps=3)
+    assert main(["plot", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "plots" / n) for n in
+                                               ("reward.png", "kl.png", "staleness.png", "throughput.png",
+                                                "timing.png")]
 
 
 def test_plot_skips_charts_without_data_and_tolerates_nulls(tmp_path):

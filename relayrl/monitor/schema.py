@@ -1,0 +1,191 @@
+"""The metric schema: every metric a run logs, with its unit and meaning, in one place.
+
+Names are ``group/name``; the groups are the dashboard's sections (docs/observability.md is rendered
+from this table by ``schema_markdown`` and a test keeps the two equal). A name part in angle brackets
+is a family: ``reward/<fn>`` is one metric per reward function, ``staleness/<d>`` one per version lag.
+
+Producers keep their own short names (the trainer returns ``loss``, ``kl``, ...; the scorer's clock is
+``timing/score``); ``to_schema`` is the one place where they become schema names, applied by
+``RunDir.log`` before any sink sees a step. It also adds what is derived from other metrics
+(``policy/lr``, ``perf/*``, ``rollout/tokens_per_s``).
+
+``when`` says in which runs a metric appears: ``always``; ``async`` (mode=async); ``colocated``;
+``verify`` (steps where ``weightsync.verify_every`` divides the version); ``first_sync`` (the step whose
+sync sets up the transfer channel); ``drop_stale`` (buffer.drop_stale=true and something was dropped);
+``gae`` (algorithm.name=gae: PPO with a critic).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str      # "group/name"; "<...>" parts are families
+    unit: str
+    meaning: str
+    when: str = "always"
+
+    @property
+    def group(self) -> str:
+        return self.name.split("/", 1)[0]
+
+    def matches(self, key: str) -> bool:
+        """``staleness/<d>`` matches ``staleness/2`` (``<d>``: digits); other ``<...>`` parts match one name part."""
+        pattern = re.sub(r"<[^>]+>", lambda m: r"\d+" if m.group() == "<d>" else "[^/]+", self.name)
+        return re.fullmatch(pattern, key) is not None
+
+
+M = Metric
+SCHEMA: tuple[Metric, ...] = (
+    # reward/* - the scorer (relayrl.rewards.scoring.reward_metrics), over completions not excluded
+    M("reward/mean", "reward", "mean weighted total reward of the step's completions (the headline)"),
+    M("reward/std", "reward", "population std of the total reward (per generate call, averaged)"),
+    M("reward/<fn>", "reward", "mean of one reward function, over completions where it applied"),
+    M("reward/pass_rate", "fraction", "completions whose primary (first) reward function gave >= 1"),
+    M("reward/zero_std_groups", "fraction", "prompt groups whose completions all scored the same (no GRPO signal)"),
+    M("reward/errors", "count", "completions excluded because a reward function failed on them"),
+    M("reward/error_rate", "fraction", "excluded completions / all completions"),
+    M("reward/errors/<reason>", "count", "excluded completions per reason (raised, timeout, worker_died, ...)"),
+    M("reward/dropped_groups", "count", "groups not trained on: fewer than 2 scored completions left"),
+    # policy/* - the trainer's step statistics, token-weighted means over ranks and epochs
+    M("policy/loss", "loss", "policy loss (incl. KL and entropy terms) over the aggregation's denominator"),
+    M("policy/kl", "nats/token", "KL(pi || pi_ref) estimate against the frozen reference (0 when kl_coef=0)"),
+    M("policy/approx_kl", "nats/token", "k3 KL(pi_old || pi) inside the step: how far the update moved"),
+    M("policy/behaviour_kl", "nats/token", "k3 KL(engine || trainer) before the update: off-policyness"),
+    M("policy/entropy", "nats/token", "mean token entropy of the policy at the sampling temperature"),
+    M("policy/clip_frac", "fraction", "tokens whose ratio was clipped"),
+    M("policy/ratio_mean", "ratio", "mean pi/pi_old"),
+    M("policy/ratio_max", "ratio", "max pi/pi_old"),
+    M("policy/is_weight", "ratio", "mean truncated importance weight pi_old/mu (1 without off-policy correction)"),
+    M("policy/is_trunc_frac", "fraction", "tokens whose importance weight hit the cap"),
+    M("policy/grad_norm", "norm", "global gradient norm before clipping (mean over epochs)"),
+    M("policy/lr", "lr", "learning rate of the step"),
+    M("policy/tokens", "tokens", "completion tokens in the loss (all ranks)"),
+    M("policy/sequences", "count", "sequences trained on"),
+    M("policy/loss_denominator", "count", "the loss aggregation's denominator (tokens for token-mean)"),
+    M("policy/value_loss", "loss", "PPO critic: clipped value regression loss per token", "gae"),
+    M("policy/value_clip_frac", "fraction", "PPO critic: tokens where the clipped value term was larger", "gae"),
+    # rollout/*
+    M("rollout/completions", "count", "completions generated for this step"),
+    M("rollout/tokens", "tokens", "completion tokens generated for this step"),
+    M("rollout/len_mean", "tokens", "mean completion length"),
+    M("rollout/truncated_frac", "fraction", "completions cut at rollout.max_tokens"),
+    M("rollout/tokens_per_s", "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
+    M("rollout/min_version", "version", "oldest policy version among the step's tokens"),
+    M("rollout/max_version", "version", "newest policy version among the step's tokens"),
+    # staleness/*
+    M("staleness/<d>", "count", "groups trained whose oldest token is d versions behind the trainer"),
+    M("staleness/max", "versions", "largest d of the step (<= buffer.max_staleness)"),
+    M("staleness/mean", "versions", "group-weighted mean d"),
+    # buffer/*
+    M("buffer/depth", "groups", "groups waiting in the replay buffer after the step's batch was taken"),
+    M("buffer/entries", "count", "generate calls waiting in the replay buffer"),
+    M("buffer/dropped/<reason>", "groups", "groups dropped so far (only with buffer.drop_stale)", "drop_stale"),
+    # timing/*
+    M("timing/generate", "s", "wall seconds of one generate call (mean over the step's calls)"),
+    M("timing/reward", "s", "wall seconds to score one generate call's groups (mean)"),
+    M("timing/fetch", "s", "trainer: pulling the step's trajectories from the object store"),
+    M("timing/logprob", "s", "trainer: reference-model logprobs (0 when kl_coef=0)"),
+    M("timing/update", "s", "trainer: forward/backward/optimizer over all epochs"),
+    M("timing/train_actor", "s", "trainer: the whole train_step inside the rank"),
+    M("timing/train", "s", "driver: train_step call to its result"),
+    M("timing/sync", "s", "driver: weight sync incl. the mismatch probe"),
+    M("timing/wait", "s", "trainer idle waiting for a full batch since the last step"),
+    M("timing/step", "s", "wall seconds since the previous step was logged"),
+    # idle/*
+    M("idle/rollout", "fraction", "1 - engine busy seconds / (replicas x step seconds)"),
+    M("idle/trainer", "fraction", "1 - trainer busy seconds / step seconds"),
+    M("colocated/switches", "count", "bundle hand-overs rollout<->trainer in the step (0 unless colocated)"),
+    # weightsync/*
+    M("weightsync/version", "version", "version the engines committed (= step)"),
+    M("weightsync/bytes", "bytes", "bytes moved per engine (wire dtype, aligned)"),
+    M("weightsync/total_s", "s", "trainer-side seconds of the whole sync"),
+    M("weightsync/gbps", "GB/s", "bytes / (transfer + commit seconds)"),
+    M("weightsync/stall_s", "s", "longest time an engine was paused for the update"),
+    M("weightsync/start_s", "s", "stage: engines paused and update opened"),
+    M("weightsync/transfer_s", "s", "stage: weights sent and staged"),
+    M("weightsync/commit_s", "s", "stage: staged weights loaded and version set"),
+    M("weightsync/init_s", "s", "stage: transfer channel set up on the engines", "first_sync"),
+    M("weightsync/connect_s", "s", "trainer-side channel set-up", "first_sync"),
+    # mismatch/*
+    M("mismatch/mean_abs", "nats/token", "mean |engine - trainer| logprob after a sync", "verify"),
+    M("mismatch/max_abs", "nats/token", "max |engine - trainer| logprob after a sync", "verify"),
+    M("mismatch/tokens", "tokens", "tokens compared by the probe", "verify"),
+    # perf/*
+    M("perf/completions_per_s", "1/s", "rollout/completions / timing/step: end-to-end completions per second"),
+    M("perf/tokens_per_s", "tokens/s", "rollout/tokens / timing/step: end-to-end tokens per second"),
+    M("perf/tokens_per_s_per_replica", "tokens/s", "perf/tokens_per_s / rollout.num_replicas"),
+)
+del M
+
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(m.group for m in SCHEMA))
+"""Sections in order: reward, policy, rollout, staleness, buffer, timing, idle, colocated, weightsync,
+mismatch, perf."""
+
+RENAMES: dict[str, str] = {
+    "timing/score": "timing/reward",
+    "fetch_seconds": "timing/fetch", "logprob_seconds": "timing/logprob",
+    "train_seconds": "timing/update", "step_seconds": "timing/train_actor",
+}
+"""Producer names that are not ``policy/<name>``. Every other bare name (no ``/``) is a trainer stat and
+becomes ``policy/<name>``."""
+
+
+def canonical_name(key: str) -> str:
+    """``loss`` -> ``policy/loss``; ``timing/score`` -> ``timing/reward``; schema names pass through."""
+    if key in RENAMES:
+        return RENAMES[key]
+    return key if "/" in key else f"policy/{key}"
+
+
+def to_schema(metrics: dict[str, Any], lr: float, replicas: int) -> dict[str, Any]:
+    """A step's producer metrics under schema names, plus the derived ones:
+
+    * ``policy/lr``: ``lr`` unless the trainer reported its own (a schedule);
+    * ``perf/completions_per_s`` = completions / step seconds, ``perf/tokens_per_s`` = tokens / step seconds,
+      ``perf/tokens_per_s_per_replica`` = that / replicas;
+    * ``rollout/tokens_per_s`` = tokens / (replicas x mean generate seconds): every replica runs one call
+      per step's share (``chunk = B / replicas`` groups), so this is total tokens / engine-busy seconds.
+    """
+    out = {canonical_name(k): v for k, v in metrics.items()}
+    out.setdefault("policy/lr", lr)
+    step_s, gen_s = out.get("timing/step"), out.get("timing/generate")
+    if "rollout/tokens" in out and step_s:
+        out["perf/completions_per_s"] = out["rollout/completions"] / step_s
+        out["perf/tokens_per_s"] = out["rollout/tokens"] / step_s
+        out["perf/tokens_per_s_per_replica"] = out["perf/tokens_per_s"] / replicas
+    if "rollout/tokens" in out and gen_s:
+        out["rollout/tokens_per_s"] = out["rollout/tokens"] / (replicas * gen_s)
+    return out
+
+
+def lookup(key: str) -> Metric | None:
+    """The schema entry documenting ``key`` (exact names before families), or None."""
+    for metric in SCHEMA:
+        if metric.name == key:
+            return metric
+    return next((m for m in SCHEMA if m.matches(key)), None)
+
+
+def expected(when: set[str]) -> list[Metric]:
+    """Metrics a run must log at least once, given the conditions it meets (``always`` is implied)."""
+    return [m for m in SCHEMA if m.when in when | {"always"}]
+
+
+def schema_markdown() -> str:
+    """The schema as one markdown table per group (what docs/observability.md shows)."""
+    parts = []
+    for group in GROUPS:
+        rows = [f"| `{m.name}` | {m.unit} | {m.meaning.replace('|', chr(92) + '|')} | {m.when} |"
+                for m in SCHEMA if m.group == group]
+        parts.append("\n".join([f"### {group}/*", "", "| metric | unit | meaning | when |",
+                                "|---|---|---|---|", *rows]))
+    return "\n\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":   # regenerate the tables of docs/observability.md
+    print(schema_markdown(), end="")

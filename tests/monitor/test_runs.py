@@ -1,0 +1,62 @@
+import json
+import subprocess
+import sys
+
+from relayrl.cli import main
+from relayrl.controller.run import RunDir
+from relayrl.monitor.runs import run_info, scan_runs
+
+
+def make_run(root, name, rewards, steps_total=3):
+    path = root / name
+    path.mkdir()
+    (path / "config.yaml").write_text(f"run:\n  steps: {steps_total}\n")
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "reward/mean": r}) + "\n"
+                                                for i, r in enumerate(rewards)))
+    return RunDir(None, path, None)
+
+
+def test_status_and_best_reward_from_files(tmp_path):
+    make_run(tmp_path, "a-finished", [0.1, 0.7, 0.4]).write_status("finished", steps_done=3)
+    failed = make_run(tmp_path, "b-failed", [0.2])
+    try:
+        raise RuntimeError("engine died\nsecond line")
+    except RuntimeError as exc:
+        failed.fail(exc)
+    make_run(tmp_path, "c-running", [0.3]).write_status("running")          # this process: alive
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = make_run(tmp_path, "d-killed", [0.5, None])
+    killed.write_status("running")
+    record = json.loads((killed.path / "status.json").read_text())
+    (killed.path / "status.json").write_text(json.dumps({**record, "pid": int(dead.stdout)}))
+    make_run(tmp_path, "e-old-complete", [0.0, 0.25, 0.5])                   # no status.json
+    make_run(tmp_path, "f-old-partial", [0.0])
+    (tmp_path / "not-a-run").mkdir()
+
+    infos = {i.path.name: i for i in scan_runs(tmp_path)}
+    assert sorted(infos) == ["a-finished", "b-failed", "c-running", "d-killed", "e-old-complete", "f-old-partial"]
+    assert {n: i.status for n, i in infos.items()} == {
+        "a-finished": "finished", "b-failed": "failed", "c-running": "running", "d-killed": "failed",
+        "e-old-complete": "finished", "f-old-partial": "unknown"}
+    a = infos["a-finished"]
+    assert (a.best_reward, a.best_step, a.last_reward, a.steps_done, a.steps_total) == (0.7, 2, 0.4, 3, 3)
+    assert infos["b-failed"].error == "RuntimeError: engine died"
+    assert "engine died" in (tmp_path / "b-failed" / "logs" / "error.log").read_text()
+    assert "exited without finishing" in infos["d-killed"].error
+    assert infos["d-killed"].best_reward == 0.5                               # null rewards are skipped
+
+
+def test_half_written_last_line_is_skipped(tmp_path):
+    run = make_run(tmp_path, "r", [0.5])
+    with (run.path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 2, "reward/me')
+    assert run_info(run.path).steps_done == 1
+
+
+def test_cli_runs_lists_them(tmp_path, capsys):
+    make_run(tmp_path, "grpo-1", [0.1, 0.9, 0.4]).write_status("finished")
+    assert main(["runs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "grpo-1" in out and "finished" in out and "0.900 (step 2)" in out
+    assert main(["runs", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
