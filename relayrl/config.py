@@ -108,6 +108,9 @@ class TrainerConfig:
     max_restarts: int = 2
     """If a trainer rank dies, restart the run from its latest checkpoint (run.checkpoint_every) at most
     this many times."""
+    max_bad_steps: int = 3
+    """Steps in a row whose gradient was NaN/inf (the optimizer step is skipped and counted in
+    policy/nonfinite_skips) before the run stops."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
 

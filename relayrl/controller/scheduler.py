@@ -82,6 +82,7 @@ class Scheduler:
         self.pending: list[list[dict]] = []             # chunks to generate again first (after a resume)
         self.counts = {"issued": 0, "trained": 0, "dropped": 0}
         self.retry: list[Launch] = []                   # chunks to generate again after their replica died
+        self.bad_steps = 0                              # consecutive steps skipped for a NaN/inf gradient
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -209,6 +210,7 @@ class Scheduler:
     def _finish_training(self) -> None:
         refs, entries, t0 = self.training
         train_stats = trainer_result(self.system.trainer, refs)
+        self._check_finite(train_stats)
         t1 = time.perf_counter()
         if self.colocated:
             self._switch("rollout")
@@ -224,6 +226,13 @@ class Scheduler:
         every = self.cfg.run.checkpoint_every
         if every and self.version % every == 0:
             self.checkpoint()
+
+    def _check_finite(self, stats: dict) -> None:
+        """A NaN/inf gradient makes the trainer skip its optimizer step; K such steps in a row stop the run."""
+        self.bad_steps = self.bad_steps + 1 if stats.get("nonfinite_skips", 0) > 0 else 0
+        if self.bad_steps >= self.cfg.trainer.max_bad_steps:
+            raise RuntimeError(f"{self.bad_steps} steps in a row had a NaN/inf gradient and were skipped "
+                               "(trainer.max_bad_steps); lower trainer.lr or check the rewards for inf")
 
     def _account(self, entries: list[Entry], train_stats: dict) -> None:
         """Every issued prompt ends trained or dropped with a reason (buffer staleness drops, groups the

@@ -211,7 +211,9 @@ class TrainerActor:
         out = {**self._reduce_stats(sums, ratio_max, n_tokens, denom), **shaping_stats, **critic_stats}
         if critic_norms:
             out["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
-        out.update(grad_norm=sum(grad_norms) / len(grad_norms), tokens=float(n_tokens),
+        finite = [g for g in grad_norms if math.isfinite(g)]
+        out.update(nonfinite_skips=float(len(grad_norms) - len(finite)))
+        out.update(grad_norm=sum(finite) / len(finite) if finite else float("nan"), tokens=float(n_tokens),
                    loss_denominator=float(denom), sequences=float(len(batch)), fetch_seconds=t1 - t0,
                    logprob_seconds=t2 - t1, train_seconds=t3 - t2, step_seconds=time.perf_counter() - t0)
         return out

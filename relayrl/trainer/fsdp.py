@@ -28,10 +28,11 @@ def shard_model(model: torch.nn.Module, mesh, dtype: str, trainable: bool) -> to
 
 def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
     """Clip the global grad norm (DTensor-aware; ``grad_clip <= 0``: no clip), step, zero the grads.
-    Returns the pre-clip norm."""
+    Returns the pre-clip norm; when it is NaN/inf the step is skipped (the caller counts it)."""
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    optimizer.step()
+    if torch.isfinite(norm):   # the global norm is the same on every rank, so all skip together
+        optimizer.step()       # a NaN/inf gradient would poison AdamW's moments for good: skip the step
     optimizer.zero_grad(set_to_none=True)
     return float(norm)
