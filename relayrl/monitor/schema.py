@@ -12,7 +12,7 @@ Producers keep their own short names (the trainer returns ``loss``, ``kl``, ...;
 ``when`` says in which runs a metric appears: ``always``; ``async`` (mode=async); ``colocated``;
 ``verify`` (steps where ``weightsync.verify_every`` divides the version); ``first_sync`` (the step whose
 sync sets up the transfer channel); ``drop_stale`` (buffer.drop_stale=true and something was dropped);
-``gae`` (algorithm.name=gae: PPO with a critic).
+``gae`` (algorithm.name=gae: PPO with a critic); ``dapo`` (algorithm.dynamic_sampling or an overlong buffer).
 """
 
 from __future__ import annotations
@@ -69,6 +69,16 @@ SCHEMA: tuple[Metric, ...] = (
     M("policy/loss_denominator", "count", "the loss aggregation's denominator (tokens for token-mean)"),
     M("policy/value_loss", "loss", "PPO critic: clipped value regression loss per token", "gae"),
     M("policy/value_clip_frac", "fraction", "PPO critic: tokens where the clipped value term was larger", "gae"),
+    M("policy/explained_variance", "fraction", "PPO critic: 1 - Var(returns - values) / Var(returns)", "gae"),
+    M("policy/value_mean", "value", "PPO critic: mean predicted value over completion tokens", "gae"),
+    M("policy/return_mean", "value", "PPO critic: mean GAE return over completion tokens", "gae"),
+    M("policy/critic_grad_norm", "norm", "PPO critic: gradient norm before clipping", "gae"),
+    M("policy/nonfinite_skips", "count", "optimizer steps skipped for a NaN/inf gradient (trainer.max_bad_steps)"),
+    # dapo/* - DAPO's dynamic sampling and overlong shaping (trainer side)
+    M("dapo/dropped_groups", "groups", "groups without reward spread dropped before the update", "dapo"),
+    M("dapo/kept_groups", "groups", "groups trained on after dynamic sampling", "dapo"),
+    M("dapo/overlong_penalty", "reward", "mean soft overlong penalty added to the rewards", "dapo"),
+    M("dapo/overlong_frac", "fraction", "completions inside the overlong buffer", "dapo"),
     # rollout/*
     M("rollout/completions", "count", "completions generated for this step"),
     M("rollout/tokens", "tokens", "completion tokens generated for this step"),
@@ -77,6 +87,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("rollout/tokens_per_s", "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
     M("rollout/min_version", "version", "oldest policy version among the step's tokens"),
     M("rollout/max_version", "version", "newest policy version among the step's tokens"),
+    M("rollout/restarts", "count", "rollout replicas replaced so far after their actor or engine died"),
     # staleness/*
     M("staleness/<d>", "count", "groups trained whose oldest token is d versions behind the trainer"),
     M("staleness/max", "versions", "largest d of the step (<= buffer.max_staleness)"),
@@ -85,6 +96,10 @@ SCHEMA: tuple[Metric, ...] = (
     M("buffer/depth", "groups", "groups waiting in the replay buffer after the step's batch was taken"),
     M("buffer/entries", "count", "generate calls waiting in the replay buffer"),
     M("buffer/dropped/<reason>", "groups", "groups dropped so far (only with buffer.drop_stale)", "drop_stale"),
+    # accounting/* - every prompt issued ends trained or dropped (checked at the end of the run)
+    M("accounting/issued", "prompts", "prompts started so far (a chunk regenerated after a crash counts once)"),
+    M("accounting/trained", "prompts", "prompts whose groups reached a train step so far"),
+    M("accounting/dropped", "prompts", "prompts dropped so far, with the reason under buffer/dropped/*"),
     # timing/*
     M("timing/generate", "s", "wall seconds of one generate call (mean over the step's calls)"),
     M("timing/reward", "s", "wall seconds to score one generate call's groups (mean)"),
@@ -108,6 +123,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("weightsync/stall_s", "s", "longest time an engine was paused for the update"),
     M("weightsync/start_s", "s", "stage: engines paused and update opened"),
     M("weightsync/transfer_s", "s", "stage: weights sent and staged"),
+    M("weightsync/receive_s", "s", "stage: engines receive (broadcast: during transfer) and verify the payload"),
     M("weightsync/commit_s", "s", "stage: staged weights loaded and version set"),
     M("weightsync/init_s", "s", "stage: transfer channel set up on the engines", "first_sync"),
     M("weightsync/connect_s", "s", "trainer-side channel set-up", "first_sync"),
@@ -123,8 +139,8 @@ SCHEMA: tuple[Metric, ...] = (
 del M
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(m.group for m in SCHEMA))
-"""Sections in order: reward, policy, rollout, staleness, buffer, timing, idle, colocated, weightsync,
-mismatch, perf."""
+"""Sections in order: reward, policy, dapo, rollout, staleness, buffer, accounting, timing, idle, colocated,
+weightsync, mismatch, perf."""
 
 RENAMES: dict[str, str] = {
     "timing/score": "timing/reward",

@@ -30,7 +30,7 @@ def test_async_runs_one_version_ahead_within_the_bound(async_rows):
     for r in rows:
         assert r["staleness/max"] <= 1 and r["weightsync/version"] == r["step"]
         assert r["rollout/min_version"] >= r["step"] - 2           # trained at v = step - 1, k = 1
-        assert 0 < r["is_weight"] < 2.0 and 0.0 <= r["idle/rollout"] <= 1.0
+        assert 0 < r["policy/is_weight"] < 2.0 and 0.0 <= r["idle/rollout"] <= 1.0
     # batch 2 was generated while step 1 trained: its oldest tokens are one version old
     assert rows[1]["staleness/1"] > 0 and rows[1]["rollout/min_version"] == 0
     assert all("buffer/depth" in r and "idle/trainer" in r for r in rows)

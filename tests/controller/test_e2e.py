@@ -39,7 +39,7 @@ def test_metrics_per_step_and_versions_follow_steps(tiny_run):
         assert r["weightsync/version"] == r["step"]
         assert r["weightsync/bytes"] > 0 and r["weightsync/stall_s"] > 0
         assert r["rollout/min_version"] == r["step"] - 1   # sync mode: strictly on-policy
-        for key in ("reward/mean", "loss", "grad_norm", "timing/generate", "timing/train", "timing/sync"):
+        for key in ("reward/mean", "policy/loss", "policy/grad_norm", "timing/generate", "timing/train", "timing/sync"):
             assert key in r and r[key] == r[key], key  # present and not NaN
     verified = [r for r in rows if "mismatch/mean_abs" in r]
     assert [r["step"] for r in verified] == [2] and verified[0]["mismatch/tokens"] > 0
