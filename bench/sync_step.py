@@ -21,7 +21,8 @@ import time
 
 import torch
 
-STAGES = ("generate", "score", "train", "sync")
+STAGES = {"generate": "timing/generate", "score": "timing/reward", "train": "timing/train", "sync": "timing/sync"}
+"""Column of this table -> the schema metric it reads (relayrl/monitor/schema.py)."""
 
 
 def run_relayrl(steps: int, overrides: list[str]) -> dict[str, float]:
@@ -35,7 +36,7 @@ def run_relayrl(steps: int, overrides: list[str]) -> dict[str, float]:
     result = train(cfg)
     ray.shutdown()
     rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()][1:]
-    out = {f"{s}_s": statistics.mean(r[f"timing/{s}"] for r in rows) for s in STAGES}
+    out = {f"{s}_s": statistics.mean(r[key] for r in rows) for s, key in STAGES.items()}
     out["step_s"] = statistics.mean(r["timing/step"] for r in rows)
     out["completions_per_s"] = sum(r["rollout/completions"] for r in rows) / sum(r["timing/step"] for r in rows)
     return out

@@ -116,8 +116,20 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """argparse, except that ``key=value`` overrides may also come after options (``eval M -n 4 a=b``):
+    argparse takes positionals only in one run, so the overrides it leaves over are added back here."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and (not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return {"train": _train, "plot": _plot, "runs": _runs, "eval": _eval}[args.command](args)
     except ConfigError as exc:

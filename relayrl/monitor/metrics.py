@@ -26,7 +26,7 @@ STEP_TIME_KEY = "timing/step"
 STALENESS_KEY = "staleness/max"
 """Versions between the trainer and the oldest token it trained on this step (0: on-policy)."""
 KL_KEYS = ("policy/kl", "policy/approx_kl")
-"""The KL the console shows: to the reference when present, else the step's own policy change."""
+"""The KL the console shows, first present: to the reference (0 without one), else the step's own change."""
 
 
 def is_kl_key(key: str) -> bool:
@@ -96,7 +96,8 @@ class ConsoleSink:
     """One compact line per step, and on a terminal a live progress bar under the lines.
 
     Line: ``step 3/20 | reward 0.512 ±0.210 | pass 0.38 | kl 1.2e-03 | stale 1 | 4.3 s/step | ETA 1:12``
-    (fields whose metric the step lacks are left out). Bar: ``━━━━╸──── 3/20 reward 0.512 stale 1 ETA 1:12``.
+    (fields whose metric the step lacks are left out).
+    Bar: ``train ━━━━━━━━━          3/20 reward 0.512 | stale 1 | ETA 1:12 0:00:13`` (+ elapsed time).
     The bar is drawn only when the console is a terminal, so CI logs and pipes keep plain lines.
     ETA = mean step seconds so far x steps left (the mean is steadier than the last step alone).
     """

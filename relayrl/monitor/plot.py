@@ -56,12 +56,12 @@ def _axes(title: str, ylabel: str) -> tuple[Any, Any]:
     return fig, ax
 
 
-def _save(fig: Any, ax: Any, path: Path) -> Path:
+def _save(fig: Any, ax: Any, path: Path, loc: str = "best") -> Path:
     handles, labels = ax.get_legend_handles_labels()
     for other in fig.axes[1:]:                               # twin axes: one legend for all lines
         h, lab = other.get_legend_handles_labels()
         handles, labels = handles + h, labels + lab
-    ax.legend(handles, labels, loc="best", fontsize=8)
+    ax.legend(handles, labels, loc=loc, fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     return path
@@ -75,6 +75,18 @@ def _save_chart(path: Path, title: str, ylabel: str, lines: list[tuple[str, list
     for label, steps, values in lines:
         ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
     return _save(fig, ax, path)
+
+
+def _save_stacked_legend(path: Path, title: str, ylabel: str, lines: list[tuple[str, list[int], list[float]]]) -> Path:
+    """Non-negative lines from 0, with headroom above them for a 3-column legend (timing: 6 lines)."""
+    fig, ax = _axes(title, ylabel)
+    for label, steps, values in lines:
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+    ax.set_ylim(bottom=0, top=max(v for _, _, values in lines for v in values) * 1.35 or 1.0)
+    ax.legend(loc="upper center", fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
 
 
 def _lines(records: list[dict[str, Any]], keys: list[str]) -> list[tuple[str, list[int], list[float]]]:
@@ -95,13 +107,18 @@ def plot_run(run_dir: str | Path) -> list[Path]:
               _line_chart(records, [k for k in keys if is_kl_key(k)], out / "kl.png", "KL", "nats/token"),
               _staleness_chart(records, keys, out / "staleness.png"),
               _throughput_chart(records, out / "throughput.png"),
-              _line_chart(records, list(TIMING_KEYS), out / "timing.png", "Seconds per step", "s")]
+              _timing_chart(records, out / "timing.png")]
     return [path for path in charts if path is not None]
 
 
 def _line_chart(records: list[dict[str, Any]], keys: list[str], path: Path, title: str, ylabel: str) -> Path | None:
     lines = _lines(records, keys)
     return _save_chart(path, title, ylabel, lines) if lines else None
+
+
+def _timing_chart(records: list[dict[str, Any]], path: Path) -> Path | None:
+    lines = _lines(records, list(TIMING_KEYS))
+    return _save_stacked_legend(path, "Seconds per step", "s", lines) if lines else None
 
 
 def _reward_chart(records: list[dict[str, Any]], keys: list[str], path: Path) -> Path | None:
@@ -148,7 +165,9 @@ def _throughput_chart(records: list[dict[str, Any]], path: Path) -> Path | None:
         right.set_ylabel("completions/s")
         _, steps, values = completions[0]
         right.plot(steps, values, "k--", label="perf/completions_per_s (right axis)")
-    return _save(fig, ax, path)
+        right.set_ylim(bottom=0, top=max(values) * 1.6 or 1.0)
+    ax.set_ylim(bottom=0, top=max(v for _, _, values in lines for v in values) * 1.6 or 1.0)   # room for the legend
+    return _save(fig, ax, path, loc="upper center")
 
 
 def reward_curve_ascii(values: list[float], width: int = 60) -> str:

@@ -192,6 +192,18 @@ def expected(when: set[str]) -> list[Metric]:
     return [m for m in SCHEMA if m.when in when | {"always"}]
 
 
+def schema_gaps(keys: set[str], when: set[str]) -> tuple[list[str], list[str]]:
+    """(logged keys the schema does not document, schema metrics for ``when`` that no key matches).
+
+    Both empty means the run logged exactly what the schema promises; ``step`` and ``wall_time`` (added by
+    the jsonl sink) are not metrics.
+    """
+    keys = set(keys) - {"step", "wall_time"}
+    undocumented = sorted(k for k in keys if lookup(k) is None)
+    missing = [m.name for m in expected(when) if not any(m.matches(k) for k in keys)]
+    return undocumented, missing
+
+
 def schema_markdown() -> str:
     """The schema as one markdown table per group (what docs/observability.md shows)."""
     parts = []

@@ -8,6 +8,7 @@ import pytest
 
 from relayrl.config import load_config
 from relayrl.controller import train
+from relayrl.monitor.schema import schema_gaps
 
 
 def run_rows(ray_session, tiny_llama, out, overrides):
@@ -36,7 +37,16 @@ def test_async_runs_one_version_ahead_within_the_bound(async_rows):
     assert all("buffer/depth" in r and "idle/trainer" in r for r in rows)
 
 
+def test_async_logs_every_schema_metric_and_nothing_else(async_rows):
+    _, rows = async_rows                       # verify_every=10 > 4 steps: no mismatch probe in this run
+    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"async", "first_sync"})
+    assert undocumented == [] and missing == []
+    assert any(k == "staleness/1" for r in rows for k in r)           # the family's async member appears
+
+
 def test_colocated_switches_the_bundle_every_step(ray_session, tiny_llama, tmp_path):
     cfg, rows = run_rows(ray_session, tiny_llama, tmp_path, ["placement=colocated", "run.steps=2"])
     assert [r["colocated/switches"] for r in rows] == [2.0, 2.0]     # engines asleep to train, awake to sync
     assert all(r["staleness/max"] == 0 and r["weightsync/version"] == r["step"] for r in rows)
+    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"colocated", "first_sync"})
+    assert undocumented == [] and missing == []

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from relayrl.config import load_config
 from relayrl.controller import train
+from relayrl.monitor.schema import schema_gaps
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +47,27 @@ def test_metrics_per_step_and_versions_follow_steps(tiny_run):
     assert verified[0]["mismatch/max_abs"] < 1e-3      # the engine runs exactly the trainer's weights
     assert (result.run_dir / "samples.jsonl").exists()
     assert list((result.run_dir / "wandb").glob("offline-run-*")), "wandb offline files missing"
+
+
+def test_every_schema_metric_is_logged_and_nothing_else(tiny_run):
+    """Sync, 2 ranks, verify_every=2: every `always`, `verify` and `first_sync` metric appears at least once,
+    and every logged key is documented in relayrl/monitor/schema.py."""
+    _, result = tiny_run
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"verify", "first_sync"})
+    assert undocumented == [] and missing == []
+    first = rows[0]
+    assert first["perf/tokens_per_s"] == first["rollout/tokens"] / first["timing/step"]
+    assert first["policy/lr"] == 1e-3                                 # grpo_tiny's trainer.lr
+
+
+def test_run_dir_status_plots_and_wandb_samples_table(tiny_run):
+    cfg, result = tiny_run
+    assert json.loads((result.run_dir / "status.json").read_text())["status"] == "finished"
+    assert sorted(p.name for p in (result.run_dir / "plots").glob("*.png")) == [
+        "kl.png", "reward.png", "staleness.png", "throughput.png", "timing.png"]
+    run = next((result.run_dir / "wandb").glob("offline-run-*"))
+    tables = sorted((run / "files" / "media" / "table").glob("samples_*.table.json"))
+    assert len(tables) == cfg.run.steps                               # one wandb.Table of completions per step
+    table = json.loads(tables[0].read_text())
+    assert table["columns"][:4] == ["prompt_id", "prompt", "completion", "reward"] and len(table["data"]) == 2

@@ -45,8 +45,12 @@ def test_reward_chart_draws_functions_not_error_counts(tmp_path, monkeypatch):
 
     write_run(tmp_path, steps=5)
     drawn = {}
-    monkeypatch.setattr(plot, "_save_chart", lambda path, title, ylabel, lines, band=None:
-                        drawn.setdefault(path.name, [label for label, _, _ in lines]) and path)
+
+    def record(path, title, ylabel, lines, band=None):
+        drawn[path.name] = [label for label, _, _ in lines]
+        return path
+
+    monkeypatch.setattr(plot, "_save_chart", record)
     plot_run(tmp_path)
     assert drawn["reward.png"] == ["reward (weighted total)", "arith_correct", "answer_format"]
     assert drawn["kl.png"] == ["policy/approx_kl", "policy/kl"]

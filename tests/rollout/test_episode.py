@@ -271,13 +271,13 @@ def test_multi_turn_training_run(ray_session, tiny_llama, tmp_path):
     result = train(cfg)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     print(f"\n2-step multi-turn run {time.perf_counter() - t0:.1f}s; "
-          + "; ".join(f"tokens {r['tokens']:.0f}/{r['rollout/tokens']:.0f}" for r in rows))
+          + "; ".join(f"tokens {r['policy/tokens']:.0f}/{r['rollout/tokens']:.0f}" for r in rows))
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["rollout/completions"] == cfg.run.prompts_per_step * cfg.algorithm.group_size
-        env_tokens = r["rollout/tokens"] - r["tokens"]
+        env_tokens = r["rollout/tokens"] - r["policy/tokens"]
         assert env_tokens > 0 and env_tokens % feedback == 0, (env_tokens, feedback)
         assert r["reward/env_reward"] == 0.0 and r["reward/digit_fraction"] >= 0.0
         assert r["rollout/min_version"] == r["step"] - 1 and r["weightsync/version"] == r["step"]
-        for key in ("loss", "grad_norm", "timing/generate", "timing/train", "timing/sync"):
+        for key in ("policy/loss", "policy/grad_norm", "timing/generate", "timing/train", "timing/sync"):
             assert math.isfinite(r[key]), key
