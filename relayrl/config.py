@@ -156,7 +156,11 @@ class AlgorithmConfig:
     """gae only: GAE's lambda in [0, 1]; 1 = Monte-Carlo return minus V (unbiased), lower trusts the critic more."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: leave out groups whose completions all got the same reward (their grouped
-    advantages are 0, so they only dilute the batch); counted as ``dapo/dropped_groups``."""
+    advantages are 0, so they only dilute the batch), counted as ``dapo/dropped_groups``, and draw more
+    prompts until the step has run.prompts_per_step groups whose rewards vary (DAPO sec. 3.2)."""
+    max_sampling_batches: int = 10
+    """Dynamic sampling only: a step draws at most this many batches of prompts (x run.prompts_per_step)
+    to fill up; a step still short then stops the run with a message (verl's max_num_gen_batches; 0: no limit)."""
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment: completions longer than overlong_max_len - overlong_buffer tokens lose
     reward linearly, up to overlong_penalty at overlong_max_len; 0 turns it off."""
@@ -455,6 +459,9 @@ def _validate_algorithm(algo: AlgorithmConfig) -> None:
     if algo.overlong_buffer and algo.overlong_max_len is not None and algo.overlong_buffer > algo.overlong_max_len:
         raise ConfigError(f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
                           f"{algo.overlong_max_len} (rollout.max_tokens by default); set it to about a fifth of that")
+    if algo.max_sampling_batches < 0:
+        raise ConfigError(f"algorithm.max_sampling_batches={algo.max_sampling_batches} must be >= 0 (0: no limit); "
+                          "set algorithm.max_sampling_batches=10")
 
 
 def _validate_critic(cfg: Config) -> None:

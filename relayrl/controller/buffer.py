@@ -16,6 +16,17 @@ within the bound:
 A batch started at engine version u >= v is the ((groups_started / B) + 1)-th step's data, trained at
 version <= u + k, so no admitted batch can go stale; ``take`` checks the bound anyway and, unless a
 drop policy is configured, raises if it ever breaks. ``capacity`` (groups) adds backpressure on top.
+
+DAPO's dynamic sampling refills a step with groups whose rewards vary: the buffer then counts an
+entry's *useful* groups towards a step, groups that turned out useless are *wasted* (they free their
+admission budget, so more prompts are drawn), and a step that takes more useful groups than B (a call is
+never split) adds the surplus to what training consumed. In flight, a call counts as all useful, so
+
+    useful groups started - useful groups consumed by steps < (k + 1) * B
+
+still guarantees that a call admitted at version v is taken by the step at v + k: each of those k + 1
+steps consumes >= B useful groups. A step that cannot fill up within ``max_groups`` would break that,
+so the scheduler stops the run there (as verl does) rather than train on a short batch.
 """
 
 from __future__ import annotations
@@ -41,10 +52,15 @@ class Entry:
     max_version: int
     metrics: dict[str, Any] = field(default_factory=dict)   # the scorer's per-call metrics
     created: float = field(default_factory=time.monotonic)
+    useful: int | None = None   # groups that count towards a step (dynamic sampling); None: all of them
 
     @property
     def num_groups(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def counted(self) -> int:
+        return self.num_groups if self.useful is None else self.useful
 
 
 class ReplayBuffer:
@@ -74,30 +90,36 @@ class ReplayBuffer:
             raise ValueError(f"entry seq {entry.seq} was already put or taken")
         self.entries[entry.seq] = entry
 
-    def _head(self, groups: int) -> list[Entry]:
-        """The consecutive entries from ``next_seq`` until they hold >= ``groups`` (or the run breaks)."""
+    def _stale(self, e: Entry, version: int) -> bool:
+        return e.min_version < version - self.k
+
+    def _head(self, version: int, groups: int, max_groups: int | None) -> list[Entry]:
+        """The consecutive entries from ``next_seq`` that a ``take`` now would return (stale ones it would
+        drop are passed over), stopping once they count >= ``groups`` or an entry has not arrived."""
         out, seq = [], self.next_seq
-        while seq in self.entries and sum(e.num_groups for e in out) < groups:
-            out.append(self.entries[seq])
+        while seq in self.entries and not _full(out, groups, max_groups):
+            if not (self.drop_stale and self._stale(self.entries[seq], version)):
+                out.append(self.entries[seq])
             seq += 1
         return out
 
-    def ready(self, groups: int) -> bool:
-        return sum(e.num_groups for e in self._head(groups)) >= groups
+    def ready(self, version: int, groups: int, max_groups: int | None = None) -> bool:
+        return _full(self._head(version, groups, max_groups), groups, max_groups)
 
-    def take(self, version: int, groups: int) -> list[Entry]:
-        """Pop the next entries in start order holding >= ``groups`` groups, for training at ``version``.
+    def take(self, version: int, groups: int, max_groups: int | None = None) -> list[Entry]:
+        """Pop the next entries in start order counting >= ``groups`` groups (``Entry.counted``; or holding
+        >= ``max_groups`` in all: a dynamic-sampling step that cannot fill up), for training at ``version``.
 
         An entry older than ``version - k`` raises ``StalenessError``, or with ``drop_stale`` is dropped
-        with its reason counted (and the next one in line is taken instead, if it has arrived).
+        with its reason counted (and the next one in line is taken instead: call ``ready`` first).
         """
         out: list[Entry] = []
-        while sum(e.num_groups for e in out) < groups:
+        while not _full(out, groups, max_groups):
             if self.next_seq not in self.entries:
                 raise RuntimeError(f"take({groups}) but entry {self.next_seq} has not arrived; call ready() first")
             e = self.entries.pop(self.next_seq)
             self.next_seq += 1
-            if e.min_version >= version - self.k:
+            if not self._stale(e, version):
                 out.append(e)
             elif self.drop_stale:
                 self.dropped[f"stale>{self.k}"] += e.num_groups
@@ -118,19 +140,38 @@ class ReplayBuffer:
         return out
 
 
+def _full(entries: list[Entry], groups: int, max_groups: int | None) -> bool:
+    return (sum(e.counted for e in entries) >= groups
+            or (max_groups is not None and sum(e.num_groups for e in entries) >= max_groups))
+
+
 @dataclass
 class Admission:
-    """May a replica start a batch of ``chunk`` groups now? (``started`` counts every group ever started.)"""
+    """May a replica start a batch of ``chunk`` groups now? ``started`` counts every group ever started;
+    with dynamic sampling ``wasted`` those without reward spread and ``surplus`` the useful groups steps
+    took beyond B each; see the module docstring."""
 
     max_staleness: int
     groups_per_step: int
     started: int = 0
+    wasted: int = 0
+    surplus: int = 0
 
     def allows(self, version: int, chunk: int) -> bool:
-        return self.started + chunk <= (version + self.max_staleness + 1) * self.groups_per_step
+        """Groups ahead of the trainer < (k + 1) B; chunks divide B, so without dynamic sampling this is
+        ``started + chunk <= (v + k + 1) B``."""
+        ahead = self.started - self.wasted - (version * self.groups_per_step + self.surplus)
+        return ahead < (self.max_staleness + 1) * self.groups_per_step
 
     def start(self, chunk: int) -> None:
         self.started += chunk
+
+    def waste(self, groups: int) -> None:
+        self.wasted += groups
+
+    def took(self, useful: int) -> None:
+        """A step took ``useful`` groups that count (dynamic sampling), where B were planned."""
+        self.surplus += useful - self.groups_per_step
 
 
 def staleness_histogram(entries: list[Entry], version: int) -> dict[str, float]:

@@ -83,6 +83,10 @@ class Scheduler:
         self.counts = {"issued": 0, "trained": 0, "dropped": 0}
         self.retry: list[Launch] = []                   # chunks to generate again after their replica died
         self.bad_steps = 0                              # consecutive steps skipped for a NaN/inf gradient
+        self.next_seq = 0                               # start order of the next generate call
+        algo = cfg.algorithm
+        self.refill = algo.dynamic_sampling             # DAPO: count groups with reward spread, draw more
+        self.max_groups = algo.max_sampling_batches * self.B if self.refill and algo.max_sampling_batches else None
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -91,7 +95,8 @@ class Scheduler:
         self.system.sampler.load_state_dict(state["sampler"])
         self.pending = [list(c) for c in state["pending"]]
         self.admission.started = self.version * self.B
-        ray.get(self.buffer.skip_to.remote(self.version * self.n))
+        self.next_seq = state.get("seq", self.version * self.n)   # checkpoints before refills: n calls per step
+        ray.get(self.buffer.skip_to.remote(self.next_seq))
         self.counts = dict(state["counts"])
         self.counts["issued"] -= sum(len(c) for c in self.pending)   # counted again when re-issued
 
@@ -134,7 +139,7 @@ class Scheduler:
         while self.idle and self.admission.allows(self.version, self.chunk) and self._room():
             replica = self.idle.pop(0)
             prompts = self.pending.pop(0) if self.pending else self.system.sampler.next_batch()
-            seq = self.admission.started // self.chunk
+            seq, self.next_seq = self.next_seq, self.next_seq + 1
             self.admission.start(self.chunk)
             self.outstanding[seq] = prompts
             self.counts["issued"] += len(prompts)
@@ -190,15 +195,20 @@ class Scheduler:
         metrics |= {"timing/score": time.perf_counter() - t0, "timing/generate": generate_s}
         entry = Entry(launch.seq, scored, launch.prompt_ids, int(metrics["rollout/min_version"]),
                       int(metrics["rollout/max_version"]), metrics)
+        if self.refill:                            # groups without reward spread don't count towards a step
+            entry.useful = int(metrics.get("reward/spread_groups", 0))
+            self.admission.waste(entry.num_groups - entry.useful)
         ray.get(self.buffer.put.remote(entry))
 
     # ---- trainer side ----------------------------------------------------------------------------
     def _start_training(self) -> None:
         if self.training or (self.colocated and self.generating):
             return
-        if not ray.get(self.buffer.ready.remote(self.B)):
+        if not ray.get(self.buffer.ready.remote(self.version, self.B, self.max_groups)):
             return
-        entries = ray.get(self.buffer.take.remote(self.version, self.B))
+        entries = ray.get(self.buffer.take.remote(self.version, self.B, self.max_groups))
+        if self.refill:
+            self._took(entries)
         for seq in range(min(self.outstanding), max(e.seq for e in entries) + 1):   # incl. dropped-stale ones
             self.outstanding.pop(seq, None)
         self.clock.waited += time.perf_counter() - self.idle_since
@@ -206,6 +216,16 @@ class Scheduler:
             self._switch("train")
         refs = self.system.trainer.train_step_async([e.ref for e in entries])
         self.training = (refs, entries, time.perf_counter())
+
+    def _took(self, entries: list[Entry]) -> None:
+        useful, drawn = sum(e.counted for e in entries), sum(e.num_groups for e in entries)
+        if useful < self.B:
+            raise RuntimeError(
+                f"dynamic sampling drew {drawn} groups for step {self.version + 1} and only {useful} of the "
+                f"{self.B} needed had rewards that vary (algorithm.max_sampling_batches="
+                f"{self.cfg.algorithm.max_sampling_batches}): the prompts are too easy or too hard for this model; "
+                "filter the dataset or raise algorithm.max_sampling_batches (0: no limit)")
+        self.admission.took(useful)
 
     def _finish_training(self) -> None:
         refs, entries, t0 = self.training
@@ -220,7 +240,7 @@ class Scheduler:
         self.clock.trainer_busy += t2 - t0
         self.training = None
         self.idle_since = t2
-        self._account(entries, train_stats)
+        self._account(entries)
         self._log(entries, train_stats, {**sync_stats, "timing/train": t1 - t0, "timing/sync": t2 - t1})
         self.version += 1
         every = self.cfg.run.checkpoint_every
@@ -234,12 +254,13 @@ class Scheduler:
             raise RuntimeError(f"{self.bad_steps} steps in a row had a NaN/inf gradient and were skipped "
                                "(trainer.max_bad_steps); lower trainer.lr or check the rewards for inf")
 
-    def _account(self, entries: list[Entry], train_stats: dict) -> None:
-        """Every issued prompt ends trained or dropped with a reason (buffer staleness drops, groups the
-        trainer filtered out, reward-excluded groups are counted as such); the prompt log records order."""
+    def _account(self, entries: list[Entry]) -> None:
+        """Every issued prompt ends trained or dropped (buffer staleness drops); groups the trainer filtered
+        out (dynamic sampling, reward exclusions) reached a step and count as trained, with their own
+        metrics (``dapo/dropped_groups``, ``reward/dropped_groups``). The prompt log records the order."""
         trained = [p for e in entries for p in e.prompt_ids]
-        dropped = ray.get(self.buffer.stats.remote())
-        self.counts["dropped"] = int(sum(v for k, v in dropped.items() if k.startswith("buffer/dropped/")))
+        self.buffer_stats = ray.get(self.buffer.stats.remote())
+        self.counts["dropped"] = int(sum(v for k, v in self.buffer_stats.items() if k.startswith("buffer/dropped/")))
         self.counts["trained"] += len(trained)
         with open(self.run.path / "prompts.jsonl", "a") as f:
             f.write(json.dumps({"step": self.version + 1, "prompt_ids": trained}) + "\n")
@@ -249,6 +270,7 @@ class Scheduler:
         from relayrl.controller import checkpoint
 
         state = {"sampler": self.system.sampler.state_dict(), "counts": self.counts,
+                 "seq": min(self.outstanding, default=self.next_seq),
                  "pending": [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending}
         checkpoint.save(self.run.path, self.version, self.system.trainer, state, self.cfg.run.keep_checkpoints)
 
@@ -262,13 +284,18 @@ class Scheduler:
         self.clock.rollout_busy += sum(now - max(g.t0, self.clock.start) for g in self.generating.values())
         rows = [row for e in entries for row in e.metrics.get("_samples", [])]
         out = {**mean_metrics(entries), **train_stats, **stats,
-               **staleness_histogram(entries, self.version), **ray.get(self.buffer.stats.remote()),
+               **staleness_histogram(entries, self.version), **self.buffer_stats, **self._refill_stats(entries),
                **self.clock.metrics(self.n), "colocated/switches": float(self.clock.switches),
                **{f"accounting/{k}": float(v) for k, v in self.counts.items()},
                "rollout/restarts": float(self.system.restarts),
                "_samples": rows[: self.cfg.logging.samples_per_step]}
         self.run.log(self.version + 1, out)
         self.clock = Clock()
+
+    def _refill_stats(self, entries: list[Entry]) -> dict[str, float]:
+        if not self.refill:
+            return {}
+        return {"dapo/drawn_groups": float(sum(e.num_groups for e in entries))}
 
 
 def trainer_result(trainer: Any, refs: list[ray.ObjectRef]) -> dict:
@@ -299,7 +326,7 @@ def generation_error(ref: ray.ObjectRef) -> BaseException | None:
     return None
 
 
-SUMMED = ("rollout/completions", "rollout/tokens", "reward/errors", "reward/dropped_groups")
+SUMMED = ("rollout/completions", "rollout/tokens", "reward/errors", "reward/dropped_groups", "reward/spread_groups")
 """Per-call counts: a step's value is their sum (every other metric is a group-weighted mean)."""
 
 

@@ -12,7 +12,8 @@ Producers keep their own short names (the trainer returns ``loss``, ``kl``, ...;
 ``when`` says in which runs a metric appears: ``always``; ``async`` (mode=async); ``colocated``;
 ``verify`` (steps where ``weightsync.verify_every`` divides the version); ``first_sync`` (the step whose
 sync sets up the transfer channel); ``drop_stale`` (buffer.drop_stale=true and something was dropped);
-``gae`` (algorithm.name=gae: PPO with a critic); ``dapo`` (algorithm.dynamic_sampling or an overlong buffer).
+``gae`` (algorithm.name=gae: PPO with a critic); ``dapo`` (algorithm.dynamic_sampling or an overlong buffer);
+``dynamic`` (algorithm.dynamic_sampling).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("reward/std", "reward", "population std of the total reward (per generate call, averaged)"),
     M("reward/<fn>", "reward", "mean of one reward function, over completions where it applied"),
     M("reward/pass_rate", "fraction", "completions whose primary (first) reward function gave >= 1"),
+    M("reward/spread_groups", "groups", "trainable groups whose rewards vary (what dynamic sampling keeps)"),
     M("reward/zero_std_groups", "fraction", "prompt groups whose completions all scored the same (no GRPO signal)"),
     M("reward/errors", "count", "completions excluded because a reward function failed on them"),
     M("reward/error_rate", "fraction", "excluded completions / all completions"),
@@ -77,6 +79,7 @@ SCHEMA: tuple[Metric, ...] = (
     # dapo/* - DAPO's dynamic sampling and overlong shaping (trainer side)
     M("dapo/dropped_groups", "groups", "groups without reward spread dropped before the update", "dapo"),
     M("dapo/kept_groups", "groups", "groups trained on after dynamic sampling", "dapo"),
+    M("dapo/drawn_groups", "groups", "groups the step drew from the buffer to fill up (refills included)", "dynamic"),
     M("dapo/overlong_penalty", "reward", "mean soft overlong penalty added to the rewards", "dapo"),
     M("dapo/overlong_frac", "fraction", "completions inside the overlong buffer", "dapo"),
     # rollout/*

@@ -253,8 +253,11 @@ def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) ->
     * ``reward/errors``, ``reward/error_rate``, ``reward/errors/<reason>``: excluded completions, their
       fraction, and their count per reason (``REASONS``; the first failing function's reason).
     * ``reward/dropped_groups``: groups not trained on because exclusion left them fewer than 2 samples.
+    * ``reward/spread_groups``: trainable groups whose rewards vary: what DAPO's dynamic sampling keeps,
+      and what the buffer counts towards a step when it refills.
     """
     from relayrl.trainer.batch import trainable_groups
+    from relayrl.trainer.shaping import dynamic_sampling_filter
 
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
@@ -263,7 +266,8 @@ def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) ->
     reasons = Counter(t.excluded.reason for t in trajs if t.excluded is not None)
     metrics = {"reward/errors": float(len(trajs) - len(valid)), "reward/error_rate": 1 - len(valid) / len(trajs),
                **{f"reward/errors/{r}": float(reasons[r]) for r in REASONS},
-               "reward/dropped_groups": float(len(groups) - len(trainable_groups(groups)))}
+               "reward/dropped_groups": float(len(groups) - len(trainable_groups(groups))),
+               "reward/spread_groups": float(len(dynamic_sampling_filter(trainable_groups(groups))[0]))}
     if valid:
         metrics.update(_value_metrics(groups, valid, primary))
     return metrics

@@ -59,9 +59,10 @@ class TrainerSync:
         self.engine = None
 
     def metrics(self, total_s: float) -> dict[str, float]:
-        nbytes = float(sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in self.source.metadata()))
         if hasattr(self.engine, "layout"):
             nbytes = float(self.engine.layout.nbytes)   # what moved: wire dtype, aligned
+        else:                                           # vLLM's own engines: the source's bytes
+            nbytes = float(sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in self.source.metadata()))
         seconds = self.client.seconds   # vLLM's own engines report no trainer-side transfer: use receive
         moved = seconds.get("transfer", seconds.get("receive", 0.0)) + seconds.get("commit", 0.0)
         out = {f"weightsync/{k}_s": v for k, v in self.client.seconds.items()}
