@@ -22,14 +22,19 @@ def step_summary(samples_per_step: int, groups: list) -> dict:
 
 
 def rollout_metrics(groups: list) -> dict[str, float]:
-    """Lengths, truncation and the policy versions that produced this step's tokens."""
+    """Lengths, truncation, empty completions (no visible text: EOS first or whitespace; they are trained
+    on like any other, so a rising share means the policy learned to say nothing) and the policy versions
+    that produced this step's tokens."""
     trajs = [t for g in groups for t in g.trajectories]
     lengths = [len(t.completion_token_ids) for t in trajs]
+    n = max(len(trajs), 1)
     return {"rollout/completions": float(len(trajs)), "rollout/tokens": float(sum(lengths)),
-            "rollout/len_mean": sum(lengths) / max(len(lengths), 1),
-            "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / max(len(trajs), 1),
+            "rollout/len_mean": sum(lengths) / n,
+            "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
+            "rollout/empty_frac": sum(not t.completion_text.strip() for t in trajs) / n,
             "rollout/min_version": float(min(g.min_version for g in groups)),
-            "rollout/max_version": float(max(t.versions[-1].version for t in trajs if t.versions))}
+            "rollout/max_version": float(max((t.versions[-1].version for t in trajs if t.versions),
+                                             default=min(g.min_version for g in groups)))}
 
 
 def sample_rows(groups: list, k: int) -> list[dict]:

@@ -87,6 +87,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("rollout/tokens", "tokens", "completion tokens generated for this step"),
     M("rollout/len_mean", "tokens", "mean completion length"),
     M("rollout/truncated_frac", "fraction", "completions cut at rollout.max_tokens"),
+    M("rollout/empty_frac", "fraction", "completions with no visible text (EOS first or whitespace only)"),
     M("rollout/tokens_per_s", "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
     M("rollout/min_version", "version", "oldest policy version among the step's tokens"),
     M("rollout/max_version", "version", "newest policy version among the step's tokens"),
