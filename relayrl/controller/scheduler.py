@@ -192,7 +192,7 @@ class Scheduler:
             self._replace_replica(launch, error)
             return
         self.idle.append(launch.replica)
-        metrics |= {"timing/score": time.perf_counter() - t0, "timing/generate": generate_s}
+        metrics |= {"timing/score": time.perf_counter() - t0, "timing/generate": generate_s, "rollout/calls": 1.0}
         entry = Entry(launch.seq, scored, launch.prompt_ids, int(metrics["rollout/min_version"]),
                       int(metrics["rollout/max_version"]), metrics)
         if self.refill:                            # groups without reward spread don't count towards a step
@@ -326,7 +326,8 @@ def generation_error(ref: ray.ObjectRef) -> BaseException | None:
     return None
 
 
-SUMMED = ("rollout/completions", "rollout/tokens", "reward/errors", "reward/dropped_groups", "reward/spread_groups")
+SUMMED = ("rollout/completions", "rollout/tokens", "rollout/calls", "reward/errors", "reward/dropped_groups",
+          "reward/spread_groups")
 """Per-call counts: a step's value is their sum (every other metric is a group-weighted mean)."""
 
 

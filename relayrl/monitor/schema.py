@@ -88,6 +88,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("rollout/len_mean", "tokens", "mean completion length"),
     M("rollout/truncated_frac", "fraction", "completions cut at rollout.max_tokens"),
     M("rollout/empty_frac", "fraction", "completions with no visible text (EOS first or whitespace only)"),
+    M("rollout/calls", "count", "generate calls whose groups the step took (replicas; more when DAPO refills)"),
     M("rollout/tokens_per_s", "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
     M("rollout/min_version", "version", "oldest policy version among the step's tokens"),
     M("rollout/max_version", "version", "newest policy version among the step's tokens"),
@@ -168,8 +169,8 @@ def to_schema(metrics: dict[str, Any], lr: float, replicas: int) -> dict[str, An
     * ``policy/lr``: ``lr`` unless the trainer reported its own (a schedule);
     * ``perf/completions_per_s`` = completions / step seconds, ``perf/tokens_per_s`` = tokens / step seconds,
       ``perf/tokens_per_s_per_replica`` = that / replicas;
-    * ``rollout/tokens_per_s`` = tokens / (replicas x mean generate seconds): every replica runs one call
-      per step's share (``chunk = B / replicas`` groups), so this is total tokens / engine-busy seconds.
+    * ``rollout/tokens_per_s`` = tokens / (calls x mean generate seconds) = tokens / engine-busy seconds,
+      where calls = ``rollout/calls`` (the replica count when that is absent: one call per replica and step).
     """
     out = {canonical_name(k): v for k, v in metrics.items()}
     out.setdefault("policy/lr", lr)
@@ -179,7 +180,7 @@ def to_schema(metrics: dict[str, Any], lr: float, replicas: int) -> dict[str, An
         out["perf/tokens_per_s"] = out["rollout/tokens"] / step_s
         out["perf/tokens_per_s_per_replica"] = out["perf/tokens_per_s"] / replicas
     if "rollout/tokens" in out and gen_s:
-        out["rollout/tokens_per_s"] = out["rollout/tokens"] / (replicas * gen_s)
+        out["rollout/tokens_per_s"] = out["rollout/tokens"] / (out.get("rollout/calls", replicas) * gen_s)
     return out
 
 

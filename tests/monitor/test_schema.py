@@ -35,6 +35,8 @@ def test_to_schema_derives_lr_and_throughput_by_hand():
     assert out["perf/completions_per_s"] == 2.0              # 8 / 4 s
     assert out["rollout/tokens_per_s"] == 40.0               # 120 / (2 calls x 1.5 s)
     assert to_schema({"lr": 5e-4}, lr=1e-3, replicas=1)["policy/lr"] == 5e-4   # a schedule's own value wins
+    refilled = to_schema({**producer, "rollout/calls": 3.0}, lr=1e-3, replicas=2)   # DAPO drew a third call
+    assert refilled["rollout/tokens_per_s"] == 120 / (3 * 1.5)
     assert all(lookup(k) is not None for k in out), [k for k in out if lookup(k) is None]
 
 
