@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 import traceback
@@ -81,8 +82,7 @@ class RunDir:
         """Mark the run failed: the error's first line in status.json, the traceback in logs/error.log."""
         (self.path / "logs").mkdir(exist_ok=True)
         (self.path / "logs" / "error.log").write_text("".join(traceback.format_exception(exc)))
-        first = (str(exc).strip().splitlines() or [""])[0]
-        self.write_status("failed", error=f"{type(exc).__name__}: {first}", steps_done=len(self.rewards))
+        self.write_status("failed", error=error_line(exc), steps_done=len(self.rewards))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Log one step under the schema's names (``monitor.schema.to_schema``: the one renaming place)."""
@@ -121,3 +121,12 @@ def _truncate_steps(path: Path, step: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(x + "\n" for x in keep))
     tmp.replace(path)
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: first line`` of the error that started it: a Ray task's error shows its cause (Ray's own
+    first line names only the task), without terminal colour codes."""
+    while getattr(exc, "cause", None) is not None and exc.cause is not exc:
+        exc = exc.cause
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return re.sub(r"\x1b\[[0-9;]*m", "", f"{type(exc).__name__}: {first}")

@@ -60,3 +60,16 @@ def test_cli_runs_lists_them(tmp_path, capsys):
     assert "grpo-1" in out and "finished" in out and "0.900 (step 2)" in out
     assert main(["runs", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_error_line_shows_a_ray_task_errors_cause_without_colour_codes():
+    from relayrl.controller.run import error_line
+
+    class TaskError(Exception):            # the shape of ray.exceptions.RayTaskError: a `cause` attribute
+        def __init__(self, cause):
+            super().__init__("\x1b[36mray::ReplayBuffer.ready()\x1b[39m (pid=1)\n  Traceback ...")
+            self.cause = cause
+
+    assert error_line(TaskError(TypeError("ready() takes 3 positional arguments\nmore"))) == \
+        "TypeError: ready() takes 3 positional arguments"
+    assert error_line(ValueError("\x1b[31mbad\x1b[0m value")) == "ValueError: bad value"
