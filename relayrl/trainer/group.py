@@ -22,13 +22,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _node_address() -> tuple[str, int]:
+    host = ray.util.get_node_ip_address()
+    return host, free_port(host)
+
+
+def rendezvous(rank0_options: dict[str, Any], world_size: int) -> tuple[str, int]:
+    """(address, port) for torch.distributed: 127.0.0.1 when Ray has one node or there is one rank,
+    else rank 0's node IP and a port free there (a zero-CPU task scheduled as rank 0 will be)."""
+    if world_size == 1 or len([n for n in ray.nodes() if n["Alive"]]) == 1:
+        return "127.0.0.1", free_port()
+    where = {k: v for k, v in rank0_options.items() if k == "scheduling_strategy"}
+    return ray.get(ray.remote(_node_address).options(num_cpus=0, **where).remote())
+
+
 class TrainerGroup:
     """``world_size`` trainer ranks as Ray actors in one torch.distributed group.
 
     ``actor_options``: Ray ``.options(...)`` for the ranks, one dict shared by all or one per rank
     (e.g. ``scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)``),
     merged over the defaults ``num_cpus=trainer_cfg.num_cpus`` (+ ``num_gpus=1`` for nccl). The
-    rendezvous is on 127.0.0.1, so all ranks must share one node.
+    rendezvous is a free port on rank 0's node (found by a task placed like rank 0), so ranks that a
+    placement group spreads over several nodes still find each other.
 
     With ``algo_cfg.name=gae`` (PPO) every rank also holds its shard of the critic (``critic.py``), trained
     with ``critic_cfg`` in the same ``train_step``.
@@ -42,10 +57,10 @@ class TrainerGroup:
                  actor_options: dict[str, Any] | list[dict[str, Any]] | None = None, timeout_s: float = 600.0,
                  critic_cfg: CriticConfig | None = None):
         per_rank = self._options(world_size, trainer_cfg, actor_options)
-        port = free_port()
+        host, port = rendezvous(per_rank[0], world_size)
         remote_cls = ray.remote(TrainerActor)
         self.actors = [
-            remote_cls.options(**per_rank[rank]).remote(rank, world_size, "127.0.0.1", port, model_path,
+            remote_cls.options(**per_rank[rank]).remote(rank, world_size, host, port, model_path,
                                                         model_cfg, trainer_cfg, algo_cfg, temperature, seed,
                                                         timeout_s, critic_cfg)
             for rank in range(world_size)]
