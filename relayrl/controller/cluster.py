@@ -3,6 +3,7 @@
 ``separate``: one placement group, disjoint bundles for rollout replicas and trainer ranks.
 ``colocated``: one bundle per trainer rank; rollout replica i shares bundle i with trainer rank i and
 each takes half of it (they take turns in sync mode, so the work is time-shared, not split).
+With GPUs in the cluster a replica's bundle holds ``rollout.tp_size`` GPUs and a rank's one.
 On a multi-node cluster (``run.ray_address``) Ray may put bundles on different nodes; ``sync_config``
 then switches shared-memory weight sync to broadcast.
 """
@@ -59,28 +60,38 @@ def needed_cpus(rollout: RolloutConfig, trainer: TrainerConfig, placement: Place
 
 
 def make_placement(rollout: RolloutConfig, trainer: TrainerConfig, placement: PlacementConfig,
-                   timeout_s: float = 60.0) -> Placement:
-    """Reserve bundles and say where each actor goes; fails with a clear message if Ray lacks CPUs."""
+                   timeout_s: float = 60.0, gpus: bool | None = None) -> Placement:
+    """Reserve bundles and say where each actor goes; fails with a clear message if Ray lacks resources.
+
+    ``gpus`` (default: the Ray cluster has GPUs): a rollout replica's bundle also holds
+    ``rollout.tp_size`` GPUs (its vLLM workers run on them) and a trainer rank's one GPU; colocated,
+    replica i and rank i each take half of bundle i's GPU.
+    """
+    gpus = ray.cluster_resources().get("GPU", 0) > 0 if gpus is None else gpus
+    r_gpus, t_gpus = (rollout.tp_size, 1) if gpus else (0, 0)
+    t_bundle = {"CPU": trainer.num_cpus, **({"GPU": t_gpus} if gpus else {})}
     if placement.mode == "separate":
-        bundles = [{"CPU": rollout.num_cpus}] * rollout.num_replicas + [{"CPU": trainer.num_cpus}] * trainer.world_size
+        r_bundle = {"CPU": rollout.num_cpus, **({"GPU": r_gpus} if gpus else {})}
+        bundles = [r_bundle] * rollout.num_replicas + [t_bundle] * trainer.world_size
         r_idx = list(range(rollout.num_replicas))
         t_idx = [rollout.num_replicas + i for i in range(trainer.world_size)]
         r_cpus, t_cpus = rollout.num_cpus, trainer.num_cpus
     else:
-        bundles = [{"CPU": trainer.num_cpus}] * trainer.world_size
+        bundles = [t_bundle] * trainer.world_size
         r_idx, t_idx = list(range(rollout.num_replicas)), list(range(trainer.world_size))
         r_cpus = t_cpus = trainer.num_cpus / 2
+        r_gpus = t_gpus = t_gpus / 2
     pg = placement_group(bundles, strategy="PACK")
     if not pg.wait(timeout_seconds=timeout_s):
         raise RuntimeError(f"Ray could not reserve {bundles} within {timeout_s:.0f}s; "
-                           "lower rollout/trainer num_cpus or set placement.num_cpus")
+                           "lower rollout/trainer num_cpus (or rollout.tp_size) or set placement.num_cpus")
 
-    def opts(i: int, cpus: float) -> dict:
+    def opts(i: int, cpus: float, n_gpus: float) -> dict:
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
-        return {"num_cpus": cpus, "scheduling_strategy": strategy}
+        return {"num_cpus": cpus, "scheduling_strategy": strategy, **({"num_gpus": n_gpus} if gpus else {})}
 
     nodes = ray.util.placement_group_table(pg)["bundles_to_node_id"]
-    return Placement(pg, [opts(i, r_cpus) for i in r_idx], [opts(i, t_cpus) for i in t_idx],
+    return Placement(pg, [opts(i, r_cpus, r_gpus) for i in r_idx], [opts(i, t_cpus, t_gpus) for i in t_idx],
                      [nodes[i] for i in r_idx], [nodes[i] for i in t_idx])
 
 

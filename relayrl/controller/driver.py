@@ -141,10 +141,19 @@ def resolve_model_path(cfg: Config) -> Path:
 
 
 def check_context(cfg: Config, path: Path) -> None:
-    """``model.max_model_len`` within the model's positions, and room for a prompt beside ``max_tokens``."""
+    """``model.max_model_len`` within the model's positions, room for a prompt beside ``max_tokens``, and
+    attention heads that ``trainer.tp_size`` divides."""
     import json
 
-    positions = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    from relayrl.trainer.tp import check_heads
+
+    model_config = json.loads((Path(path) / "config.json").read_text())
+    if cfg.trainer.tp_size > 1 and "num_attention_heads" in model_config:
+        try:
+            check_heads(model_config, cfg.trainer.tp_size)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    positions = model_config.get("max_position_embeddings")
     if positions and cfg.model.max_model_len > positions:
         raise ConfigError(f"model.max_model_len={cfg.model.max_model_len} exceeds the model's context "
                           f"({positions} positions); set model.max_model_len<={positions}")

@@ -37,6 +37,10 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
 
     Prefix caching is off: after a weight update, cached prompt KV computed with old weights
     would be reused by new requests, and vLLM can only reset that cache when nothing runs.
+    ``rollout.tp_size > 1`` (GPU): the engine's workers are this actor's own processes ("mp"), on the
+    ``tp_size`` GPUs Ray gave the actor; left to itself vLLM would see the placement group and start Ray
+    workers that ask for GPUs the actor already holds. Each worker receives the full weights at a sync
+    and its ``load_weights`` keeps its own shard.
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -49,6 +53,8 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
         worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
         weight_transfer_config=engine_config(sync_cfg),
         enable_prefix_caching=False, disable_log_stats=True,
+        tensor_parallel_size=rollout_cfg.tp_size,
+        distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
     )
 
 

@@ -2,10 +2,13 @@
 
 ``TrainerGroup`` (group.py) starts ``world_size`` of these as Ray actors; every public method is a
 collective (FSDP2 all-gathers parameters in each forward), so the group calls it on all ranks at once.
+With ``trainer.tp_size > 1`` the ranks form a ("dp", "tp") mesh (``tp.py``): rows are split over dp,
+the ranks of a tp group hold the same rows and one model's layer shards, and every all-reduce of sums
+below runs over dp only.
 
 A train step, on every rank:
 
-    ray.get(group refs)  ->  build_train_batch (whole step, identical on all ranks)  ->  split_batch
+    ray.get(group refs)  ->  build_train_batch (whole step, identical on all ranks)  ->  split_batch over dp
     D_step = all_reduce(sum of LOSS_AGG denominators)               from masks only, before any backward
     ref logprobs if kl_coef > 0                                      once, before any update
     PPO (algorithm.name=gae): V_old = critic(batch); r_t = R at the last token - kl_coef * KL_t
@@ -49,6 +52,7 @@ from relayrl.trainer.logprobs import token_entropy, token_logprobs
 from relayrl.trainer.losses import (KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, entropy_bonus, kl_k3, kl_loss,
                                     masked_token_sum)
 from relayrl.trainer.shaping import dynamic_sampling_filter, overlong_penalty
+from relayrl.trainer.tp import build_mesh, parallelize
 from relayrl.types import TrainBatch, TrajectoryGroup
 
 # Sums all-reduced at the end of a step, in this order (ratio_max is reduced with MAX): "loss" is the
@@ -141,9 +145,9 @@ class TrainerActor:
             torch.set_num_threads(self.cfg.num_threads or os.cpu_count() or 1)
         dist.init_process_group(backend, init_method=self.init_method, rank=self.rank,
                                 world_size=self.world_size, timeout=self.timeout)
-        from torch.distributed.device_mesh import init_device_mesh
-
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self.mesh = build_mesh(self.device.type, self.world_size, self.cfg.tp_size)
+        self.dp_mesh, self.dp_group = self.mesh["dp"], self.mesh.get_group("dp")
+        self.dp_rank, self.dp_size = self.dp_mesh.get_local_rank(), self.dp_mesh.size()
         torch.manual_seed(self.seed)
         self.model = self._load_sharded(trainable=True)
         self.ref_model = self._load_sharded(trainable=False) if self.algo.kl_coef > 0 else None
@@ -153,15 +157,20 @@ class TrainerActor:
         if self.algo.name in CRITIC_ESTIMATORS:
             from relayrl.trainer.critic import Critic
 
+            if self.cfg.tp_size > 1:
+                raise ValueError("PPO's critic is trained with FSDP only; set trainer.tp_size=1")
             self.critic = Critic(self.model_path, self.mesh, self.device, self.model_cfg.dtype, self.critic_cfg,
                                  self.world_size)
 
     def _load_sharded(self, trainable: bool) -> torch.nn.Module:
-        """The HF causal LM with float32 master weights, sharded per decoder layer (``fsdp.shard_model``)."""
+        """The HF causal LM with float32 master weights: decoder linears split over "tp" (``tp.parallelize``,
+        tp_size > 1), then sharded per decoder layer over "dp" (``fsdp.shard_model``)."""
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
-        return shard_model(model, self.mesh, self.model_cfg.dtype, trainable)
+        if self.cfg.tp_size > 1:
+            parallelize(model, self.mesh["tp"])
+        return shard_model(model, self.dp_mesh, self.model_cfg.dtype, trainable)
 
     def _pad_token_id(self) -> int:
         config = self.model.config
@@ -185,7 +194,7 @@ class TrainerActor:
         if not groups:       # dynamic sampling left nothing to learn from: no update (same on every rank)
             return {**shaping_stats, "tokens": 0.0, "sequences": 0.0, "step_seconds": time.perf_counter() - t0}
         batch = build_train_batch(groups, self.pad_token_id, self.algo.name, self.reward_shaping)
-        micro = self._micro_batches(split_batch(batch, self.rank, self.world_size))
+        micro = self._micro_batches(split_batch(batch, self.dp_rank, self.dp_size))   # same rows within a tp group
         n_tokens, denom = self._step_totals(micro)
         t1 = time.perf_counter()
         # Old logprobs come from the first epoch's own forward pass (detached): parameters only change
@@ -343,9 +352,9 @@ class TrainerActor:
         if entropy_term is not None:
             per_token = per_token + entropy_term
         numerator, _ = self.aggregate(per_token, mb.loss_mask, **self.agg_kw)
-        # FSDP2 averages gradients over ranks; scaling by world_size turns that back into a sum, so the
-        # gradient is d(sum of all ranks' numerators / D_step).
-        (numerator * self.world_size / denom).backward()
+        # FSDP2 averages gradients over the dp ranks; scaling by dp_size turns that back into a sum, so the
+        # gradient is d(sum of all dp ranks' numerators / D_step). TP ranks share rows and compute one loss.
+        (numerator * self.dp_size / denom).backward()
         ntok = mb.loss_mask.sum()
         with torch.no_grad():
             return {"loss": numerator.detach(), "clip_frac": stats["clip_frac"] * ntok,
@@ -369,8 +378,10 @@ class TrainerActor:
 
     def _all_reduce(self, value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Reduce over the dp ranks only: the ranks of a tp group hold the same rows, so summing over all
+        ranks would count every token tp_size times."""
         value = value.detach().to(self.device, dtype).clone()
-        dist.all_reduce(value, op=op)
+        dist.all_reduce(value, op=op, group=self.dp_group)
         return value
 
     def _reduce_stats(self, sums: dict[str, torch.Tensor], ratio_max: torch.Tensor, n_tokens: torch.Tensor,

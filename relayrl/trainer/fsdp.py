@@ -26,13 +26,39 @@ def shard_model(model: torch.nn.Module, mesh, dtype: str, trainable: bool) -> to
     return model
 
 
+def _params_by_mesh(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
+    """Parameters with a gradient, grouped by DTensor mesh (plain tensors together): DTensor ops refuse
+    to mix meshes, and with TP the layer weights live on the 2-D ("dp", "tp") mesh, the rest on "dp"."""
+    groups: dict = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    return list(groups.values())
+
+
+def global_grad_norm(model: torch.nn.Module) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient: ``sqrt(sum_g ||g||^2)`` over the mesh groups.
+
+    Each group's norm is a DTensor whose ``full_tensor()`` reduces the shards' partial sums over its
+    mesh, so every unique shard counts once: a weight split over (dp, tp) sums over both, one only
+    FSDP-sharded (and replicated over tp) sums over dp alone. The result is the same on every rank.
+    """
+    total = torch.zeros((), dtype=torch.float32)
+    for params in _params_by_mesh(model):
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        total = total + norm.detach().float().cpu() ** 2
+    return total.sqrt()
+
+
 def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
-    """Clip the global grad norm (DTensor-aware; ``grad_clip <= 0``: no clip), step, zero the grads.
+    """Clip the global grad norm (``global_grad_norm``; ``grad_clip <= 0``: no clip), step, zero the grads.
     Returns the pre-clip norm; when it is NaN/inf the step is skipped (the caller counts it)."""
-    max_norm = grad_clip if grad_clip > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    norm = global_grad_norm(model)
     if torch.isfinite(norm):   # the global norm is the same on every rank, so all skip together
+        if grad_clip > 0:      # torch's rule: scale by min(1, max_norm / (norm + 1e-6))
+            for params in _params_by_mesh(model):
+                torch.nn.utils.clip_grads_with_norm_(params, grad_clip, norm.to(params[0].device))
         optimizer.step()       # a NaN/inf gradient would poison AdamW's moments for good: skip the step
     optimizer.zero_grad(set_to_none=True)
     return float(norm)

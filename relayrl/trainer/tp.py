@@ -1,0 +1,78 @@
+"""Tensor parallelism for the trainer: a 2-D ("dp", "tp") device mesh and the decoder layers' TP plan.
+
+Layout (``trainer.world_size = dp x tp``, row-major, so a TP group is ``tp`` consecutive ranks):
+
+    rank = dp_rank * tp + tp_rank          mesh["tp"]: ranks that hold one model's shards (same data)
+                                           mesh["dp"]: ranks that see different rows (FSDP2 shards here)
+
+The plan is the one Megatron uses and HF configs ship as ``base_model_tp_plan``: in every decoder
+layer q/k/v and gate/up are split by output features (``ColwiseParallel``: each rank computes its heads,
+or its slice of the MLP's hidden units), o/down by input features (``RowwiseParallel``: partial sums,
+one all-reduce per block). Embeddings, norms and the (tied or not) lm_head stay whole on every TP rank
+and are only FSDP-sharded over "dp": simplest correct choice, and for the models trained here the
+vocabulary projection is a small share of the FLOPs.
+
+Attention needs no patch (checked against transformers 5.19's Llama/Qwen2 attention): it reshapes
+projections with ``view(*input_shape, -1, head_dim)`` and ``reshape(*input_shape, -1)``, so the local
+head count follows from the sharded width, and ``num_key_value_groups = heads / kv_heads`` is the same
+ratio on every rank as long as both head counts divide by ``tp`` (checked in ``parallelize``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_STYLES = ("colwise", "rowwise")
+
+
+def build_mesh(device_type: str, world_size: int, tp_size: int):
+    """``tp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp") mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if tp_size < 1 or world_size % tp_size:
+        raise ValueError(f"trainer.world_size={world_size} is not divisible by trainer.tp_size={tp_size}; "
+                         "set trainer.world_size to a multiple of trainer.tp_size")
+    if tp_size == 1:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
+    return init_device_mesh(device_type, (world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+
+
+def layer_plan(config) -> dict[str, str]:
+    """The decoder layers' entries (``layers.*``) of the model's ``base_model_tp_plan`` (paths under the
+    base model); other entries (e.g. ``embed_tokens``) are left out, so those modules stay replicated.
+
+    Only plain ``colwise``/``rowwise`` styles are understood; anything else in a layer (MoE experts,
+    gathered outputs, sequence parallel) is refused rather than guessed.
+    """
+    full = getattr(config, "base_model_tp_plan", None) or {}
+    plan = {k: v for k, v in full.items() if k.startswith("layers.")}
+    if not plan:
+        raise ValueError(f"{type(config).__name__} ships no base_model_tp_plan; trainer.tp_size>1 supports "
+                         "Llama/Qwen2-style decoders only; set trainer.tp_size=1")
+    odd = {k: v for k, v in plan.items() if v not in _STYLES}
+    if odd:
+        raise ValueError(f"{type(config).__name__}'s TP plan has styles relayrl does not apply ({odd}); "
+                         "set trainer.tp_size=1")
+    return plan
+
+
+def check_heads(config: dict, tp_size: int) -> None:
+    """Heads and KV heads (``config.json`` keys) must split evenly over the TP ranks: each rank keeps
+    whole heads. Called before Ray starts (driver) and again when the model is parallelized."""
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    if heads % tp_size or kv_heads % tp_size:
+        raise ValueError(f"trainer.tp_size={tp_size} must divide the model's attention heads ({heads}) and "
+                         f"KV heads ({kv_heads}); pick a tp_size that divides both (or trainer.tp_size=1)")
+
+
+def parallelize(model: torch.nn.Module, tp_mesh) -> torch.nn.Module:
+    """Apply the layer plan in place: listed linears become DTensor shards on ``tp_mesh``; inputs and
+    outputs of each block stay plain (replicated) tensors, so the rest of the HF model runs unchanged."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    check_heads(model.config.to_dict(), tp_mesh.size())
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {path: styles[style]() for path, style in layer_plan(model.config).items()}
+    parallelize_module(model.base_model, tp_mesh, plan)
+    return model
