@@ -235,6 +235,9 @@ class PlacementConfig:
     """separate: rollout and trainer on disjoint resources; colocated: they share and time-slice."""
     num_cpus: float | None = None
     """CPUs Ray may use on this host (None: all)."""
+    offload_trainer: bool = True
+    """colocated on GPUs: move the trainer's shards, grads and AdamW state to host memory while the engines
+    generate (``trainer/offload.py``); on CPU there is nothing to free and it does nothing."""
 
 
 @dataclass

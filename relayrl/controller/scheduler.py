@@ -53,6 +53,7 @@ class Clock:
     trainer_busy: float = 0.0
     waited: float = 0.0          # trainer idle for lack of data
     switches: int = 0            # colocated mode switches
+    offloaded: float = 0.0       # bytes of trainer state moved at the last colocated switch
 
     def metrics(self, replicas: int) -> dict[str, float]:
         wall = max(time.perf_counter() - self.start, 1e-9)
@@ -101,6 +102,8 @@ class Scheduler:
         self.counts["issued"] -= sum(len(c) for c in self.pending)   # counted again when re-issued
 
     def run_steps(self) -> None:
+        if self.colocated and self.cfg.placement.offload_trainer:
+            self.system.trainer.offload()          # rollout goes first: the trainer waits in host memory
         while self.version < self.cfg.run.steps:
             self._admit()
             self._start_training()
@@ -213,7 +216,7 @@ class Scheduler:
             self.outstanding.pop(seq, None)
         self.clock.waited += time.perf_counter() - self.idle_since
         if self.colocated:
-            self._switch("train")
+            self._to_trainer()
         refs = self.system.trainer.train_step_async([e.ref for e in entries])
         self.training = (refs, entries, time.perf_counter())
 
@@ -232,10 +235,7 @@ class Scheduler:
         train_stats = trainer_result(self.system.trainer, refs)
         self._check_finite(train_stats)
         t1 = time.perf_counter()
-        if self.colocated:
-            self._switch("rollout")
-        sync_stats = self._sync(self.version + 1)
-        sync_stats |= self.system.verify_sync(self.version + 1, [entries[0].ref])
+        sync_stats = self._sync_and_verify(self.version + 1, [entries[0].ref])
         t2 = time.perf_counter()
         self.clock.trainer_busy += t2 - t0
         self.training = None
@@ -274,10 +274,28 @@ class Scheduler:
                  "pending": [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending}
         checkpoint.save(self.run.path, self.version, self.system.trainer, state, self.cfg.run.keep_checkpoints)
 
-    def _switch(self, to: str) -> None:
-        """Colocated: hand the bundles to the trainer (engines sleep) or back to rollout (engines wake)."""
+    def _sync_and_verify(self, version: int, refs: list) -> dict[str, float]:
+        """Weights to the engines, then the mismatch probe. Colocated, this is also the hand-over back to
+        rollout, ordered so the trainer's GPU memory is free before the engines' KV cache returns: engine
+        weights wake -> sync -> the trainer's half of the probe -> trainer state to host -> KV cache wakes
+        -> the engines' half of the probe."""
+        if not self.colocated:
+            return self._sync(version) | self.system.verify_sync(version, refs)
+        ray.get([r.wake_up.remote(["weights"]) for r in self.system.rollouts])
+        stats = self._sync(version)
+        probe = self.system.mismatch_probe(version, refs)
+        self.clock.offloaded = self.system.trainer.offload() if self.cfg.placement.offload_trainer else 0.0
+        ray.get([r.wake_up.remote(["kv_cache"]) for r in self.system.rollouts])
         self.clock.switches += 1
-        ray.get([r.sleep.remote() if to == "train" else r.wake_up.remote() for r in self.system.rollouts])
+        return stats | self.system.check_mismatch(version, probe)
+
+    def _to_trainer(self) -> None:
+        """Colocated: hand the bundles to the trainer: engines sleep (weights to host, KV cache dropped),
+        then the trainer's state comes back onto the GPUs. On CPU neither frees anything."""
+        self.clock.switches += 1
+        ray.get([r.sleep.remote() for r in self.system.rollouts])
+        if self.cfg.placement.offload_trainer:
+            self.system.trainer.onload()
 
     def _log(self, entries: list[Entry], train_stats: dict, stats: dict) -> None:
         now = time.perf_counter()   # credit generations still running to the window that is closing
@@ -286,6 +304,7 @@ class Scheduler:
         out = {**mean_metrics(entries), **train_stats, **stats,
                **staleness_histogram(entries, self.version), **self.buffer_stats, **self._refill_stats(entries),
                **self.clock.metrics(self.n), "colocated/switches": float(self.clock.switches),
+               **({"colocated/offload_bytes": self.clock.offloaded} if self.colocated else {}),
                **{f"accounting/{k}": float(v) for k, v in self.counts.items()},
                "rollout/restarts": float(self.system.restarts),
                "_samples": rows[: self.cfg.logging.samples_per_step]}

@@ -129,22 +129,35 @@ class System:
     def verify_sync(self, version: int, group_refs: list[ray.ObjectRef]) -> dict[str, float]:
         """Every ``weightsync.verify_every`` syncs: score a few of this step's completions in the engines
         and in the trainer at temperature 1 and compare (``mismatch/*``); fail fast past the threshold."""
+        return self.check_mismatch(version, self.mismatch_probe(version, group_refs))
+
+    def mismatch_probe(self, version: int, group_refs: list[ray.ObjectRef]) -> tuple | None:
+        """The trainer's half of ``verify_sync`` (None on syncs that are not checked): sequences, where their
+        completions start, the trainer's logprobs. Split off so colocated runs can take it before the
+        trainer's state leaves the GPU and ask the engines after they woke up."""
+        ws = self.cfg.weightsync
+        if not ws.verify_every or version % ws.verify_every:
+            return None
+        trajs = [t for g in ray.get(group_refs[0]) for t in g.trajectories][: ws.verify_samples]
+        seqs = [t.prompt_token_ids + t.completion_token_ids for t in trajs]
+        trainer = [self.trainer.sequence_logprobs(s, temperature=1.0) for s in seqs]
+        return seqs, [len(t.prompt_token_ids) - 1 for t in trajs], trainer
+
+    def check_mismatch(self, version: int, probe: tuple | None) -> dict[str, float]:
+        """The engines' half: their logprobs on the probe's sequences against the trainer's."""
         from relayrl.weightsync.client import WeightSyncError
         from relayrl.weightsync.verify import logprob_mismatch
 
-        ws = self.cfg.weightsync
-        if not ws.verify_every or version % ws.verify_every:
+        if probe is None:
             return {}
-        trajs = [t for g in ray.get(group_refs[0]) for t in g.trajectories][: ws.verify_samples]
-        seqs = [t.prompt_token_ids + t.completion_token_ids for t in trajs]
+        seqs, starts, trainer = probe
         engine = ray.get([self.rollouts[i % len(self.rollouts)].prompt_logprobs.remote(s)
                           for i, s in enumerate(seqs)])
-        trainer = [self.trainer.sequence_logprobs(s, temperature=1.0) for s in seqs]
-        stats = logprob_mismatch(engine, trainer, [len(t.prompt_token_ids) - 1 for t in trajs])
-        if stats["mismatch/mean_abs"] > ws.max_mismatch:
+        stats = logprob_mismatch(engine, trainer, starts)
+        if stats["mismatch/mean_abs"] > self.cfg.weightsync.max_mismatch:
             raise WeightSyncError(f"after sync v{version} engine and trainer logprobs differ by "
                                   f"{stats['mismatch/mean_abs']:.3g} nats/token (> weightsync.max_mismatch="
-                                  f"{ws.max_mismatch:g}): the engine is not running the trainer's weights")
+                                  f"{self.cfg.weightsync.max_mismatch:g}): the engine is not running the trainer's weights")
         return stats
 
     def shutdown(self) -> None:

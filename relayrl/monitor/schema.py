@@ -120,6 +120,8 @@ SCHEMA: tuple[Metric, ...] = (
     M("idle/rollout", "fraction", "1 - engine busy seconds / (replicas x step seconds)"),
     M("idle/trainer", "fraction", "1 - trainer busy seconds / step seconds"),
     M("colocated/switches", "count", "bundle hand-overs rollout<->trainer in the step (0 unless colocated)"),
+    M("colocated/offload_bytes", "bytes", "trainer state moved to/from the GPU per rank at the last switch (0 on CPU)",
+      "colocated"),
     # weightsync/*
     M("weightsync/version", "version", "version the engines committed (= step)"),
     M("weightsync/bytes", "bytes", "bytes moved per engine (wire dtype, aligned)"),

@@ -394,6 +394,24 @@ class TrainerActor:
         return out
 
     # ---------------------------------------------------------------- weights out
+    def offload(self) -> float:
+        """Colocated GPUs: training state to host memory while the engines generate; bytes moved (CPU: 0)."""
+        return self._move(torch.device("cpu")) if self.device.type == "cuda" else 0.0
+
+    def onload(self) -> float:
+        """Training state back onto this rank's GPU before a train step; bytes moved (CPU: 0)."""
+        return self._move(self.device) if self.device.type == "cuda" else 0.0
+
+    def _move(self, device: torch.device) -> float:
+        from relayrl.trainer.offload import move_training_state
+
+        modules = [m for m in (self.model, self.ref_model) if m is not None]
+        optimizers = [self.optimizer]
+        if self.critic is not None:
+            modules.append(self.critic.model)
+            optimizers.append(self.critic.optimizer)
+        return float(move_training_state(modules, optimizers, device))
+
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """Full, unsharded CPU state dict with HF names on rank 0 (None elsewhere). Collective.
 

@@ -136,6 +136,14 @@ class TrainerGroup:
     def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:
         return self._all("sequence_logprobs", list(token_ids), temperature)[0]
 
+    def offload(self) -> float:
+        """Colocated GPUs: every rank's training state to host memory; bytes moved per rank (CPU: 0)."""
+        return self._all("offload")[0]
+
+    def onload(self) -> float:
+        """Every rank's training state back onto its GPU; bytes moved per rank (CPU: 0)."""
+        return self._all("onload")[0]
+
     def dead_ranks(self, timeout_s: float = 30.0) -> list[int]:
         """Ranks whose actor process is gone (a survivor stuck in a collective still counts as alive)."""
         refs = [a.__ray_ready__.remote() for a in self.actors]

@@ -45,8 +45,11 @@ def test_async_logs_every_schema_metric_and_nothing_else(async_rows):
 
 
 def test_colocated_switches_the_bundle_every_step(ray_session, tiny_llama, tmp_path):
-    cfg, rows = run_rows(ray_session, tiny_llama, tmp_path, ["placement=colocated", "run.steps=2"])
+    cfg, rows = run_rows(ray_session, tiny_llama, tmp_path, ["placement=colocated", "run.steps=2",
+                                                             "weightsync.verify_every=1"])
     assert [r["colocated/switches"] for r in rows] == [2.0, 2.0]     # engines asleep to train, awake to sync
     assert all(r["staleness/max"] == 0 and r["weightsync/version"] == r["step"] for r in rows)
-    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"colocated", "first_sync"})
+    assert all(r["mismatch/max_abs"] < 1e-3 for r in rows)   # the probe split around the hand-over still agrees
+    assert all(r["colocated/offload_bytes"] == 0.0 for r in rows)    # CPU trainer: nothing to move off a GPU
+    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"colocated", "first_sync", "verify"})
     assert undocumented == [] and missing == []

@@ -152,3 +152,20 @@ def test_useful_groups_fill_a_step_and_wasted_ones_reopen_admission():
     assert not adm.allows(version=0, chunk=2)             # 5 useful ahead if all in flight are
     adm.took(5)                                           # step 1 took 5 (a call is not split): surplus 1
     assert (adm.surplus, adm.allows(version=1, chunk=2)) == (1, True)   # 8 - 3 - 5 = 0 ahead
+
+
+def test_a_step_that_cannot_fill_up_stops_the_run_with_the_fix():
+    from types import SimpleNamespace
+
+    from relayrl.controller.scheduler import Scheduler
+
+    state = SimpleNamespace(B=4, version=2, admission=Admission(0, 4),
+                            cfg=SimpleNamespace(algorithm=SimpleNamespace(max_sampling_batches=2)))
+    e = entry(0, 2, groups=8)
+    e.useful = 3
+    with pytest.raises(RuntimeError, match="drew 8 groups for step 3 and only 3 of the 4 needed.*"
+                                           "raise algorithm.max_sampling_batches"):
+        Scheduler._took(state, [e])
+    e.useful = 5
+    Scheduler._took(state, [e])
+    assert state.admission.surplus == 1
