@@ -6,6 +6,7 @@
     relayrl eval runs/<id>/checkpoints/final -n 8 -k 1 8          # accuracy and pass@k with vLLM
     relayrl plot runs/<id>                                        # PNG charts into runs/<id>/plots
     relayrl runs [runs]                                           # runs with status and best reward
+    relayrl plan runs/<id> --devices 8                            # predicted step time of each placement
 
 Recipes are Hydra configs composed against the typed schema (relayrl/config.py). A bad key, type or
 combination exits with status 2 and one line naming the field and the fix, before Ray starts.
@@ -32,7 +33,25 @@ def _parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list run directories with status (finished/running/failed) and best reward")
     runs.add_argument("dir", nargs="?", default="runs", help="folder holding run directories (default: runs)")
     _eval_parser(sub)
+    _plan_parser(sub)
     return p
+
+
+def _plan_parser(sub: argparse._SubParsersAction) -> None:
+    plan = sub.add_parser("plan", help="predict step time and throughput of placements and rollout:trainer "
+                                       "splits from a profiled run (or given figures); print the best overrides",
+                          description="Profile = medians of a run's metrics after the warm-up step "
+                                      "(docs/plan.md gives the model's equations and limits).")
+    plan.add_argument("runs", nargs="*", help="run directories to profile (several: per-call generation cost fitted)")
+    plan.add_argument("--devices", "-n", type=int, required=True, help="devices to split (GPUs; CPU cores on a CPU box)")
+    plan.add_argument("--profile", default=None, help="yaml of profile fields (given figures) instead of run dirs")
+    plan.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                      help="override a profile field, e.g. --set train_efficiency=0.8 --set switch_s=2")
+    plan.add_argument("-k", type=int, nargs="+", default=[1], help="async staleness bounds to consider (default 1)")
+    plan.add_argument("--cores", type=int, default=None,
+                      help="devices are CPU cores, this many per machine; 0: devices are GPUs "
+                           "(default: this box's cores if it has no GPU)")
+    plan.add_argument("--save-profile", default=None, help="write the profile as yaml (edit it, pass it to --profile)")
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -116,6 +135,37 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from relayrl.plan import overrides, rank
+    from relayrl.plan.report import load_profile, plan_table, profile_lines, save_profile
+
+    cores = _cpu_cores() if args.cores is None else (args.cores or None)
+    try:
+        profile = load_profile(args.runs, args.profile, args.set, cores)
+        preds = rank(profile, args.devices, tuple(args.k))
+    except (OSError, ValueError) as exc:
+        print(f"relayrl: plan: {exc}", file=sys.stderr)
+        return 2
+    if args.save_profile:
+        save_profile(profile, args.save_profile)
+    console = Console() if Console().is_terminal else Console(width=200)
+    console.print("\n".join(profile_lines(profile)), highlight=False)
+    console.print(plan_table(preds))
+    console.print(f"recommended: {' '.join(overrides(preds[0].layout, cpu=cores is not None))}", highlight=False)
+    return 0
+
+
+def _cpu_cores() -> int | None:
+    """This box's cores when it has no CUDA GPU (a device is then a core), else None (a device is a GPU)."""
+    import os
+
+    import torch
+
+    return None if torch.cuda.is_available() else os.cpu_count()
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """argparse, except that ``key=value`` overrides may also come after options (``eval M -n 4 a=b``):
     argparse takes positionals only in one run, so the overrides it leaves over are added back here."""
@@ -131,7 +181,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     try:
-        return {"train": _train, "plot": _plot, "runs": _runs, "eval": _eval}[args.command](args)
+        return {"train": _train, "plot": _plot, "runs": _runs, "eval": _eval, "plan": _plan}[args.command](args)
     except ConfigError as exc:
         print(f"relayrl: config error: {exc}", file=sys.stderr)
         return 2

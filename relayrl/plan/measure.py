@@ -1,0 +1,80 @@
+"""Checking the planner against real runs: run a recipe in a layout, read its median step.
+
+Used by ``bench/plan_accuracy.py`` and the planner's slow test: profile one layout, predict others, run
+them, compare ``timing/step`` medians after the warm-up step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from relayrl.plan.model import Layout, Profile, overrides, predict
+
+TINY_WORK = ["run.prompts_per_step=4", "algorithm.group_size=8"]
+"""grpo_tiny at 4 prompts x 8 completions (512 tokens a step): steps of ~0.5 s on one core, long enough that
+the driver's jitter is small next to them."""
+
+QUIET = ["logging.wandb=disabled", "logging.console=false", "run.save_final=false", "weightsync.verify_every=0"]
+"""A measuring run logs metrics.jsonl only, saves no model and skips the logprob probe (a cost every
+``verify_every`` steps that a median over a few steps would catch or miss by chance)."""
+
+
+def run_layout(recipe: str, layout: Layout, steps: int, extra: list[str], output_dir: str | Path,
+               cpu: bool = True) -> Path:
+    """Train ``recipe`` for ``steps`` steps in ``layout`` (overrides from ``plan.overrides``); its run dir."""
+    import ray
+
+    from relayrl.config import load_config
+    from relayrl.controller import train
+
+    name = f"plan-{layout.placement}-{layout.split().replace(':', 'x')}-{layout.mode}{layout.k}"
+    cfg = load_config(recipe, [*overrides(layout, cpu), *QUIET, f"run.steps={steps}", f"run.name={name}",
+                               f"run.output_dir={output_dir}", *extra])
+    started = not ray.is_initialized()      # a test session's Ray stays up; one this call started goes
+    try:
+        return train(cfg).run_dir
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def median_step(run_dir: str | Path, skip: int = 1) -> float:
+    """Median ``timing/step`` after the first ``skip`` steps (what the profile's own medians compare with)."""
+    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return statistics.median(r["timing/step"] for r in rows[skip:])
+
+
+@dataclass(frozen=True)
+class Check:
+    layout: Layout
+    predicted_s: float
+    measured_s: float
+    run_dir: Path
+
+    @property
+    def error(self) -> float:
+        """|predicted - measured| / measured."""
+        return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+
+def check_layouts(recipe: str, profile_layout: Layout, targets: list[Layout], steps: int, extra: list[str],
+                  output_dir: str | Path, bracket: bool = True) -> tuple[Profile, list[Check]]:
+    """Profile ``recipe`` in ``profile_layout`` (one core per device on this box), then predict and run each
+    target layout. ``bracket``: profile again after the targets and use both profile runs (their costs
+    averaged), so that a machine whose load drifts during the check (this shared box: 2x within minutes)
+    is profiled at the targets' mean time. The profile runs are the first checks: their errors show the drift
+    (one profile run reproduces its own median exactly)."""
+    cores = os.cpu_count()
+    runs = [run_layout(recipe, profile_layout, steps, extra, output_dir)]
+    measured = [(layout, run_layout(recipe, layout, steps, extra, output_dir)) for layout in targets]
+    if bracket:
+        runs.append(run_layout(recipe, profile_layout, steps, extra, output_dir))
+    profile = Profile.from_runs(runs, cores=cores)
+    own = predict(profile, profile_layout).step_s
+    checks = [Check(profile_layout, own, median_step(run), run) for run in runs]
+    checks += [Check(layout, predict(profile, layout).step_s, median_step(run), run) for layout, run in measured]
+    return profile, checks

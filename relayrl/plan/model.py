@@ -1,0 +1,339 @@
+"""The placement planner's cost model: a profile of measured costs in, predicted step time of a layout out.
+
+A *device* is what a rollout replica or a trainer rank is given: a GPU, or one CPU core on a CPU box
+(``rollout.num_threads`` / ``trainer.num_threads`` cores each). A *layout* is (placement, rollout devices r,
+trainer devices t, mode, k). With ``tokens`` completion tokens per step, the phases of one step cost
+
+::
+
+    Tg(r) = gen_call_s + gen_dev_s_per_token * tokens / r              generation (data parallel)
+    Tr    = reward_s                                                    scoring (CPU workers)
+    Tt(t) = train_fixed_s + train_dev_s_per_token * tokens / (t * e(t)) training, e(1) = 1, e(t>1) = train_efficiency
+    Ts    = sync_fixed_s + sync_bytes / sync_bytes_per_s                weight sync
+    O     = overhead_s                                                  driver per step (RPCs, buffer, logging)
+
+and the step is
+
+::
+
+    separate, sync  (or k = 0):  step = Tg(r) + Tr + Tt(t) + Ts + O
+    separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s, train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
+    colocated (sync), N devices: step = Tg(N) + Tr + Tt(N) + Ts + 2 * switch_s + O
+
+    s = 1 on GPUs;  s = (2r + t) / (r + t) when devices are CPU cores;  or ``overlap_slowdown`` if given
+
+Why these laws: replicas never talk to each other, so generation is data parallel and its per-token work
+divides by r (``gen_call_s``, the per-call cost that does not divide, is fitted only when runs with
+different tokens per replica are given - else 0). Trainer ranks all-gather and reduce-scatter every step
+(FSDP2), so t ranks deliver ``t * train_efficiency`` of one rank's throughput (0.9 assumed unless given).
+The fixed costs ``train_fixed_s`` (fetching the batch, the driver's call), ``reward_s``, ``Ts`` and ``O``
+are measured in the profile run and do not shrink with devices; on small models they dominate, which is
+why the profile must measure them rather than assume them away. In async mode the rollout keeps going
+while the trainer trains (admission control lets it run k >= 1 versions ahead), so the slower of the two
+paths sets the pace; each sync pauses the engines for ``stall_s``. Colocated placement time-shares all
+N devices: phases run one after the other, plus two hand-overs (engines sleep, trainer wakes, and back).
+
+The overlap slowdown s: GPUs don't share their devices, so s = 1 there. On a CPU box a vLLM engine runs
+its scheduler (EngineCore) as one more busy process beside its worker thread, so r one-thread replicas keep
+2r processes busy. In a sync step only one side runs and the other cores absorb that; when both sides
+overlap, 2r + t busy processes share r + t cores and both slow by that ratio (1.5x for 1:1; measured on
+the 2-core box: training 1.4-1.9x and generation 1.0-1.5x slower in async than in sync).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured (or given) costs of one recipe; seconds per training step unless said."""
+
+    tokens: float                      # completion tokens per step
+    completions: float                 # completions per step
+    prompts_per_step: int              # run.prompts_per_step (replica counts must divide it)
+    gen_dev_s_per_token: float         # device-seconds of generation per completion token
+    train_dev_s_per_token: float       # device-seconds of training (update + reference logprobs) per token
+    gen_call_s: float = 0.0            # per generate call, does not divide by replicas
+    reward_s: float = 0.0              # scoring one generate call's completions
+    train_fixed_s: float = 0.0         # train call minus update/logprob: batch fetch, driver <-> rank round trip
+    sync_bytes: float = 0.0            # weight bytes moved per sync (per engine)
+    sync_bytes_per_s: float = 1e9      # transfer + commit speed of a sync
+    sync_fixed_s: float = 0.0          # sync seconds that are not bytes / speed (pause, verify, version check)
+    stall_s: float = 0.0               # async: seconds each sync pauses the engines
+    overhead_s: float = 0.0            # O: per step, what the phase timers miss (driver calls, logging)
+    switch_s: float = 0.0              # colocated: one hand-over between rollout and trainer
+    train_efficiency: float = 0.9      # e(t > 1): multi-rank training throughput per rank, relative to 1 rank
+    overlap_slowdown: float | None = None   # s: Tg and Tt's per-token part run this much slower while they
+                                            # overlap; None: (2r + t) / (r + t) if cpu, else 1
+    cpu: bool = False                  # devices are CPU cores of one host (profiled with --cores)
+    source: str = "given"              # the run dir(s) or file it came from
+
+    def sync_s(self) -> float:
+        """Ts = sync_fixed_s + sync_bytes / sync_bytes_per_s."""
+        return self.sync_fixed_s + self.sync_bytes / self.sync_bytes_per_s
+
+    def gen_s(self, devices: int) -> float:
+        """Tg(r) = gen_call_s + gen_dev_s_per_token * tokens / r."""
+        return self.gen_call_s + self.gen_dev_s_per_token * self.tokens / devices
+
+    def train_s(self, devices: int) -> float:
+        """Tt(t) = train_fixed_s + train_dev_s_per_token * tokens / (t * e(t))."""
+        return self.train_fixed_s + self.train_dev_s_per_token * self.tokens / (devices * efficiency(self, devices))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "given") -> "Profile":
+        """A profile from given figures (a yaml/json mapping of field names); unknown names are an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if unknown := sorted(set(data) - names):
+            raise ValueError(f"unknown profile field(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        missing = [n for n in ("tokens", "completions", "prompts_per_step", "gen_dev_s_per_token",
+                               "train_dev_s_per_token") if n not in data]
+        if missing:
+            raise ValueError(f"profile lacks {', '.join(missing)}; give them (or profile a run: relayrl plan RUN_DIR)")
+        return cls(**{"source": source, **data})
+
+    @classmethod
+    def from_run(cls, path: str | Path, cores: int | None = None, skip: int = 1,
+                 train_efficiency: float = 0.9) -> "Profile":
+        """Profile of one run directory (see ``from_runs``)."""
+        return cls.from_runs([path], cores, skip, train_efficiency)
+
+    @classmethod
+    def from_runs(cls, paths: list[str | Path], cores: int | None = None, skip: int = 1,
+                  train_efficiency: float = 0.9) -> "Profile":
+        """Costs measured in run directories (metrics.jsonl + config.yaml), medians over steps after the
+        first ``skip`` (warm-up: engine and allocator first use). ``cores``: this is a CPU box with that
+        many cores, so a replica or rank with ``num_threads=0`` used all of them (its device count).
+        ``train_efficiency``: e(t) assumed for the run's own t ranks when t > 1 (to get one rank's cost).
+
+        One run: per-call generation cost cannot be told from per-token cost, so ``gen_call_s`` = 0 (all of
+        Tg divides by replicas). Several runs whose tokens per rollout device differ >= 1.5x: ``gen_call_s`` and
+        ``gen_dev_s_per_token`` are fitted by least squares on Tg = a + b * tokens / r. The other costs are
+        averaged over the runs."""
+        if not paths:
+            raise ValueError("no run directories given; pass at least one runs/<id>")
+        samples = [_run_sample(Path(p), cores, skip, train_efficiency) for p in paths]
+        x = [s["tokens"] / s["r"] for s in samples]
+        y = [s["gen"] for s in samples]
+        gen_call, gen_tok = _fit_line(x, y)
+        avg = {k: statistics.fmean(s[k] for s in samples) for k in _AVERAGED}
+        return cls(gen_call_s=gen_call, gen_dev_s_per_token=gen_tok, train_efficiency=train_efficiency,
+                   cpu=cores is not None, source=", ".join(str(p) for p in paths),
+                   prompts_per_step=samples[0]["prompts_per_step"], **avg)
+
+
+_AVERAGED = ("tokens", "completions", "train_dev_s_per_token", "reward_s", "train_fixed_s", "sync_bytes",
+             "sync_bytes_per_s", "sync_fixed_s", "stall_s", "overhead_s")
+
+
+def efficiency(profile: Profile, devices: int) -> float:
+    """e(t): 1 for one rank (no collectives), ``train_efficiency`` for more."""
+    return 1.0 if devices == 1 else profile.train_efficiency
+
+
+FIT_SPREAD = 1.5
+"""Fit a per-call cost only when tokens per rollout device differ by this factor between runs: runs of one
+layout differ by a few tokens, and a line through two such points extrapolates noise."""
+
+
+def _fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(a, b) of y = a + b x by least squares when the x spread >= ``FIT_SPREAD``; otherwise a = 0 and
+    b = mean(y) / mean(x). a is kept >= 0."""
+    if max(x) < FIT_SPREAD * min(x):
+        return 0.0, statistics.fmean(y) / statistics.fmean(x)
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sum((xi - mx) ** 2 for xi in x)
+    a = my - b * mx
+    if a < 0:                          # noise: a fixed cost can't be negative, the line goes through 0
+        return 0.0, sum(xi * yi for xi, yi in zip(x, y)) / sum(xi * xi for xi in x)
+    return a, b
+
+
+def _read_run(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    import yaml
+
+    metrics, config = path / "metrics.jsonl", path / "config.yaml"
+    if not metrics.is_file() or not config.is_file():
+        raise FileNotFoundError(f"{path} is not a run directory (needs metrics.jsonl and config.yaml); "
+                                "pass runs/<id> of a finished run")
+    rows = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:          # a running run's half-written last line
+            continue
+    return yaml.safe_load(config.read_text()), rows
+
+
+def run_devices(cfg: dict[str, Any], cores: int | None) -> tuple[int, int]:
+    """(rollout devices, trainer devices) of a run's config: replicas x ``rollout.tp_size`` GPUs and
+    ``trainer.world_size`` ranks (tensor parallel ranks included); on a CPU box, times threads."""
+    r, t = int(cfg["rollout"]["num_replicas"]), int(cfg["trainer"]["world_size"])
+    if cores is None:
+        return r * int(cfg["rollout"].get("tp_size") or 1), t
+    r_threads = int(cfg["rollout"].get("num_threads") or cores)
+    t_threads = int(cfg["trainer"].get("num_threads") or cores)
+    return r * r_threads, t * t_threads
+
+
+def _run_sample(path: Path, cores: int | None, skip: int, train_efficiency: float) -> dict[str, float]:
+    """One run's medians turned into the profile's per-token and fixed costs."""
+    cfg, rows = _read_run(path)
+    rows = rows[skip:]
+    need = ("timing/generate", "timing/train", "timing/update", "timing/sync", "timing/step", "rollout/tokens")
+    if not rows or any(k not in rows[0] for k in need):
+        raise ValueError(f"{path}/metrics.jsonl has no steps after the {skip} warm-up step(s) with "
+                         f"{', '.join(need)}; profile a run of at least {skip + 3} steps")
+    med = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in {*need, *_OPTIONAL}}
+    r, t = run_devices(cfg, cores)
+    tokens = med["rollout/tokens"]
+    update = med["timing/update"] + med["timing/logprob"]
+    e = 1.0 if t == 1 else train_efficiency
+    bw = med["weightsync/gbps"] * 1e9 or 1e9
+    return {"tokens": tokens, "completions": med["rollout/completions"], "r": r,
+            "prompts_per_step": int(cfg["run"]["prompts_per_step"]), "gen": med["timing/generate"],
+            "train_dev_s_per_token": update * t * e / tokens, "reward_s": med["timing/reward"],
+            "train_fixed_s": max(0.0, med["timing/train"] - update), "sync_bytes": med["weightsync/bytes"],
+            "sync_bytes_per_s": bw,
+            "sync_fixed_s": max(0.0, med["timing/sync"] - med["weightsync/bytes"] / bw),
+            "stall_s": med["weightsync/stall_s"], "overhead_s": _overhead(cfg, rows)}
+
+
+_OPTIONAL = ("timing/logprob", "timing/reward", "rollout/completions", "weightsync/bytes", "weightsync/gbps",
+             "weightsync/stall_s")
+
+
+def _overhead(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> float:
+    """O: the median over steps of what the phase timers don't cover, step - (the critical path's phases):
+    the driver's admission and buffer calls, logging, a colocated run's sleep/wake hand-over.
+
+    Sync runs: step - (Tg + Tr + Tt + Ts); async runs: step - max(Tg + Tr + stall, Tt + Ts). Per step, not
+    median step minus phase medians: on a loaded box the latter is mostly noise (a median of sums exceeds
+    the sum of medians), and that noise would then be added to every layout's prediction."""
+    is_async = cfg.get("mode") == "async" and int(cfg.get("buffer", {}).get("max_staleness", 0)) >= 1
+
+    def one(row: dict[str, Any]) -> float:
+        rollout = row["timing/generate"] + row.get("timing/reward", 0.0)
+        trainer = row["timing/train"] + row["timing/sync"]
+        path = max(rollout + row.get("weightsync/stall_s", 0.0), trainer) if is_async else rollout + trainer
+        return row["timing/step"] - path
+
+    return max(0.0, statistics.median(one(r) for r in rows))
+
+
+@dataclass(frozen=True)
+class Layout:
+    placement: str          # separate | colocated
+    rollout_devices: int    # r: one replica per device
+    trainer_devices: int    # t: trainer ranks (FSDP2)
+    mode: str = "sync"      # sync | async
+    k: int = 0              # buffer.max_staleness (async)
+
+    @property
+    def overlaps(self) -> bool:
+        """Rollout and training run at the same time: separate placement, async, k >= 1."""
+        return self.placement == "separate" and self.mode == "async" and self.k >= 1
+
+    def split(self) -> str:
+        return f"{self.rollout_devices}:{self.trainer_devices}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    layout: Layout
+    step_s: float
+    completions_per_s: float
+    tokens_per_s: float
+    bottleneck: str         # generate | train | sync | overhead | switch: the largest term on the critical path
+    idle_rollout: float     # 1 - rollout busy / step
+    idle_trainer: float     # 1 - trainer busy (train + sync) / step
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)   # the terms, seconds
+
+
+def predict(profile: Profile, layout: Layout) -> Prediction:
+    """Step time, throughput, bottleneck and idle fractions of ``layout`` (laws: module docstring)."""
+    _check_layout(layout)
+    colocated = layout.placement == "colocated"
+    tg = profile.gen_s(layout.rollout_devices)
+    tt = profile.train_s(layout.trainer_devices)
+    ph = {"generate": tg, "reward": profile.reward_s, "train": tt, "sync": profile.sync_s(),
+          "overhead": profile.overhead_s, "switch": 2 * profile.switch_s if colocated else 0.0}
+    rollout_path = tg + ph["reward"]
+    trainer_path = tt + ph["sync"]
+    if layout.overlaps:
+        s = overlap_slowdown(profile, layout)
+        rollout_path += (s - 1) * tg + profile.stall_s
+        trainer_path += (s - 1) * (tt - profile.train_fixed_s)
+        core = max(rollout_path, trainer_path)
+        bottleneck = "generate" if rollout_path >= trainer_path else ("train" if tt >= ph["sync"] else "sync")
+    else:
+        core = rollout_path + trainer_path + ph["switch"]
+        bottleneck = max(("generate", "train", "sync", "switch"), key=lambda k: ph[k])
+    step = core + ph["overhead"]
+    if ph["overhead"] > max(ph["generate"], ph["train"], ph["sync"]):
+        bottleneck = "overhead"
+    return Prediction(layout, step, profile.completions / step, profile.tokens / step, bottleneck,
+                      idle_rollout=max(0.0, 1 - rollout_path / step), idle_trainer=max(0.0, 1 - trainer_path / step),
+                      phases=ph)
+
+
+def overlap_slowdown(profile: Profile, layout: Layout) -> float:
+    """s: how much slower generation and training compute run while they overlap (module docstring)."""
+    if profile.overlap_slowdown is not None:
+        return profile.overlap_slowdown
+    r, t = layout.rollout_devices, layout.trainer_devices
+    return (2 * r + t) / (r + t) if profile.cpu else 1.0
+
+
+def _check_layout(layout: Layout) -> None:
+    if layout.placement not in ("separate", "colocated") or layout.mode not in ("sync", "async"):
+        raise ValueError(f"layout {layout}: placement must be separate|colocated and mode sync|async")
+    if layout.rollout_devices < 1 or layout.trainer_devices < 1 or layout.k < 0:
+        raise ValueError(f"layout {layout}: needs >= 1 rollout and trainer device and k >= 0")
+
+
+def layouts(devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,)) -> list[Layout]:
+    """Every layout of ``devices`` devices: separate r:(N-r) for r = 1..N-1 in sync and async (each k), and
+    colocated on all N (sync: colocated never generates and trains at once, so async gains nothing there).
+    Replica counts that do not divide ``prompts_per_step`` are left out (the config rejects them)."""
+    if devices < 1:
+        raise ValueError(f"devices={devices} must be >= 1")
+    out = []
+    for r in range(1, devices):
+        if prompts_per_step % r:
+            continue
+        out.append(Layout("separate", r, devices - r, "sync", 0))
+        out += [Layout("separate", r, devices - r, "async", k) for k in ks if k >= 1]
+    if prompts_per_step % devices == 0:
+        out.append(Layout("colocated", devices, devices, "sync", 0))
+    return out
+
+
+def rank(profile: Profile, devices: int, ks: tuple[int, ...] = (1,)) -> list[Prediction]:
+    """Predictions for every layout of ``devices`` devices, fastest first (ties: smaller k, i.e. fresher data)."""
+    preds = [predict(profile, lay) for lay in layouts(devices, profile.prompts_per_step, ks)]
+    if not preds:
+        raise ValueError(f"no layout of {devices} devices divides run.prompts_per_step={profile.prompts_per_step}; "
+                         "use more devices or a prompts_per_step divisible by the replica count")
+    return sorted(preds, key=lambda p: (round(p.step_s, 9), p.layout.k))
+
+
+def overrides(layout: Layout, cpu: bool = False) -> list[str]:
+    """Recipe overrides that run ``layout``. ``cpu``: devices are cores, so every replica and rank is pinned to
+    one thread and asks Ray for one CPU."""
+    out = [f"placement={layout.placement}", f"rollout.num_replicas={layout.rollout_devices}",
+           f"trainer.world_size={layout.trainer_devices}", f"mode={layout.mode}"]
+    if layout.mode == "async":
+        out.append(f"buffer.max_staleness={layout.k}")
+    if cpu:
+        out += ["rollout.num_cpus=1", "rollout.num_threads=1", "trainer.num_cpus=1", "trainer.num_threads=1"]
+    return out
