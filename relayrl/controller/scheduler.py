@@ -240,8 +240,9 @@ class Scheduler:
         self.clock.trainer_busy += t2 - t0
         self.training = None
         self.idle_since = t2
-        self._account(entries)
-        self._log(entries, train_stats, {**sync_stats, "timing/train": t1 - t0, "timing/sync": t2 - t1})
+        buffer_stats = ray.get(self.buffer.stats.remote())
+        self._account(entries, buffer_stats)
+        self._log(entries, train_stats, {**sync_stats, **buffer_stats, "timing/train": t1 - t0, "timing/sync": t2 - t1})
         self.version += 1
         every = self.cfg.run.checkpoint_every
         if every and self.version % every == 0:
@@ -254,13 +255,12 @@ class Scheduler:
             raise RuntimeError(f"{self.bad_steps} steps in a row had a NaN/inf gradient and were skipped "
                                "(trainer.max_bad_steps); lower trainer.lr or check the rewards for inf")
 
-    def _account(self, entries: list[Entry]) -> None:
+    def _account(self, entries: list[Entry], buffer_stats: dict[str, float]) -> None:
         """Every issued prompt ends trained or dropped (buffer staleness drops); groups the trainer filtered
         out (dynamic sampling, reward exclusions) reached a step and count as trained, with their own
         metrics (``dapo/dropped_groups``, ``reward/dropped_groups``). The prompt log records the order."""
         trained = [p for e in entries for p in e.prompt_ids]
-        self.buffer_stats = ray.get(self.buffer.stats.remote())
-        self.counts["dropped"] = int(sum(v for k, v in self.buffer_stats.items() if k.startswith("buffer/dropped/")))
+        self.counts["dropped"] = int(sum(v for k, v in buffer_stats.items() if k.startswith("buffer/dropped/")))
         self.counts["trained"] += len(trained)
         with open(self.run.path / "prompts.jsonl", "a") as f:
             f.write(json.dumps({"step": self.version + 1, "prompt_ids": trained}) + "\n")
@@ -302,7 +302,7 @@ class Scheduler:
         self.clock.rollout_busy += sum(now - max(g.t0, self.clock.start) for g in self.generating.values())
         rows = [row for e in entries for row in e.metrics.get("_samples", [])]
         out = {**mean_metrics(entries), **train_stats, **stats,
-               **staleness_histogram(entries, self.version), **self.buffer_stats, **self._refill_stats(entries),
+               **staleness_histogram(entries, self.version), **self._refill_stats(entries),
                **self.clock.metrics(self.n), "colocated/switches": float(self.clock.switches),
                **({"colocated/offload_bytes": self.clock.offloaded} if self.colocated else {}),
                **{f"accounting/{k}": float(v) for k, v in self.counts.items()},

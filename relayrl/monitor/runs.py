@@ -33,9 +33,9 @@ class RunInfo:
     error: str = ""
 
 
-def _records(run_dir: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's records; a half-written last line of a running run is skipped."""
-    path = run_dir / "metrics.jsonl"
+def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records ([] without the file); a half-written last line of a running run is skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
     out = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
         try:
@@ -79,7 +79,7 @@ def run_status(run_dir: Path, steps_done: int, steps_total: int | None) -> tuple
 
 def run_info(run_dir: str | Path) -> RunInfo:
     run_dir = Path(run_dir)
-    records = _records(run_dir)
+    records = read_records(run_dir)
     rewards = [(r["step"], r[REWARD_KEY]) for r in records
                if isinstance(r.get(REWARD_KEY), (int, float)) and math.isfinite(r[REWARD_KEY])]
     best = max(rewards, key=lambda sr: sr[1], default=(None, None))

@@ -6,12 +6,12 @@ them, compare ``timing/step`` medians after the warm-up step.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from relayrl.monitor.runs import read_records
 from relayrl.plan.model import Layout, Profile, overrides, predict
 
 TINY_WORK = ["run.prompts_per_step=4", "algorithm.group_size=8"]
@@ -44,8 +44,7 @@ def run_layout(recipe: str, layout: Layout, steps: int, extra: list[str], output
 
 def median_step(run_dir: str | Path, skip: int = 1) -> float:
     """Median ``timing/step`` after the first ``skip`` steps (what the profile's own medians compare with)."""
-    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return statistics.median(r["timing/step"] for r in rows[skip:])
+    return statistics.median(r["timing/step"] for r in read_records(run_dir)[skip:])
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,12 @@ the 2-core box: training 1.4-1.9x and generation 1.0-1.5x slower in async than i
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from relayrl.monitor.runs import read_records
 
 
 @dataclass(frozen=True)
@@ -165,13 +166,7 @@ def _read_run(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if not metrics.is_file() or not config.is_file():
         raise FileNotFoundError(f"{path} is not a run directory (needs metrics.jsonl and config.yaml); "
                                 "pass runs/<id> of a finished run")
-    rows = []
-    for line in metrics.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:          # a running run's half-written last line
-            continue
-    return yaml.safe_load(config.read_text()), rows
+    return yaml.safe_load(config.read_text()), read_records(path)
 
 
 def run_devices(cfg: dict[str, Any], cores: int | None) -> tuple[int, int]:

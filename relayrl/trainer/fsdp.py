@@ -36,15 +36,16 @@ def _params_by_mesh(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     return list(groups.values())
 
 
-def global_grad_norm(model: torch.nn.Module) -> torch.Tensor:
-    """The L2 norm of the whole model's gradient: ``sqrt(sum_g ||g||^2)`` over the mesh groups.
+def global_grad_norm(groups: list[list[torch.nn.Parameter]]) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient: ``sqrt(sum_g ||g||^2)`` over the mesh groups
+    (``_params_by_mesh``).
 
     Each group's norm is a DTensor whose ``full_tensor()`` reduces the shards' partial sums over its
     mesh, so every unique shard counts once: a weight split over (dp, tp) sums over both, one only
     FSDP-sharded (and replicated over tp) sums over dp alone. The result is the same on every rank.
     """
     total = torch.zeros((), dtype=torch.float32)
-    for params in _params_by_mesh(model):
+    for params in groups:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         total = total + norm.detach().float().cpu() ** 2
@@ -54,10 +55,11 @@ def global_grad_norm(model: torch.nn.Module) -> torch.Tensor:
 def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
     """Clip the global grad norm (``global_grad_norm``; ``grad_clip <= 0``: no clip), step, zero the grads.
     Returns the pre-clip norm; when it is NaN/inf the step is skipped (the caller counts it)."""
-    norm = global_grad_norm(model)
+    groups = _params_by_mesh(model)
+    norm = global_grad_norm(groups)
     if torch.isfinite(norm):   # the global norm is the same on every rank, so all skip together
         if grad_clip > 0:      # torch's rule: scale by min(1, max_norm / (norm + 1e-6))
-            for params in _params_by_mesh(model):
+            for params in groups:
                 torch.nn.utils.clip_grads_with_norm_(params, grad_clip, norm.to(params[0].device))
         optimizer.step()       # a NaN/inf gradient would poison AdamW's moments for good: skip the step
     optimizer.zero_grad(set_to_none=True)

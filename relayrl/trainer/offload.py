@@ -4,7 +4,8 @@ With ``placement=colocated`` the engines and the trainer share GPUs and take tur
 frees the engines' weights and KV cache while the trainer works; this is the other half: the FSDP2
 shards (parameters, gradients) and AdamW's moments go to host memory while the engines generate, and come
 back before the next train step. FSDP2 keeps its parameters as DTensors registered on the module, so
-``Module.to`` moves the local shards in place; AdamW's state tensors are moved one by one.
+``Module.to`` moves the local shards (and any gradient with them) in place; AdamW's state tensors are
+moved one by one.
 
 On CPU trainers there is nothing to free: the calls return 0 and touch nothing.
 """
@@ -31,10 +32,7 @@ def move_training_state(modules: list[torch.nn.Module], optimizers: list[torch.o
         for p in module.parameters():
             if p.device != device:
                 moved += p.numel() * p.element_size()
-        module.to(device)
-        for p in module.parameters():
-            if p.grad is not None and p.grad.device != device:
-                p.grad = p.grad.to(device, non_blocking=True)
+        module.to(device)           # Module._apply moves each parameter's .grad too
     for optimizer in optimizers:
         for state, key, value in _optimizer_tensors(optimizer):
             if value.device != device:
