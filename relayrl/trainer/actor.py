@@ -44,6 +44,8 @@ import torch
 import torch.distributed as dist
 
 from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig
+from relayrl.rendezvous import client_store, master_store
+from relayrl.trainer import checkpoint
 from relayrl.trainer.advantages import (CRITIC_ESTIMATORS, masked_moments, moments_mean_var, outcome_gae,
                                         whiten_from_moments)
 from relayrl.trainer.batch import build_train_batch, split_batch, trainable_groups
@@ -114,10 +116,11 @@ class TrainerActor:
                  temperature: float, seed: int, timeout_s: float = 600.0, critic_cfg: CriticConfig | None = None):
         self.rank, self.world_size = rank, world_size
         self.critic_cfg, self.critic = critic_cfg or CriticConfig(), None   # Critic, made in setup for gae
-        self.init_method = f"tcp://{master_addr}:{master_port}"
+        self.master = (master_addr, master_port)
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
         self.temperature, self.seed, self.timeout = temperature, seed, timedelta(seconds=timeout_s)
         self._sync = None  # TrainerSync, set by connect_rollouts
+        self._saver = checkpoint.Saver()  # this rank's async checkpoint writes (one in flight)
         self.policy_loss = POLICY_LOSSES[algo_cfg.policy_loss]
         self.policy_kw, self.agg_kw = policy_loss_kwargs(algo_cfg), loss_agg_kwargs(algo_cfg)
         self.off_policy_kw = off_policy_kwargs(algo_cfg)
@@ -133,6 +136,11 @@ class TrainerActor:
                                                     factor=algo_cfg.overlong_penalty)
 
     # ---------------------------------------------------------------- setup
+    def _store(self) -> dist.TCPStore:
+        """Rank 0 serves the group's store on the master address only (not every interface)."""
+        make = master_store if self.rank == 0 else client_store
+        return make(*self.master, self.world_size, self.timeout)
+
     def setup(self) -> None:
         """Join the process group, load and shard the policy (and the frozen reference if KL is on, the critic
         for PPO)."""
@@ -143,8 +151,8 @@ class TrainerActor:
         else:
             self.device = torch.device("cpu")
             torch.set_num_threads(self.cfg.num_threads or os.cpu_count() or 1)
-        dist.init_process_group(backend, init_method=self.init_method, rank=self.rank,
-                                world_size=self.world_size, timeout=self.timeout)
+        dist.init_process_group(backend, store=self._store(), rank=self.rank, world_size=self.world_size,
+                                timeout=self.timeout)
         self.mesh = build_mesh(self.device.type, self.world_size, self.cfg.tp_size)
         self.dp_mesh, self.dp_group = self.mesh["dp"], self.mesh.get_group("dp")
         self.dp_rank, self.dp_size = self.dp_mesh.get_local_rank(), self.dp_mesh.size()
@@ -488,16 +496,21 @@ class TrainerActor:
             parts["critic"] = (self.critic.model, self.critic.optimizer)
         return parts
 
-    def save_checkpoint(self, path: str) -> None:
-        """Collective: this rank's shards of the policy (and critic) with their optimizers, and its RNG."""
-        from relayrl.trainer import checkpoint
+    def save_checkpoint(self, path: str, asynchronous: bool = False) -> float:
+        """Collective: this rank's shards of the policy (and critic) with their optimizers, and its RNG;
+        ``asynchronous`` returns once they are staged (``checkpoint_written`` says when they are on disk).
+        Returns the seconds training was held up."""
+        return self._saver.save(Path(path), self._checkpoint_parts(), self.rank, asynchronous)
 
-        checkpoint.save(Path(path), self._checkpoint_parts(), self.rank)
+    def checkpoint_written(self, wait: bool = False) -> bool:
+        """Whether the last ``save_checkpoint`` is on disk (``wait``: block until it is)."""
+        if wait:
+            self._saver.wait()
+        return self._saver.done()
 
     def load_checkpoint(self, path: str) -> None:
         """Collective: restore ``save_checkpoint``'s state into the live sharded modules."""
-        from relayrl.trainer import checkpoint
-
+        self._saver.wait()
         checkpoint.load(Path(path), self._checkpoint_parts(), self.rank)
 
     def close(self) -> None:

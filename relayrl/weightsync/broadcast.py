@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
+from relayrl.rendezvous import client_store, master_store
 from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, plan_layout
 from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
 
@@ -35,7 +36,7 @@ def open_group(host: str, port: int, rank: int, world_size: int, name: str, time
     """Join the gloo group ``name`` whose store listens on ``host:port`` (rank 0 passes its own ``store``)."""
     timeout = timedelta(seconds=timeout_s)
     if store is None:
-        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        store = client_store(host, port, world_size, timeout)
     return dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, world_size, timeout)
 
 
@@ -80,8 +81,7 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
     def _rendezvous(self, info: BroadcastTrainerInitInfo) -> None:
         """Open the store (port 0: the OS picks), then meet the workers, who block in their init meanwhile."""
         timeout = timedelta(seconds=info.timeout_s)
-        self.store = dist.TCPStore(info.host, 0, info.world_size, is_master=True, timeout=timeout,
-                                   wait_for_workers=False)
+        self.store = master_store(info.host, 0, info.world_size, timeout)
         name = f"relayrl-{uuid.uuid4().hex[:8]}"
         payload = {"layout": self.layout.to_dict(), "transport": "broadcast", "rank_offset": 1,
                    "channel": {"host": info.host, "port": self.store.port, "world_size": info.world_size,

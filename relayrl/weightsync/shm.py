@@ -33,6 +33,15 @@ MAGIC = int.from_bytes(b"relayrl1", "little")
 WRITING = -1
 
 
+def create_private(path: str, nbytes: int) -> None:
+    """A new ``nbytes`` file readable by this user only; fails if anything (a planted symlink) is there."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
 class ShmRegion:
     """``[header | flat payload]`` in a shared file mapping: header = int64 [magic, version, digest]."""
 
@@ -49,8 +58,7 @@ class ShmRegion:
             raise FileNotFoundError(f"weightsync.shm_dir={shm_dir} is not a directory; "
                                     "set it to an existing (ideally tmpfs) directory")
         path = os.path.join(shm_dir, f"relayrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}.bin")
-        with open(path, "wb") as f:
-            f.truncate(HEADER_BYTES + nbytes)
+        create_private(path, HEADER_BYTES + nbytes)
         region = cls(path, nbytes)
         region.buffer.zero_()
         region.header[0] = MAGIC

@@ -114,10 +114,8 @@ def test_stalled_transfer_times_out_and_the_engine_keeps_its_version(pusher, act
     sync.source = stalled            # the next connect plans from it; the live engine reads it
     if sync.engine is not None:
         sync.engine.source = stalled
-    t0 = time.perf_counter()
     with pytest.raises(WeightSyncError, match=f"weight sync v{old + 1}.*(timed out|took|failed)"):
-        sync.sync(old + 1)
-    assert time.perf_counter() - t0 < 4 * TIMEOUT_S + 5
+        sync.sync(old + 1)        # the stalled source would finish (TIMEOUT_S + 1.5 s): only a deadline fails it
     assert_still_serving(actor, ray_session, old, before)
     sync.source = source             # a healthy sync afterwards lands (re-initialising if needed)
     assert push(pusher, weights, old + 1)["weightsync/version"] == old + 1

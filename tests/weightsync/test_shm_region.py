@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from relayrl.weightsync.layout import FlatLayout
-from relayrl.weightsync.shm import ShmReceiver, ShmRegion
+from relayrl.weightsync.shm import ShmReceiver, ShmRegion, create_private
 from relayrl.weightsync.base import FlatUpdateInfo
 
 
@@ -39,3 +41,18 @@ def test_writer_and_reader_share_bytes_and_the_stamp_gates_reads(tmp_path, layou
 def test_missing_dir_is_one_clear_line(tmp_path):
     with pytest.raises(FileNotFoundError, match="weightsync.shm_dir=.* is not a directory"):
         ShmRegion.create(str(tmp_path / "nope"), 64)
+
+
+def test_weight_file_is_private_to_the_user(tmp_path):
+    region = ShmRegion.create(str(tmp_path), 1024)
+    assert os.stat(region.path).st_mode & 0o777 == 0o600
+
+
+def test_a_planted_file_or_symlink_is_never_written_through(tmp_path):
+    target = tmp_path / "victim"
+    target.write_bytes(b"keep")
+    planted = tmp_path / "weights.bin"
+    planted.symlink_to(target)
+    with pytest.raises(FileExistsError):
+        create_private(str(planted), 4096)
+    assert target.read_bytes() == b"keep"
