@@ -10,7 +10,8 @@ group's columns repeated for every completion of that group. Per completion and 
 and ``traj.reward = sum_i weight_i * r_i`` over the functions that gave a value, 0.0 when none did
 (as TRL, which sums with ``nansum``). Unusable (``REASONS``): the call raised, timed out, its worker
 died, or it returned a non-list or a list of the wrong length (every completion of that call is
-excluded); or one value was NaN/inf or not a number (that completion alone is excluded). Excluded
+excluded); or one value was NaN/inf or not a number, or the weighted total overflowed to inf/NaN (that
+completion alone is excluded; a total is recorded as reward ``total``). Excluded
 completions are never trained on (``trainer.batch.trainable_groups``), and ``check_error_rate``
 aborts the run, in one line, when too many of a step's completions are excluded.
 
@@ -202,7 +203,18 @@ def fill_rewards(groups: list[TrajectoryGroup], fns: RewardFns, calls: list[Call
                 t.excluded = Exclusion(name, reason, result.detail)
     for t in trajs:
         if t.excluded is None:
-            t.reward = sum(w * t.rewards[name] for name, _, w in fns if t.rewards[name] is not None)
+            _total(t, fns, Exclusion)
+
+
+def _total(t: Any, fns: RewardFns, exclusion: type) -> None:
+    """``t.reward = sum_i w_i * r_i``; a total that is not finite (finite values times large weights can
+    overflow to inf, and inf - inf is NaN) excludes ``t`` as ``non_finite``, exactly as a NaN value does:
+    one inf in a group would make its mean and std inf and every advantage of the group NaN."""
+    total = sum(w * t.rewards[name] for name, _, w in fns if t.rewards[name] is not None)
+    if math.isfinite(total):
+        t.reward = total
+    else:
+        t.excluded = exclusion("total", "non_finite", f"weighted total {total!r} is not finite")
 
 
 def score_groups(groups: list[TrajectoryGroup], fns: RewardFns, groups_per_call: int = 1,

@@ -3,6 +3,9 @@
 Prompts: ``raise`` raises, ``hang`` writes its pid to the ``pidfile`` column then spins forever, ``nan``
 returns NaN for the first completion, ``short`` returns one value too few, ``text`` returns a string,
 ``none`` returns None for every completion; anything else gets ``len(completion)``.
+
+``sleepy`` appends ``pid start end`` (``time.monotonic``, one clock for all processes of the host) to the
+file named by its ``spans`` column, so a test can prove calls overlapped without timing thresholds.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
 from pathlib import Path
 
 
@@ -32,7 +36,17 @@ def flaky(prompts, completions, pidfile=None, **_):
     return [float(len(c)) for c in completions]
 
 
-async def sleepy(prompts, completions, **_):
-    """Takes 0.5 s of waiting (not CPU) per call, then pays 1.0."""
+async def sleepy(prompts, completions, spans=None, **_):
+    """Takes 0.5 s of waiting (not CPU) per call, then pays 1.0; records its span if asked to."""
+    start = time.monotonic()
     await asyncio.sleep(0.5)
+    if spans is not None:
+        with open(spans[0], "a") as f:         # one short append per call: atomic with O_APPEND
+            f.write(f"{os.getpid()} {start!r} {time.monotonic()!r}\n")
     return [1.0] * len(completions)
+
+
+def read_spans(path) -> list[tuple[int, float, float]]:
+    """``(pid, start, end)`` of every ``sleepy`` call that wrote to ``path``."""
+    rows = [line.split() for line in Path(path).read_text().splitlines()]
+    return [(int(pid), float(start), float(end)) for pid, start, end in rows]

@@ -2,7 +2,6 @@
 
 import asyncio
 import math
-import time
 
 import pytest
 
@@ -10,7 +9,7 @@ from relayrl.rewards import RewardError, reward_metrics, score_groups
 from relayrl.rewards.builtin import answer_format, arith_correct
 from relayrl.rewards.scoring import check_error_rate, check_values
 from relayrl.types import Exclusion, Trajectory, TrajectoryGroup
-from tests.rewards.flaky import flaky, sleepy
+from tests.rewards.flaky import flaky, read_spans, sleepy
 
 
 def traj(text: str, i: int = 0) -> Trajectory:
@@ -133,12 +132,15 @@ def test_nothing_left_to_train_on_aborts():
     check_error_rate(score_groups(batch(), FNS), 0.0)                  # no errors: never aborts
 
 
-def test_async_rewards_run_concurrently_in_process():
+def test_async_rewards_run_concurrently_in_process(tmp_path):
+    """All 8 calls were running at once: the last to start began before the first to end finished.
+    Awaited one by one, each would end before the next began, on any machine."""
     groups = [group(i, "1", "a", "b") for i in range(8)]
-    t0 = time.perf_counter()
+    for g in groups:
+        g.columns["spans"] = str(tmp_path / "spans")
     score_groups(groups, [("sleepy", sleepy, 1.0)])
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, f"8 async calls of 0.5 s took {elapsed:.2f}s: not concurrent"   # serial: 4 s
+    spans = read_spans(tmp_path / "spans")
+    assert len(spans) == 8 and max(s for _, s, _ in spans) < min(e for _, _, e in spans)
     assert all(t.reward == 1.0 for g in groups for t in g.trajectories)
 
 
@@ -174,3 +176,18 @@ def test_reward_metrics_by_hand():
     assert m["reward/zero_std_groups"] == pytest.approx(1 / 2)     # group 1: both 1.5
     assert m["reward/errors"] == 0.0 and m["reward/error_rate"] == 0.0 and m["reward/dropped_groups"] == 0.0
     assert reward_metrics(score_groups(batch(), FNS), primary="answer_format")["reward/pass_rate"] == 0.8
+
+
+def test_total_that_overflows_to_inf_is_excluded_like_nan():
+    """1e308 * 10 = inf (float max is ~1.8e308): that total would make its group's advantages NaN;
+    1e308 * 0.5 = 5e307 is finite and stays (the mean of two of them, 1e308, is finite too)."""
+    def big(prompts, completions, **_):
+        return [10.0 if c == "b" else 0.5 for c in completions]
+
+    groups = [group(0, "1", "a", "b", "c")]
+    score_groups(groups, [("big", big, 1e308)])
+    [a, b, c] = groups[0].trajectories
+    assert (a.reward, c.reward, a.excluded, c.excluded) == (5e307, 5e307, None, None)
+    assert b.excluded == Exclusion("total", "non_finite", "weighted total inf is not finite") and b.reward == 0.0
+    m = reward_metrics(groups)
+    assert m["reward/errors/non_finite"] == 1.0 and m["reward/mean"] == 5e307
