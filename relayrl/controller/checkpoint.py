@@ -8,8 +8,16 @@ Layout under the run directory::
         driver.json          step, sampler cursor, prompts started but not yet trained (re-issued first)
         COMPLETE             written last
 
-Everything is written into ``.step_000040.tmp`` and renamed only after ``COMPLETE`` is on disk, so a
-crash while saving never leaves a directory that looks complete: ``latest`` only accepts complete ones.
+Everything is written into ``.step_000040.tmp``; once every rank's shards are on disk, ``driver.json``
+and ``COMPLETE`` are written, every file and directory is fsynced, and the directory is renamed (then
+its parent fsynced). A crash at any point leaves either the previous checkpoints or a ``.tmp`` directory
+that ``latest`` never considers and the next save deletes. ``checkpoints/final`` (HF format) is written
+the same way (``durable_dir``).
+
+``Checkpointer`` writes asynchronously (``run.checkpoint_async``): the trainer stages its shards and
+writes them in the background while training goes on; the checkpoint is committed (driver state,
+``COMPLETE``, rename) at the first step that finds the write done, before the next save, and at the
+end of the run. The driver state is the one of the step the shards belong to, captured at save time.
 In async mode the batches in flight at save time are not kept (they hold refs into a dead cluster);
 their prompts are, and are generated again after resuming, under the restored weights.
 """
@@ -19,10 +27,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relayrl.monitor.runs import is_live
+
 MARKER = "COMPLETE"
+STALL_KEY = "timing/checkpoint_stall"
+"""Seconds checkpoint saves held the driver since the previous step (logged every step by ``RunDir``)."""
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -37,12 +52,12 @@ def latest(run_dir: Path) -> Path | None:
 
 def find_resume(output_dir: str, name: str, resume: str) -> tuple[Path, Path] | None:
     """``(run_dir, checkpoint)`` to resume from: ``resume=auto`` takes the newest run named ``name`` under
-    ``output_dir`` that has a complete checkpoint (None: start fresh); otherwise ``resume`` is a path to a
-    checkpoint directory or to a run directory."""
+    ``output_dir`` that has a complete checkpoint and is not still running on this host (another driver
+    is writing it; None: start fresh); otherwise ``resume`` is a path to a checkpoint or run directory."""
     if resume == "auto":
         runs = sorted(Path(output_dir).glob(f"{name}-*"), key=lambda p: p.stat().st_mtime, reverse=True)
         for run in runs:
-            if (ckpt := latest(run)) is not None:
+            if not is_live(run) and (ckpt := latest(run)) is not None:
                 return run, ckpt
         return None
     path = Path(resume)
@@ -54,22 +69,135 @@ def find_resume(output_dir: str, name: str, resume: str) -> tuple[Path, Path] | 
                             "runs/<id> or runs/<id>/checkpoints/step_N, or use run.resume=auto")
 
 
-def save(run_dir: Path, step: int, trainer: Any, driver_state: dict[str, Any], keep: int) -> Path:
-    """Write checkpoint ``step`` atomically, then keep only the newest ``keep`` complete ones."""
-    final = step_dir(run_dir, step)
-    tmp = final.with_name(f".{final.name}.tmp")
+def driver_state(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / "driver.json").read_text())
+
+
+# ---- durable writes ----------------------------------------------------------------------------------
+def fsync_path(path: Path) -> None:
+    """fsync one file or directory (a directory's fsync makes its entries, e.g. a rename, durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` and fsync it before returning."""
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then every directory bottom-up (their entries)."""
+    for dirpath, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fsync_path(Path(dirpath) / name)
+        fsync_path(Path(dirpath))
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make the finished directory ``tmp`` appear as ``final`` in one rename, durably: an older ``final``
+    is moved aside first (a directory rename cannot replace a non-empty one) and deleted after."""
+    fsync_tree(tmp)
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_path(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def temp_dir(final: Path) -> Path:
+    return final.with_name(f".{final.name}.tmp")
+
+
+def durable_dir(final: Path, write: Callable[[Path], Any]) -> Path:
+    """``write(tmp)`` fills a fresh temporary directory that is then published as ``final``."""
+    tmp = temp_dir(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    trainer.save_checkpoint(str(tmp))
-    (tmp / "driver.json").write_text(json.dumps({"step": step, **driver_state}))
-    (tmp / MARKER).write_text("")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    done = sorted((p for p in final.parent.glob("step_*") if (p / MARKER).exists()), key=lambda p: p.name)
-    for old in done[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    write(tmp)
+    publish(tmp, final)
     return final
 
 
-def driver_state(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / "driver.json").read_text())
+def clean_temp(checkpoints: Path) -> None:
+    """Delete what a crashed save left behind (``.step_N.tmp``, ``.final.tmp``, ``.*.old``)."""
+    for leftover in list(checkpoints.glob(".*.tmp")) + list(checkpoints.glob(".*.old")):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def prune(checkpoints: Path, keep: int) -> None:
+    """Keep only the newest ``keep`` complete ``step_*`` checkpoints."""
+    done = sorted((p for p in checkpoints.glob("step_*") if (p / MARKER).exists()), key=lambda p: p.name)
+    for old in done[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- the run's writer --------------------------------------------------------------------------------
+@dataclass
+class Pending:
+    """A save whose trainer shards may still be on their way to disk."""
+
+    step: int
+    tmp: Path
+    trainer: Any            # TrainerGroup: ``checkpoint_written(wait)``
+    state: str              # driver.json: the driver's state at ``step``, serialised at save time
+
+
+class Checkpointer:
+    """One run's ``step_N`` checkpoints: at most one trainer write in flight, committed only after it."""
+
+    def __init__(self, run_dir: Path, keep: int, asynchronous: bool = True):
+        self.checkpoints = Path(run_dir) / "checkpoints"
+        self.keep, self.asynchronous = keep, asynchronous
+        self.pending: Pending | None = None
+        self.stall_s = 0.0     # seconds saves held the driver since the last ``take_stall``
+
+    def save(self, step: int, trainer: Any, state: dict[str, Any]) -> None:
+        """Start checkpoint ``step``: the previous one is committed first (waiting for its write), leftovers
+        of a crashed save are deleted, then the trainer writes (in the background when asynchronous).
+        ``state`` is serialised now: the loop changes its counts before the write commits."""
+        t0 = time.perf_counter()
+        self.commit(wait=True)
+        clean_temp(self.checkpoints)
+        tmp = temp_dir(step_dir(self.checkpoints.parent, step))
+        tmp.mkdir(parents=True)
+        trainer.save_checkpoint(str(tmp), self.asynchronous)
+        self.pending = Pending(step, tmp, trainer, json.dumps({"step": step, **state}))
+        if not self.asynchronous:
+            self.commit(wait=True)
+        self.stall_s += time.perf_counter() - t0
+
+    def commit(self, wait: bool) -> Path | None:
+        """Publish the pending checkpoint if its shards are on disk (``wait``: block until they are)."""
+        pending = self.pending
+        if pending is None or not pending.trainer.checkpoint_written(wait):
+            return None
+        self.pending = None
+        write_durable(pending.tmp / "driver.json", pending.state)
+        write_durable(pending.tmp / MARKER, "")
+        final = step_dir(self.checkpoints.parent, pending.step)
+        publish(pending.tmp, final)
+        prune(self.checkpoints, self.keep)
+        return final
+
+    def poll(self) -> None:
+        """Once per step: commit the pending checkpoint if its write finished (never blocks on it)."""
+        self.commit(wait=False)
+
+    def finish(self) -> None:
+        """End of the run: wait for the last write and commit it."""
+        t0 = time.perf_counter()
+        self.commit(wait=True)
+        self.stall_s += time.perf_counter() - t0
+
+    def take_stall(self) -> float:
+        """Stall seconds since the last call (what ``checkpoint/stall_s`` reports), reset to 0."""
+        stall, self.stall_s = self.stall_s, 0.0
+        return stall

@@ -41,7 +41,7 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     reward_fns = resolve_rewards(cfg, rewards)          # import errors surface before Ray starts
     model_path = resolve_model_path(cfg)
     resume = resolve_resume(cfg)                        # (run dir, checkpoint, state) or None, before Ray starts
-    run = RunDir.reopen(cfg, resume[0], resume[2]["step"]) if resume else RunDir.create(cfg)
+    run = RunDir.reopen(cfg, resume[0], resume[2]) if resume else RunDir.create(cfg)
     start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
     placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
     try:
@@ -73,13 +73,15 @@ def run_once(cfg: Config, model_path: Path, placement: Any, reward_fns: list, ru
 
 
 def restart_point(cfg: Config, run: RunDir) -> tuple[tuple | None, RunDir]:
-    """After a trainer death: the run's latest complete checkpoint (or none) and the run dir reopened at it."""
+    """After a trainer death: the run's latest complete checkpoint (or none) and the run dir reopened at it.
+    A checkpoint whose background write was still pending is given up (the dead rank's shards may be
+    missing); the next save deletes its temporary directory."""
     from relayrl.controller import checkpoint
 
     run.logger.close()
     ckpt = checkpoint.latest(run.path)
     resume = (run.path, ckpt, checkpoint.driver_state(ckpt)) if ckpt else None
-    return resume, RunDir.reopen(cfg, run.path, resume[2]["step"] if resume else 0)
+    return resume, RunDir.reopen(cfg, run.path, resume[2] if resume else None)
 
 
 def loop(cfg: Config, system: System, run: RunDir, resume: tuple | None = None) -> None:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relayrl.config import Config
+from relayrl.config import Config, ConfigError
+from relayrl.controller.checkpoint import STALL_KEY, Checkpointer, durable_dir, fsync_path, write_durable
+from relayrl.monitor.runs import read_jsonl
 
 
 @dataclass
@@ -34,40 +36,39 @@ class RunDir:
     path: Path
     logger: Any
     rewards: list[float] = field(default_factory=list)
+    checkpoints: Checkpointer | None = None   # step_N writes; None in a RunDir made without a config
 
     @classmethod
     def create(cls, cfg: Config) -> "RunDir":
-        from omegaconf import OmegaConf
-
-        from relayrl.monitor.metrics import make_logger
-
-        path = Path(cfg.run.output_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        path.mkdir(parents=True, exist_ok=False)
-        resolved = OmegaConf.structured(cfg)
-        (path / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-        config_dict = OmegaConf.to_container(resolved, resolve=True)
-        config_dict.pop("defaults", None)
-        run = cls(cfg, path, None)
-        run.write_status("running")
-        run.logger = make_logger(cfg.logging, path, config_dict, cfg.run.steps)
-        return run
+        return cls._open(cfg, new_run_dir(Path(cfg.run.output_dir), cfg.run.name), [])
 
     @classmethod
-    def reopen(cls, cfg: Config, path: Path, step: int) -> "RunDir":
-        """Continue ``path`` after a resume from checkpoint ``step``: per-step logs are cut back to it (the
-        steps after it are trained again) and the logger appends."""
+    def reopen(cls, cfg: Config, path: Path, state: dict[str, Any] | None) -> "RunDir":
+        """Continue ``path`` after a resume from the checkpoint with driver ``state`` (None: from step 0).
+        Per-step logs are cut back to its step (the steps after it are trained again; a torn last line
+        left by a killed writer goes too), the prompt log is checked against it, and the logger appends."""
+        step = state["step"] if state else 0
+        check_prompt_log(path / "prompts.jsonl", step, state["counts"]["trained"] if state else 0)
+        for name in ("metrics.jsonl", "samples.jsonl", "prompts.jsonl"):
+            _truncate_steps(path / name, step)
+        rows = [record for _, record in read_jsonl(path / "metrics.jsonl")]
+        return cls._open(cfg, path, [float(r.get("reward/mean", float("nan"))) for r in rows],
+                         resumed_from=step)
+
+    @classmethod
+    def _open(cls, cfg: Config, path: Path, rewards: list[float], **status: Any) -> "RunDir":
         from omegaconf import OmegaConf
 
         from relayrl.monitor.metrics import make_logger
 
-        for name in ("metrics.jsonl", "samples.jsonl", "prompts.jsonl"):
-            _truncate_steps(path / name, step)
-        rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()] \
-            if (path / "metrics.jsonl").exists() else []
-        config_dict = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+        resolved = OmegaConf.structured(cfg)
+        if not status:                                     # a new run: its resolved config
+            (path / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        config_dict = OmegaConf.to_container(resolved, resolve=True)
         config_dict.pop("defaults", None)
-        run = cls(cfg, path, None, [float(r.get("reward/mean", float("nan"))) for r in rows])
-        run.write_status("running", resumed_from=step)
+        run = cls(cfg, path, None, rewards,
+                  Checkpointer(path, cfg.run.keep_checkpoints, cfg.run.checkpoint_async))
+        run.write_status("running", **status)
         run.logger = make_logger(cfg.logging, path, config_dict, cfg.run.steps)
         return run
 
@@ -75,8 +76,9 @@ class RunDir:
         """``status.json``: running (with pid and host, so a crashed run can be told apart) | finished | failed."""
         record = {"status": status, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **extra}
         tmp = self.path / "status.json.tmp"
-        tmp.write_text(json.dumps(record) + "\n")
+        write_durable(tmp, json.dumps(record) + "\n")
         tmp.replace(self.path / "status.json")
+        fsync_path(self.path)
 
     def fail(self, exc: BaseException) -> None:
         """Mark the run failed: the error's first line in status.json, the traceback in logs/error.log."""
@@ -91,6 +93,9 @@ class RunDir:
         samples = metrics.pop("_samples", None)
         if samples:
             self.logger.log_samples(step, samples)
+        if self.checkpoints is not None:
+            self.checkpoints.poll()          # commit a step_N whose background write has finished
+            metrics[STALL_KEY] = self.checkpoints.take_stall()
         metrics = to_schema(metrics, self.cfg.trainer.lr, self.cfg.rollout.num_replicas)
         self.rewards.append(float(metrics.get("reward/mean", float("nan"))))
         self.logger.log(step, metrics)
@@ -99,10 +104,12 @@ class RunDir:
         """Save the final HF checkpoint, write plots, print the reward curve."""
         from relayrl.monitor.plot import plot_run, reward_curve_ascii
 
+        if self.checkpoints is not None:
+            self.checkpoints.finish()        # the last step_N is on disk and committed
         checkpoint = None
-        if self.cfg.run.save_final:
-            checkpoint = self.path / "checkpoints" / "final"
-            system.trainer.save_hf(str(checkpoint))
+        if self.cfg.run.save_final:           # written aside, fsynced, renamed: never half a model
+            checkpoint = durable_dir(self.path / "checkpoints" / "final",
+                                     lambda tmp: system.trainer.save_hf(str(tmp)))
         self.logger.close()
         plot_run(self.path)
         self.write_status("finished", steps_done=len(self.rewards))
@@ -114,13 +121,49 @@ class RunDir:
 
 
 def _truncate_steps(path: Path, step: int) -> None:
-    """Keep the lines of a per-step jsonl file whose ``step`` is <= ``step`` (atomic rewrite)."""
+    """Keep the lines of a per-step jsonl file whose ``step`` is <= ``step`` (atomic, durable rewrite);
+    a torn last line is dropped with the rest."""
     if not path.exists():
         return
-    keep = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x).get("step", 0) <= step]
+    keep = [line for line, record in read_jsonl(path) if record.get("step", 0) <= step]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in keep))
+    write_durable(tmp, "".join(x + "\n" for x in keep))
     tmp.replace(path)
+
+
+def check_prompt_log(path: Path, step: int, trained: int) -> None:
+    """Before cutting back to checkpoint ``step`` (so a refused resume changes nothing): the lines of
+    ``prompts.jsonl`` up to ``step`` must be steps 1..``step`` in order with ``trained`` prompt ids in all
+    (the checkpoint's ``counts["trained"]``); anything else means the log is not this checkpoint's
+    history, and resuming would train on a data order nobody can audit."""
+    records = [record for _, record in read_jsonl(path) if record.get("step", 0) <= step]
+    steps = [r.get("step") for r in records]
+    ids = sum(len(r.get("prompt_ids", [])) for r in records)
+    if steps != list(range(1, step + 1)) or ids != trained:
+        raise ConfigError(
+            f"{path} holds steps {_span(steps)} with {ids} prompt ids, but the checkpoint is at step {step} "
+            f"with {trained} trained prompts: this run dir's prompt log does not match its checkpoint; "
+            "resume from a checkpoint it matches (run.resume=<run dir>/checkpoints/step_N) or start fresh")
+
+
+def _span(steps: list) -> str:
+    return "none" if not steps else f"{steps[0]}..{steps[-1]} ({len(steps)} lines)"
+
+
+def new_run_dir(output_dir: Path, name: str, stamp: str | None = None) -> Path:
+    """Create ``output_dir/<name>-<stamp>`` (stamp: the time to the second), or ``...-<stamp>-2``, ``-3``
+    when another run took it in the same second: ``mkdir`` without ``exist_ok`` is atomic, so two runs
+    can never share a directory."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    base = f"{name}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
+    for n in range(1, 1000):
+        path = output_dir / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{output_dir}/{base}-*: 999 runs named {name!r} started in one second")
 
 
 def error_line(exc: BaseException) -> str:

@@ -82,6 +82,7 @@ class Scheduler:
         self.outstanding: dict[int, list[dict]] = {}   # seq -> prompts started but not yet trained
         self.pending: list[list[dict]] = []             # chunks to generate again first (after a resume)
         self.counts = {"issued": 0, "trained": 0, "dropped": 0}
+        self.dropped_before_resume = 0                  # restored drops: the buffer's own count restarts at 0
         self.retry: list[Launch] = []                   # chunks to generate again after their replica died
         self.bad_steps = 0                              # consecutive steps skipped for a NaN/inf gradient
         self.next_seq = 0                               # start order of the next generate call
@@ -100,6 +101,7 @@ class Scheduler:
         ray.get(self.buffer.skip_to.remote(self.next_seq))
         self.counts = dict(state["counts"])
         self.counts["issued"] -= sum(len(c) for c in self.pending)   # counted again when re-issued
+        self.dropped_before_resume = self.counts["dropped"]
 
     def run_steps(self) -> None:
         if self.colocated and self.cfg.placement.offload_trainer:
@@ -260,19 +262,19 @@ class Scheduler:
         out (dynamic sampling, reward exclusions) reached a step and count as trained, with their own
         metrics (``dapo/dropped_groups``, ``reward/dropped_groups``). The prompt log records the order."""
         trained = [p for e in entries for p in e.prompt_ids]
-        self.counts["dropped"] = int(sum(v for k, v in buffer_stats.items() if k.startswith("buffer/dropped/")))
+        self.counts["dropped"] = self.dropped_before_resume + int(
+            sum(v for k, v in buffer_stats.items() if k.startswith("buffer/dropped/")))
         self.counts["trained"] += len(trained)
         with open(self.run.path / "prompts.jsonl", "a") as f:
             f.write(json.dumps({"step": self.version + 1, "prompt_ids": trained}) + "\n")
 
     def checkpoint(self) -> None:
-        """Trainer shards + the driver's state at the current version (atomic; see controller/checkpoint)."""
-        from relayrl.controller import checkpoint
-
+        """Trainer shards + the driver's state at the current version (atomic, written in the background;
+        see controller/checkpoint)."""
         state = {"sampler": self.system.sampler.state_dict(), "counts": self.counts,
                  "seq": min(self.outstanding, default=self.next_seq),
                  "pending": [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending}
-        checkpoint.save(self.run.path, self.version, self.system.trainer, state, self.cfg.run.keep_checkpoints)
+        self.run.checkpoints.save(self.version, self.system.trainer, state)
 
     def _sync_and_verify(self, version: int, refs: list) -> dict[str, float]:
         """Weights to the engines, then the mismatch probe. Colocated, this is also the hand-over back to

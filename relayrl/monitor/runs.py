@@ -33,6 +33,34 @@ class RunInfo:
     error: str = ""
 
 
+def read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, record)`` of each line of a jsonl file ([] without the file). A writer killed mid-line
+    (SIGKILL, power loss) leaves a torn last line: it is dropped. An unreadable line before the last is
+    not a torn write but a damaged file: ValueError naming the file and the line."""
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.is_file() else []
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError:
+            if i < len(lines):
+                raise ValueError(f"{path}: line {i} is not JSON (only a torn last line is tolerated); "
+                                 "repair or delete that line") from None
+    return out
+
+
+def is_live(run_dir: Path) -> bool:
+    """Whether another driver on this host is still writing ``run_dir``: status.json says running and its
+    pid is alive (a run on another host cannot be checked from here and counts as not live)."""
+    try:
+        record = json.loads((Path(run_dir) / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    pid = record.get("pid", -1)
+    return (record.get("status") == "running" and record.get("host") == socket.gethostname()
+            and pid != os.getpid() and _pid_alive(pid))
+
+
 def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
     """metrics.jsonl's records ([] without the file); a half-written last line of a running run is skipped."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -55,6 +83,8 @@ def _steps_total(run_dir: Path) -> int | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    if not isinstance(pid, int) or pid <= 0:     # kill(-1, 0) or kill(0, 0) would ask about many processes
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -114,6 +114,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("timing/train_actor", "s", "trainer: the whole train_step inside the rank"),
     M("timing/train", "s", "driver: train_step call to its result"),
     M("timing/sync", "s", "driver: weight sync incl. the mismatch probe"),
+    M("timing/checkpoint_stall", "s", "driver held by checkpoint saves since the last step (async: the staging copy)"),
     M("timing/wait", "s", "trainer idle waiting for a full batch since the last step"),
     M("timing/step", "s", "wall seconds since the previous step was logged"),
     # idle/*

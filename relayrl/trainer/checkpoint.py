@@ -1,21 +1,34 @@
-"""Sharded trainer checkpoints with torch Distributed Checkpoint (DCP), restored exactly.
+"""Sharded trainer checkpoints with torch Distributed Checkpoint (DCP), restored exactly, written async.
 
 Every rank calls ``save``/``load`` together. DCP writes each rank's shards of the model and the
 optimizer (no gather, no pickle); each rank's RNG state goes to its own small tensor file, loaded with
 ``weights_only=True`` (no unpickling of arbitrary objects). Atomicity is the caller's job: write into a
 temporary directory and rename it once everything, the driver's state included, is on disk.
+
+``Saver`` writes asynchronously with ``dcp.async_save`` (as DataStates-LLM argues, a checkpoint need
+not stall training for its write): the call stalls only while the shards are copied into a private
+CPU staging copy, then a background thread writes that copy while training goes on, so later steps
+cannot change what lands on disk. At most one write is in flight: the next save, a load, or the
+caller (``wait``) waits for it first. The background write's collectives run on a gloo group of its
+own, so they never interleave with the training step's collectives on the default group (and DCP's
+async path needs a CPU backend even when training uses NCCL).
 """
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+Parts = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
 
-def _modules(parts: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]) -> dict[str, dict]:
+
+def _modules(parts: Parts) -> dict[str, dict]:
     """``{"policy": {"model": ..., "optim": ...}, ...}``: DCP state dicts (sharded, no gather)."""
     out = {}
     for name, (model, optim) in parts.items():
@@ -41,18 +54,61 @@ def init_optimizer_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -
         g["lr"] = lr
 
 
-def save(path: Path, parts: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]], rank: int) -> None:
-    """Collective: shards of every ``(model, optimizer)`` in ``parts`` under ``path/dcp``, RNG per rank."""
-    for model, optim in parts.values():
-        init_optimizer_state(model, optim)
-    dcp.save(_modules(parts), checkpoint_id=str(path / "dcp"))
+def _save_rng(path: Path, rank: int) -> None:
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     torch.save(rng, path / f"rng-rank{rank}.pt")
 
 
-def load(path: Path, parts: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]], rank: int) -> None:
+class Saver:
+    """One rank's checkpoint writer: at most one asynchronous DCP write in flight."""
+
+    def __init__(self) -> None:
+        self._future: Future | None = None
+        self._group: dist.ProcessGroup | None = None   # gloo group for background collectives
+
+    def save(self, path: Path, parts: Parts, rank: int, asynchronous: bool = True) -> float:
+        """Collective: shards of every ``(model, optimizer)`` in ``parts`` under ``path/dcp``, RNG per
+        rank. Returns the seconds this call held the caller (the stall training sees): with
+        ``asynchronous`` the wait for the previous write plus the staging copy, else the whole write."""
+        t0 = time.perf_counter()
+        self.wait()
+        path.mkdir(parents=True, exist_ok=True)
+        for model, optim in parts.values():
+            init_optimizer_state(model, optim)
+        _save_rng(path, rank)
+        state, target = _modules(parts), str(path / "dcp")
+        if asynchronous:
+            self._future = dcp.async_save(state, checkpoint_id=target, process_group=self._pg())
+        else:
+            dcp.save(state, checkpoint_id=target)
+        return time.perf_counter() - t0
+
+    def _pg(self) -> dist.ProcessGroup | None:
+        if self._group is None and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")    # collective: every rank is in save together
+        return self._group
+
+    def done(self) -> bool:
+        """Whether no write is in flight; a finished write's error is raised here."""
+        if self._future is not None and self._future.done():
+            self.wait()
+        return self._future is None
+
+    def wait(self) -> None:
+        """Block until the in-flight write (if any) is on disk; its error is raised here."""
+        future, self._future = self._future, None
+        if future is not None:
+            future.result()
+
+
+def save(path: Path, parts: Parts, rank: int) -> None:
+    """Collective, synchronous: ``Saver().save(..., asynchronous=False)``."""
+    Saver().save(path, parts, rank, asynchronous=False)
+
+
+def load(path: Path, parts: Parts, rank: int) -> None:
     """Collective: restore what ``save`` wrote into the live (already sharded) modules and optimizers."""
     for model, optim in parts.values():
         init_optimizer_state(model, optim)

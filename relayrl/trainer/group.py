@@ -122,9 +122,15 @@ class TrainerGroup:
         """Gather and send the weights to every engine as ``version`` (a transaction); rank 0's metrics."""
         return self._all("sync_weights", version)[0]
 
-    def save_checkpoint(self, path: str) -> None:
-        """Every rank writes its shards (DCP) and RNG under ``path`` (one shared directory)."""
-        self._all("save_checkpoint", str(path))
+    def save_checkpoint(self, path: str, asynchronous: bool = False) -> float:
+        """Every rank writes its shards (DCP) and RNG under ``path`` (one shared directory); with
+        ``asynchronous`` the ranks return once staged and write in the background. Returns the longest
+        stall of any rank (seconds)."""
+        return max(self._all("save_checkpoint", str(path), asynchronous))
+
+    def checkpoint_written(self, wait: bool = False) -> bool:
+        """Whether every rank's last checkpoint write is on disk (``wait``: block until it is)."""
+        return all(self._all("checkpoint_written", wait))
 
     def load_checkpoint(self, path: str) -> None:
         self._all("load_checkpoint", str(path))

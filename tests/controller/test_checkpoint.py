@@ -1,0 +1,201 @@
+"""Run checkpoints on disk (``controller/checkpoint.py``, ``controller/run.py``), with a fake trainer:
+a crash at any point of a save leaves nothing that looks complete, an async write is committed only
+once it is on disk (with the driver state of its step), torn jsonl lines and a mismatched prompt log
+on resume, run dirs that cannot collide, and ``resume=auto`` that leaves a live run alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relayrl.config import ConfigError, load_config
+from relayrl.controller import checkpoint
+from relayrl.controller.checkpoint import MARKER, Checkpointer, find_resume, latest
+from relayrl.controller.run import RunDir, new_run_dir
+from relayrl.monitor.runs import read_jsonl
+
+
+class FakeTrainer:
+    """``TrainerGroup``'s checkpoint calls: writes a shard file; the write 'lands' when ``written``."""
+
+    def __init__(self, fail_after_first_file: bool = False):
+        self.fail, self.written, self.saves = fail_after_first_file, True, 0
+
+    def save_checkpoint(self, path: str, asynchronous: bool) -> float:
+        self.saves += 1
+        (Path(path) / "dcp").mkdir()
+        (Path(path) / "dcp" / "shard0.distcp").write_bytes(b"x" * 64)
+        if self.fail:
+            raise RuntimeError("killed mid-write")
+        (Path(path) / "rng-rank0.pt").write_bytes(b"rng")
+        return 0.0
+
+    def checkpoint_written(self, wait: bool) -> bool:
+        if wait:
+            self.written = True
+        return self.written
+
+
+def _state(trained: int) -> dict:
+    return {"counts": {"issued": trained, "trained": trained, "dropped": 0}, "sampler": {}, "pending": []}
+
+
+def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(2, FakeTrainer(), _state(8))
+    with pytest.raises(RuntimeError, match="mid-write"):
+        ckpt.save(4, FakeTrainer(fail_after_first_file=True), _state(16))
+    assert (tmp_path / "checkpoints" / ".step_000004.tmp" / "dcp").is_dir()     # the torn write is there
+    assert latest(tmp_path) == checkpoint.step_dir(tmp_path, 2)                 # ... and ignored
+    assert find_resume(str(tmp_path), "x", str(tmp_path))[1].name == "step_000002"
+    ckpt = Checkpointer(tmp_path, keep=2)                                        # the resumed run saves
+    ckpt.save(4, FakeTrainer(), _state(16))
+    ckpt.finish()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step_000002", "step_000004"]
+    assert checkpoint.driver_state(latest(tmp_path))["step"] == 4
+
+
+def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, monkeypatch):
+    real = checkpoint.write_durable
+
+    def crash_on_marker(path: Path, text: str) -> None:
+        if path.name == MARKER:
+            raise OSError("power cut")
+        real(path, text)
+
+    monkeypatch.setattr(checkpoint, "write_durable", crash_on_marker)
+    with pytest.raises(OSError):
+        Checkpointer(tmp_path, keep=2, asynchronous=False).save(2, FakeTrainer(), _state(8))
+    assert (tmp_path / "checkpoints" / ".step_000002.tmp" / "driver.json").exists()
+    assert latest(tmp_path) is None
+    assert not (tmp_path / "checkpoints" / "step_000002").exists()
+
+
+def test_async_write_commits_only_when_on_disk_with_the_state_of_its_step(tmp_path):
+    trainer, ckpt = FakeTrainer(), Checkpointer(tmp_path, keep=1)
+    state = _state(8)
+    trainer.written = False
+    ckpt.save(2, trainer, state)
+    state["counts"]["trained"] = 99                  # the loop goes on: later counts must not leak in
+    ckpt.poll()
+    assert latest(tmp_path) is None                  # the shards are not on disk yet: no COMPLETE
+    trainer.written = True
+    ckpt.poll()
+    assert checkpoint.driver_state(latest(tmp_path))["counts"]["trained"] == 8
+    trainer.written = False
+    ckpt.save(4, trainer, _state(16))
+    ckpt.finish()                                    # end of run: waits for the write, then commits
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000004"]   # keep=1
+    assert ckpt.take_stall() >= 0.0 and ckpt.take_stall() == 0.0
+
+
+def test_next_save_waits_for_the_previous_write(tmp_path):
+    trainer, ckpt = FakeTrainer(), Checkpointer(tmp_path, keep=2)
+    trainer.written = False
+    ckpt.save(2, trainer, _state(8))
+    trainer.written = False
+    ckpt.save(4, trainer, _state(16))                # commits step 2 first (its write is waited for)
+    assert latest(tmp_path).name == "step_000002"
+
+
+def test_final_is_published_only_when_complete(tmp_path):
+    final = tmp_path / "checkpoints" / "final"
+
+    def half_then_crash(tmp: Path) -> None:
+        (tmp / "config.json").write_text("{}")
+        raise RuntimeError("killed while saving the HF model")
+
+    with pytest.raises(RuntimeError):
+        checkpoint.durable_dir(final, half_then_crash)
+    assert not final.exists()
+    checkpoint.durable_dir(final, lambda tmp: (tmp / "model.safetensors").write_bytes(b"w"))
+    assert sorted(p.name for p in final.parent.iterdir()) == ["final"]   # the torn .final.tmp is gone
+    assert (final / "model.safetensors").read_bytes() == b"w"
+
+
+# ---- torn lines and the prompt log on resume ---------------------------------------------------------
+def _config(tmp_path: Path):
+    return load_config("grpo_tiny", [f"run.output_dir={tmp_path}", "logging.wandb=disabled",
+                                     "logging.console=false"])
+
+
+def _lines(step_ids: list[list[int]]) -> str:
+    return "".join(json.dumps({"step": i + 1, "prompt_ids": ids}) + "\n" for i, ids in enumerate(step_ids))
+
+
+def test_read_jsonl_drops_a_torn_last_line_and_refuses_a_damaged_middle(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
+    assert [r["step"] for _, r in read_jsonl(path)] == [1, 2]
+    path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_jsonl(path)
+
+
+def test_reopen_truncates_torn_last_lines_then_appends_cleanly(tmp_path):
+    cfg = _config(tmp_path)
+    run = RunDir.create(cfg)
+    run.logger.close()
+    (run.path / "prompts.jsonl").write_text(_lines([[0, 1], [2, 3], [4, 5]]) + '{"step": 4, "prompt_i')
+    (run.path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward/mean": 0.5}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "rew')
+    reopened = RunDir.reopen(cfg, run.path, {"step": 2, **_state(4)})
+    reopened.logger.close()
+    assert (run.path / "prompts.jsonl").read_text() == _lines([[0, 1], [2, 3]])
+    assert [r["step"] for _, r in read_jsonl(run.path / "metrics.jsonl")] == [1, 2]
+    assert reopened.rewards == [0.5, 0.5]
+    with open(run.path / "prompts.jsonl", "a") as f:           # the scheduler's next append
+        f.write(json.dumps({"step": 3, "prompt_ids": [6, 7]}) + "\n")
+    assert [r["step"] for _, r in read_jsonl(run.path / "prompts.jsonl")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("log, trained", [([[0, 1]], 4),              # a step missing
+                                          ([[0, 1], [2]], 4),         # ids lost from a step
+                                          ([[0, 1], [2, 3]], 6)])     # counts disagree
+def test_resume_refuses_a_prompt_log_that_disagrees_with_the_checkpoint(tmp_path, log, trained):
+    cfg = _config(tmp_path)
+    run = RunDir.create(cfg)
+    run.logger.close()
+    (run.path / "prompts.jsonl").write_text(_lines(log))
+    with pytest.raises(ConfigError, match=r"prompts\.jsonl.*step 2.*run\.resume=") as err:
+        RunDir.reopen(cfg, run.path, {"step": 2, **_state(trained)})
+    assert "\n" not in str(err.value)
+    assert (run.path / "prompts.jsonl").read_text() == _lines(log)     # refused: nothing was cut
+
+
+# ---- run directories ---------------------------------------------------------------------------------
+def test_two_runs_started_in_the_same_second_get_their_own_dirs(tmp_path, monkeypatch):
+    first = new_run_dir(tmp_path, "grpo", stamp="20260101-120000")
+    second = new_run_dir(tmp_path, "grpo", stamp="20260101-120000")
+    assert first != second and first.is_dir() and second.is_dir()
+    assert second.name == "grpo-20260101-120000-2"
+    monkeypatch.setattr("relayrl.controller.run.time.strftime", lambda fmt: "20260101-120001")
+    cfg = _config(tmp_path)
+    a, b = RunDir.create(cfg), RunDir.create(cfg)
+    a.logger.close(), b.logger.close()
+    assert a.path != b.path and (a.path / "config.yaml").exists() and (b.path / "config.yaml").exists()
+
+
+def _run_with_checkpoint(root: Path, name: str, pid: int, status: str = "running") -> Path:
+    run = root / name
+    Checkpointer(run, keep=1, asynchronous=False).save(2, FakeTrainer(), _state(8))
+    (run / "status.json").write_text(json.dumps({"status": status, "pid": pid,
+                                                 "host": __import__("socket").gethostname()}))
+    return run
+
+
+def test_resume_auto_skips_a_run_whose_driver_is_alive(tmp_path):
+    older = _run_with_checkpoint(tmp_path, "grpo-20260101-120000", pid=2 ** 22 + 12345, status="running")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        newer = _run_with_checkpoint(tmp_path, "grpo-20260101-120001", pid=live.pid)
+        assert find_resume(str(tmp_path), "grpo", "auto")[0] == older     # the live one is left alone
+    finally:
+        live.kill()
+        live.wait()
+    assert find_resume(str(tmp_path), "grpo", "auto")[0] == newer         # its driver is gone: resumable
