@@ -188,8 +188,18 @@ class Checkpointer:
         return final
 
     def poll(self) -> None:
-        """Once per step: commit the pending checkpoint if its write finished (never blocks on it)."""
-        self.commit(wait=False)
+        """Once per step: commit the pending checkpoint if its write finished (never blocks on it). A
+        write that failed, or a rank that died, costs this checkpoint, not the run: the message is
+        printed, the ``.tmp`` directory waits for the next save to delete it, and a dead rank is found
+        by the next train step (which restarts from the previous checkpoint)."""
+        pending = self.pending
+        try:
+            self.commit(wait=False)
+        except Exception as exc:   # noqa: BLE001 - any failure of the write: report it and go on
+            self.pending = None
+            first = (str(exc).strip().splitlines() or [""])[0]
+            print(f"relayrl: checkpoint step {pending.step} was not written ({type(exc).__name__}: {first}); "
+                  "training goes on")
 
     def finish(self) -> None:
         """End of the run: wait for the last write and commit it."""

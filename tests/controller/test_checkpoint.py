@@ -199,3 +199,19 @@ def test_resume_auto_skips_a_run_whose_driver_is_alive(tmp_path):
         live.kill()
         live.wait()
     assert find_resume(str(tmp_path), "grpo", "auto")[0] == newer         # its driver is gone: resumable
+
+
+def test_a_failed_background_write_costs_the_checkpoint_not_the_run(tmp_path, capsys):
+    class Failing(FakeTrainer):
+        def checkpoint_written(self, wait: bool) -> bool:
+            raise OSError("No space left on device")
+
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(2, FakeTrainer(), _state(8))
+    ckpt.save(4, Failing(), _state(16))
+    ckpt.poll()
+    assert "step 4 was not written (OSError: No space left" in capsys.readouterr().out
+    assert latest(tmp_path).name == "step_000002" and ckpt.pending is None
+    ckpt.save(6, FakeTrainer(), _state(24))          # goes on; the failed write's dir is deleted
+    ckpt.finish()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002", "step_000006"]

@@ -24,9 +24,12 @@ class _Direct:
         return SimpleNamespace(remote=getattr(self.obj, name))
 
 
-FAKE_RAY = SimpleNamespace(
-    get=lambda value: value,
-    remote=lambda cls: SimpleNamespace(options=lambda **_: SimpleNamespace(remote=lambda *a: _Direct(cls(*a)))))
+def _remote(cls):
+    """``ray.remote(cls).options(...).remote(*args)`` -> ``_Direct(cls(*args))``."""
+    return SimpleNamespace(options=lambda **_: SimpleNamespace(remote=lambda *a: _Direct(cls(*a))))
+
+
+FAKE_RAY = SimpleNamespace(get=lambda value: value, remote=_remote)
 
 
 class _Sampler:
