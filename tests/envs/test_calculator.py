@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import time
+import ast
+import math
+import operator
 
 import pytest
 
 from relayrl.envs import (ENVIRONMENTS, CalcError, CalculatorEnv, Environment, ToolCall, ToolEnv, calculate,
                           env_factory, load_env_class, parse_tool_call)
-from relayrl.envs.calculator import FEEDBACK, HINT
+from relayrl.envs import calculator
+from relayrl.envs.calculator import FEEDBACK, HINT, MAX_MAGNITUDE
 
 QUESTION = "What is 3 + 4? Reply with 'Answer: N'."
 PROMPT = f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
@@ -52,12 +55,21 @@ def test_calculate_refuses_anything_but_bounded_arithmetic(expr, match):
         calculate(expr)
 
 
-def test_hostile_expressions_are_refused_fast():
-    t0 = time.perf_counter()
+def test_hostile_powers_are_refused_before_they_are_computed(monkeypatch):
+    """Cheap by construction: every power actually computed has a result within MAX_MAGNITUDE, so none of
+    these costs big-integer work (``9**9**9`` alone would take minutes if it reached ``operator.pow``)."""
+    computed = []
+
+    def recording_pow(base, exp):
+        computed.append((base, exp))
+        return operator.pow(base, exp)
+
+    monkeypatch.setitem(calculator._BINARY, ast.Pow, recording_pow)
     for expr in ("9**9**9**9", "(10**64)**64**64", "2**200*2**200", "99999999**64"):
         with pytest.raises(CalcError):
             calculate(expr)
-    assert time.perf_counter() - t0 < 0.5
+    assert computed, "the recording pow was not used: the test no longer watches the evaluator"
+    assert all(abs(b) in (0, 1) or e * math.log10(abs(b)) <= math.log10(MAX_MAGNITUDE) for b, e in computed)
 
 
 @pytest.mark.parametrize("text, call", [

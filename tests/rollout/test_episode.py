@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relayrl.config import ModelConfig, RolloutConfig, load_config
-from relayrl.envs.calculator import FEEDBACK, HINT
+from relayrl.envs.calculator import FEEDBACK, HINT, CalculatorEnv
 from relayrl.rollout.episode import EpisodeRunner, ModelTurn
 from relayrl.trainer.batch import build_train_batch
 from relayrl.types import TrajectoryGroup, VersionSpan
@@ -192,6 +192,25 @@ def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def _replay(group: TrajectoryGroup, t, tok) -> tuple[float, bool]:
+    """Step a fresh CalculatorEnv through the trajectory's model turns: each observation it returns must be
+    the env tokens recorded after that turn, and no turn may follow the one that ended the episode.
+    Returns (the summed step rewards, whether the env ended the episode): what ``env_reward`` must be."""
+    env, total, done = CalculatorEnv(), 0.0, False
+    env.reset({**group.columns, "prompt": group.prompt})
+    runs = _runs(t.completion_mask)                  # model and env runs alternate, model first and last
+    for i, (is_model, start, end) in enumerate(runs):
+        if not is_model:
+            continue
+        assert not done, "a model turn followed the turn that ended the episode"
+        obs, reward, done = env.step(tok.decode(t.completion_token_ids[start:end], skip_special_tokens=True))
+        total += reward
+        if i + 1 < len(runs):
+            _, obs_start, obs_end = runs[i + 1]
+            assert t.completion_token_ids[obs_start:obs_end] == tok.encode(obs, add_special_tokens=False)
+    return total, done
+
+
 def test_env_tokens_are_masked_exactly_where_observations_are(episodes, tiny_llama):
     from transformers import AutoTokenizer
 
@@ -219,8 +238,8 @@ def test_env_tokens_are_masked_exactly_where_observations_are(episodes, tiny_lla
             assert all(len(range(s, e)) <= MAX_TOKENS for _, s, e in model_runs)
             assert t.versions[0].start == 0 and t.versions[-1].end == T and {s.version for s in t.versions} == {0}
             assert all(a.end == b.start for a, b in zip(t.versions, t.versions[1:]))
-            assert t.env_reward in (0.0, 1.0)
-            assert t.finish_reason == "length" or t.env_reward is not None
+            reward, done = _replay(g, t, tok)
+            assert t.env_reward == reward and (done or t.finish_reason == "length")
     assert env_tokens > 0, "no episode had an environment turn"
 
 
@@ -277,7 +296,10 @@ def test_multi_turn_training_run(ray_session, tiny_llama, tmp_path):
         assert r["rollout/completions"] == cfg.run.prompts_per_step * cfg.algorithm.group_size
         env_tokens = r["rollout/tokens"] - r["policy/tokens"]
         assert env_tokens > 0 and env_tokens % feedback == 0, (env_tokens, feedback)
-        assert r["reward/env_reward"] == 0.0 and r["reward/digit_fraction"] >= 0.0
+        # the headline is the weighted sum of the per-function means (env_reward 1.0, digit_fraction 0.1), so a
+        # digit_fraction that never reached the total, or an env reward not summed into it, breaks the equality
+        assert r["reward/env_reward"] == 0.0 and 0.0 <= r["reward/digit_fraction"] <= 1.0
+        assert r["reward/mean"] == pytest.approx(r["reward/env_reward"] + 0.1 * r["reward/digit_fraction"])
         assert r["rollout/min_version"] == r["step"] - 1 and r["weightsync/version"] == r["step"]
         for key in ("policy/loss", "policy/grad_norm", "timing/generate", "timing/train", "timing/sync"):
             assert math.isfinite(r[key]), key
