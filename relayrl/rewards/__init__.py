@@ -31,11 +31,12 @@ REWARDS: dict[str, Callable] = {
     "think_format": builtin.think_format,
     "regex_match": builtin.regex_match,
     "length_penalty": builtin.length_penalty,
-    "code_exec": builtin.code_exec,
+    "code_exec": builtin.CodeExec,
     "reward_model": RewardModel,
 }
 """Built-in rewards by short name: the names ``load_reward_fn`` accepts besides ``module:function``.
-A class here (``reward_model``) is constructed with the spec's ``kwargs``; a function gets them bound."""
+A class here (``reward_model``, ``code_exec``) is constructed with the spec's ``kwargs``; a function gets
+them bound. A reward object with a ``metrics() -> dict`` method adds those to every step's metrics."""
 
 __all__ = ["REASONS", "REWARDS", "RewardError", "RewardFn", "RewardFns", "RewardModel", "load_reward_fn",
            "load_reward_fns", "reward_metrics", "score_groups"]
@@ -67,8 +68,11 @@ def _import(spec: str) -> Any:
     return import_path(spec, "reward", REWARDS, "module:function, e.g. my_pkg.rewards:my_reward")
 
 
-def load_reward_fns(specs: list[tuple]) -> RewardFns:
+def load_reward_fns(specs: list[tuple], sandbox: str | None = None) -> RewardFns:
     """``[(spec, weight)]`` or ``[(spec, weight, kwargs)]`` -> ``[(name, fn, weight)]`` for the scorers.
+
+    ``sandbox`` (``reward.sandbox``) is given to the rewards that run programs (``code_exec``) unless the
+    spec's kwargs set it, so ``required`` fails here, before any worker starts.
 
     The name (used in ``traj.rewards`` and metrics as ``reward/<name>``) is the built-in name or the part
     after ``:``; a repeated name gets its position appended (``arith_correct_2``) so no breakdown is
@@ -76,7 +80,10 @@ def load_reward_fns(specs: list[tuple]) -> RewardFns:
     """
     named, seen = [], set()
     for i, (spec, weight, *rest) in enumerate(specs):
-        fn = load_reward_fn(spec, rest[0] if rest else None)
+        kwargs = dict(rest[0] or {}) if rest else {}
+        if sandbox is not None and REWARDS.get(spec) is builtin.CodeExec:
+            kwargs.setdefault("sandbox", sandbox)
+        fn = load_reward_fn(spec, kwargs)
         name = spec if spec in REWARDS else spec.split(":")[1]
         name = f"{name}_{i}" if name in seen else name
         seen.add(name)

@@ -2,7 +2,7 @@
 
 Arithmetic (``arith_correct``, ``answer_format``, ``last_number_correct``, ``digit_fraction``), ``exact_match``,
 math answers (``math_verify``), format (``think_format``, ``regex_match``), ``length_penalty``, code
-execution in a sandbox (``code_exec``) and a multi-turn episode's environment reward (``env_reward``). Functions with settings take them as keyword arguments, which a
+execution in a sandbox (``CodeExec``, registered as ``code_exec``) and a multi-turn episode's environment reward (``env_reward``). Functions with settings take them as keyword arguments, which a
 recipe gives as ``rewards: [{fn: regex_match, kwargs: {pattern: ...}}]``.
 
 How an arithmetic answer is read (``parse_answer``), chosen to reward the format the prompt asks for:
@@ -171,22 +171,45 @@ def extract_code(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def code_exec(prompts: list[str], completions: list[str], tests: list[str | None], timeout_s: float = 5.0,
-              memory_mb: int = 512, max_parallel: int = 2, **_: Any) -> list[float | None]:
-    """1.0 where the completion's code followed by the row's ``tests`` (e.g. ``assert f(2) == 4``) exits 0 in
-    the sandbox (``rewards.sandbox.run_sandboxed``: time/memory limits, no network, temp dir), else 0.0;
-    None where the row has no tests. Programs run ``max_parallel`` at a time; keep
-    ``timeout_s * len(completions) / max_parallel`` under ``reward.timeout_s``.
+SANDBOX_ISOLATION = "reward/sandbox_isolation"
+"""Metric: how ``code_exec`` isolates programs on the scorer's host (2 namespaces, 1 rlimits only)."""
+
+
+class CodeExec:
+    """1.0 where the completion's last code block passes every ``assert`` of the row's ``tests``, proved
+    by ``rewards.harness`` (the program reports values, the checks run here), else 0.0; None where the row
+    has no tests. Programs run in ``rewards.sandbox`` (``sandbox``: auto | required | rlimits),
+    ``max_parallel`` at a time; keep ``timeout_s * len(completions) / max_parallel`` under
+    ``reward.timeout_s``. ``sandbox=required`` raises here, at load, on a host without namespaces.
     """
-    from concurrent.futures import ThreadPoolExecutor
 
-    from relayrl.rewards.sandbox import run_sandboxed
+    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, max_parallel: int = 2,
+                 sandbox: str = "auto") -> None:
+        from relayrl.rewards.sandbox import resolve_isolation
 
-    def run(completion: str, test: str | None) -> float | None:
-        if not test:
+        self.timeout_s, self.memory_mb, self.max_parallel, self.sandbox = timeout_s, memory_mb, max_parallel, sandbox
+        self.level = resolve_isolation(sandbox)          # fails closed now, before any worker starts
+        self.__name__ = "code_exec"
+
+    def __call__(self, prompts: list[str], completions: list[str], tests: list[str | None],
+                 **_: Any) -> list[float | None]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=self.max_parallel) as pool:
+            return list(pool.map(self.score, completions, tests))
+
+    def score(self, completion: str, tests: str | None) -> float | None:
+        """One completion against its tests (None: no tests); raises ValueError for tests it cannot prove."""
+        from relayrl.rewards.harness import RUNNER, plan_tests, verify
+        from relayrl.rewards.sandbox import run_sandboxed
+
+        if not tests:
             return None
-        program = f"{extract_code(completion)}\n\n{test}\n"
-        return float(run_sandboxed(program, timeout_s=timeout_s, memory_mb=memory_mb).ok)
+        plan = plan_tests(tests)
+        result = run_sandboxed(RUNNER, timeout_s=self.timeout_s, memory_mb=self.memory_mb, isolation=self.sandbox,
+                               files={"solution.py": extract_code(completion), "plan.json": plan.program_json()})
+        return float(not result.timed_out and verify(plan, result.channel))
 
-    with ThreadPoolExecutor(max_workers=max_parallel) as pool:
-        return list(pool.map(run, completions, tests))
+    def metrics(self) -> dict[str, float]:
+        """Added to the step's metrics by the scorer: the isolation level programs run under."""
+        return {SANDBOX_ISOLATION: float(self.level)}

@@ -30,7 +30,8 @@ from typing import Any
 import ray
 
 from relayrl.rewards.scoring import (Batch, Call, CallResult, RewardError, RewardFns, check_error_rate, fill_rewards,
-                                     flatten, invoke, is_async, plan_calls, reward_metrics, unique_names)
+                                     flatten, fn_metrics, invoke, is_async, plan_calls, reward_metrics,
+                                     unique_names)
 
 
 class RewardWorker:
@@ -203,7 +204,7 @@ class RewardScorer:
         calls = plan_calls(flat, len(self.fns), self.groups_per_call)
         fill_rewards(flat, self.fns, calls, self.dispatcher.run(flatten(flat), calls))
         check_error_rate(flat, self.max_error_rate)
-        metrics = {**reward_metrics(flat), **(summarize(flat) if summarize else {})}
+        metrics = {**reward_metrics(flat), **fn_metrics(self.fns), **(summarize(flat) if summarize else {})}
         return (*replica_groups, metrics)
 
     def shutdown(self) -> None:

@@ -251,6 +251,16 @@ def check_error_rate(groups: list[TrajectoryGroup], max_error_rate: float) -> No
                           f"{len(trajs)} failed); {first}; fix the reward function or raise algorithm.group_size")
 
 
+def fn_metrics(fns: RewardFns) -> dict[str, float]:
+    """What reward objects report about themselves (a ``metrics()`` method, e.g. ``code_exec``'s sandbox
+    isolation level), merged in ``fns`` order; the scorer adds it to every step's metrics."""
+    out: dict[str, float] = {}
+    for _, fn, _ in fns:
+        if callable(getattr(fn, "metrics", None)):
+            out.update(fn.metrics())
+    return out
+
+
 def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) -> dict[str, float]:
     """Summaries of a scored batch; reward statistics cover the completions that were not excluded.
 

@@ -27,3 +27,25 @@ def test_recipe_kwargs_reach_the_function():
     cfg = load_config("grpo_tiny", ["rewards=[{fn: regex_match, weight: 0.5, kwargs: {pattern: 'a+'}}]"])
     [(name, fn, weight)] = resolve_rewards(cfg, None)
     assert (name, weight) == ("regex_match", 0.5) and fn([""] * 2, ["aaa", "ab"]) == [1.0, 0.0]
+
+
+def test_sandbox_mode_is_checked_at_load():
+    from relayrl.rewards.sandbox import namespaces_available
+
+    assert load_config("grpo_tiny", []).reward.sandbox == "auto"
+    with pytest.raises(ConfigError, match="^reward.sandbox='off' is not supported; use one of auto, required, rlimits$"):
+        load_config("grpo_tiny", ["reward.sandbox=off"])
+    if namespaces_available():
+        assert load_config("grpo_tiny", ["reward.sandbox=required"]).reward.sandbox == "required"
+    else:
+        with pytest.raises(ConfigError, match="^reward.sandbox=required, but this host cannot isolate"):
+            load_config("grpo_tiny", ["reward.sandbox=required"])
+
+
+def test_reward_sandbox_reaches_code_exec_unless_its_kwargs_say():
+    from relayrl.rewards import load_reward_fns
+
+    [(name, fn, _), (_, own, _)] = load_reward_fns([("code_exec", 1.0), ("code_exec", 1.0, {"sandbox": "auto"})],
+                                                    sandbox="rlimits")
+    assert (name, fn.sandbox, fn.metrics(), own.sandbox) == ("code_exec", "rlimits",
+                                                            {"reward/sandbox_isolation": 1.0}, "auto")
