@@ -268,6 +268,19 @@ class RewardConfig:
     groups_per_call: int = 1
     """Prompt groups (of G completions each) per reward call: a failure excludes one call's completions,
     so 1 confines it to one prompt; more amortises per-call overhead (e.g. a reward model's batches)."""
+    sandbox: str = "auto"
+    """How ``code_exec`` isolates programs (docs/rewards.md): auto (namespaces where the host allows,
+    else rlimits only, said once and logged as ``reward/sandbox_isolation``) | required (namespaces or
+    a config error, before anything starts) | rlimits."""
+
+    def __post_init__(self) -> None:
+        from relayrl.rewards.sandbox import MODES, namespaces_available, namespaces_missing
+
+        if self.sandbox not in MODES:
+            raise ConfigError(f"reward.sandbox={self.sandbox!r} is not supported; use one of {', '.join(MODES)}")
+        if self.sandbox == "required" and not namespaces_available():
+            raise ConfigError(f"reward.sandbox=required, but this host cannot isolate programs "
+                              f"({namespaces_missing() or 'unshare(2) failed'}); set reward.sandbox=auto")
 
 
 @dataclass
