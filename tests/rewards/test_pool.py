@@ -64,14 +64,22 @@ def _assert_dead(pid: int) -> None:
     pytest.fail(f"process {pid} running the hung reward is still alive")
 
 
-def test_async_rewards_overlap_in_the_pool(pool, tmp_path):
+@pytest.fixture(scope="module")
+def patient_pool(ray_session):
+    """A pool whose per-call timeout no busy machine reaches: this test is about overlap, not timeouts."""
+    pool = RewardPool.start([("sleepy", sleepy, 1.0)], timeout_s=600.0, num_workers=2, cpus=1.0)
+    yield pool
+    pool.shutdown()
+
+
+def test_async_rewards_overlap_in_the_pool(patient_pool, tmp_path):
     """Two async calls on one worker process ran at the same time: one started before the other ended.
 
     Run one after another, every call would end before the next started on that process, however fast or
     slow the machine; so the test proves concurrency without comparing a duration with a number.
     """
     spans = str(tmp_path / "spans")
-    _, m = pool.score([[group(i, "ok", spans=spans) for i in range(8)]])
+    _, m = patient_pool.score([[group(i, "ok", spans=spans) for i in range(8)]])
     assert m["reward/sleepy"] == 1.0 and m["reward/errors"] == 0
     calls = read_spans(spans)
     assert len(calls) == 8
