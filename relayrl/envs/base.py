@@ -10,8 +10,10 @@ An episode alternates model turns and environment turns (``relayrl.rollout.episo
         <obs is tokenized and appended; its tokens are masked out of the loss>
 
 Environments are plain classes: one instance per episode, so they may keep per-episode state on
-``self``. ``reset``/``step`` may be ``async def`` (awaited) or plain (called inline on the rollout
-actor's event loop, so a slow plain ``step`` stalls every episode of that engine: make slow ones async).
+``self``. ``reset``/``step`` may be ``async def`` (awaited on the rollout actor's event loop: never block
+in them) or plain (run in a worker thread, so a blocking plain ``step`` - a subprocess, an HTTP call -
+does not stall the engine's other episodes). An exception in either ends the generate call with the
+environment's message; the rollout actor stays up and is not restarted (the error would repeat).
 """
 
 from __future__ import annotations

@@ -105,8 +105,30 @@ class Episode:
                           gen_seconds=seconds, completion_mask=list(self.mask), env_reward=self.reward)
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
+class EpisodeError(RuntimeError):
+    """An environment's ``reset`` or ``step`` raised: the task's own error, raised to the caller as an
+    ordinary exception (the rollout actor and its engine stay up), with the environment's message."""
+
+
+async def _call_env(env: Environment, method: str, arg: Any, where: str) -> Any:
+    """``env.<method>(arg)`` without blocking the event loop: ``async def`` methods are awaited, plain ones
+    run in a worker thread (``asyncio.to_thread``), so a slow or blocking environment cannot stall the
+    engine's other episodes, its weight syncs or its watchdog. Each environment instance is used by one
+    episode, one call at a time, so a plain method never runs on two threads at once.
+
+    Any exception, ``SystemExit`` included (it would otherwise end the actor), becomes an ``EpisodeError``.
+    """
+    fn = getattr(env, method)
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(arg)
+        result = await asyncio.to_thread(fn, arg)
+        return await result if inspect.isawaitable(result) else result
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the env's failure is reported, never allowed to end the actor
+        raise EpisodeError(f"environment {type(env).__name__}.{method} failed on {where}: "
+                           f"{type(exc).__name__}: {exc}") from exc
 
 
 class EpisodeRunner:
@@ -142,7 +164,7 @@ class EpisodeRunner:
                           sample_idx: int) -> tuple[str, Trajectory]:
         """One episode; returns (the first model input text, the trajectory)."""
         t0 = time.perf_counter()
-        first = await _maybe_await(env.reset(sample))
+        first = await _call_env(env, "reset", sample, f"prompt {prompt_id} sample {sample_idx}")
         episode = Episode(prompt_ids=list(self.tokenizer.encode(first)))
         if len(episode.prompt_ids) >= self.max_model_len:
             raise ValueError(f"prompt {prompt_id} is {len(episode.prompt_ids)} tokens, no room to generate within "
@@ -154,11 +176,8 @@ class EpisodeRunner:
                 break
             turn = await self.sample_turn(episode.context, min(self.max_tokens, room), stop)
             episode.add_model_turn(turn)
-            try:
-                obs, reward, done = await _maybe_await(env.step(turn.text))
-            except Exception as exc:
-                raise RuntimeError(f"environment {type(env).__name__}.step failed on prompt {prompt_id} sample "
-                                   f"{sample_idx} turn {episode.turns}: {type(exc).__name__}: {exc}") from exc
+            obs, reward, done = await _call_env(env, "step", turn.text,
+                                                f"prompt {prompt_id} sample {sample_idx} turn {episode.turns}")
             episode.reward += float(reward)
             episode.done = bool(done)
             if episode.done or episode.turns == self.max_turns:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 import time
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from relayrl.config import ModelConfig, RolloutConfig, load_config
 from relayrl.envs.calculator import FEEDBACK, HINT, CalculatorEnv
-from relayrl.rollout.episode import EpisodeRunner, ModelTurn
+from relayrl.rollout.episode import EpisodeError, EpisodeRunner, ModelTurn
 from relayrl.trainer.batch import build_train_batch
 from relayrl.types import TrajectoryGroup, VersionSpan
 from tests.rollout.reference import hf_logprobs
@@ -126,8 +127,51 @@ def test_async_env_and_a_failing_env():
             raise KeyError("answer")
 
     engine = ScriptedEngine([_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)])])
-    with pytest.raises(RuntimeError, match="Broken.step failed on prompt 3 sample 1 turn 1: KeyError"):
+    with pytest.raises(EpisodeError, match="Broken.step failed on prompt 3 sample 1 turn 1: KeyError"):
         _run(EpisodeRunner(engine, CharTokenizer(), 2, 8, 64), Broken([]))
+
+    class Exits(ScriptedEnv):
+        def reset(self, sample):
+            raise SystemExit(3)                     # would end the rollout actor if it escaped
+
+    with pytest.raises(EpisodeError, match="Exits.reset failed on prompt 3 sample 1: SystemExit: 3"):
+        _run(EpisodeRunner(ScriptedEngine([]), CharTokenizer(), 2, 8, 64), Exits([]))
+
+
+class BlockingEnv(ScriptedEnv):
+    """A plain ``step`` that blocks its thread until another coroutine of the same loop releases it."""
+
+    def __init__(self):
+        super().__init__([("", 1.0, True)])
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.released_while_blocked = False
+
+    def step(self, action):
+        self.entered.set()
+        # hang guard only: on the event loop this wait could never be released, and the test fails below
+        self.released_while_blocked = self.release.wait(timeout=10)
+        return super().step(action)
+
+
+def test_a_blocking_env_step_leaves_the_event_loop_free():
+    """Structural: the step can only return released if a coroutine on the loop ran while it blocked."""
+    env = BlockingEnv()
+    ticks = []
+
+    async def other_coroutine():
+        while not env.entered.is_set():
+            await asyncio.sleep(0.001)
+        ticks.append("ran while step blocked")
+        env.release.set()
+
+    async def both():
+        engine = ScriptedEngine([_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)])])
+        runner = EpisodeRunner(engine, CharTokenizer(), 2, 8, 64)
+        episode = runner.run_episode(env, {"prompt": "ab"}, prompt_id=0, sample_idx=0)
+        return (await asyncio.gather(episode, other_coroutine()))[0]
+
+    _, t = asyncio.run(both())
+    assert env.released_while_blocked and ticks == ["ran while step blocked"] and t.env_reward == 1.0
 
 
 def test_group_makes_a_fresh_env_per_episode_and_trains_on_model_tokens_only():
@@ -241,6 +285,31 @@ def test_env_tokens_are_masked_exactly_where_observations_are(episodes, tiny_lla
             reward, done = _replay(g, t, tok)
             assert t.env_reward == reward and (done or t.finish_reason == "length")
     assert env_tokens > 0, "no episode had an environment turn"
+
+
+class IllegalMoveEnv:
+    """Raises ValueError on every move: a deterministic task error, not an engine failure."""
+
+    def reset(self, sample):
+        return sample["prompt"]
+
+    def step(self, action):
+        raise ValueError("illegal move; the game accepts only 'Answer: N'")
+
+
+def test_an_env_value_error_is_a_task_error_and_the_actor_lives(actor, ray_session):
+    """The env's exception reaches the caller as the generate call's error (RayTaskError, not RayActorError)
+    with the env's message, and the actor and its engine still answer: nothing for the driver to restart."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    call = actor.generate_episodes.remote(PROMPTS[:1], 2, "tests.rollout.test_episode:IllegalMoveEnv", 2)
+    with pytest.raises(RayTaskError) as err:
+        ray_session.get(call)
+    assert not isinstance(err.value, RayActorError)
+    assert isinstance(err.value.cause, EpisodeError)
+    assert "IllegalMoveEnv.step failed on prompt 0" in str(err.value.cause)
+    assert "ValueError: illegal move; the game accepts only 'Answer: N'" in str(err.value.cause)
+    assert ray_session.get(actor.weight_version.remote(), timeout=60) == 0
 
 
 def test_later_turns_were_sampled_conditioned_on_the_env_tokens(episodes, tiny_llama):
