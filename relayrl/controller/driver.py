@@ -124,7 +124,7 @@ def resolve_rewards(cfg: Config, rewards: list[Callable] | None) -> list[tuple[s
     if rewards:
         return [(getattr(fn, "__name__", f"reward{i}"), fn, 1.0) for i, fn in enumerate(rewards)]
     try:
-        return load_reward_fns([(spec.fn, spec.weight, spec.kwargs) for spec in cfg.rewards])
+        return load_reward_fns([(spec.fn, spec.weight, spec.kwargs) for spec in cfg.rewards], cfg.reward.sandbox)
     except ValueError as exc:
         raise ConfigError(f"rewards: {exc}") from None
 
