@@ -201,7 +201,8 @@ class TrainerActor:
         groups, shaping_stats = self._select_groups(self._fetch(group_refs))
         if not groups:       # dynamic sampling left nothing to learn from: no update (same on every rank)
             return {**shaping_stats, "tokens": 0.0, "sequences": 0.0, "step_seconds": time.perf_counter() - t0}
-        batch = build_train_batch(groups, self.pad_token_id, self.algo.name, self.reward_shaping)
+        batch = build_train_batch(groups, self.pad_token_id, self.algo.name, self.reward_shaping,
+                                  self.algo.whiten)
         micro = self._micro_batches(split_batch(batch, self.dp_rank, self.dp_size))   # same rows within a tp group
         n_tokens, denom = self._step_totals(micro)
         t1 = time.perf_counter()

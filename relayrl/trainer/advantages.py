@@ -13,6 +13,11 @@ group of size ``G`` and ``mean_B``/``std_B`` over the whole batch:
     REINFORCE++            A_i = (r_i - mean_B) / (std_B + eps)           Hu 2025, arXiv:2501.03262
     REINFORCE++-baseline   c_i =  r_i - mean_g ;  A_i = (c_i - mean_B(c)) / (std_B(c) + eps)   (same paper)
 
+REINFORCE++'s batch statistics are over *tokens* by default, as in the paper and in OpenRLHF and verl:
+``mean_B`` and ``std_B`` weight sequence i by its trained-token count n_i (``whiten="token"``), so a long
+answer pulls the mean towards its reward. ``whiten="sequence"`` weights every completion once. The
+trainer passes ``token_counts`` (loss-mask tokens per sequence) through ``sequence_advantages``.
+
 Dr.GRPO drops GRPO's division by std because it up-weights prompts whose rewards barely vary (too easy or
 too hard), a question-level difficulty bias. RLOO's baseline excludes the sample itself, so it is
 independent of that sample and the estimator stays unbiased. REINFORCE++ replaces the per-prompt std by
@@ -61,6 +66,37 @@ def _batch_normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (x - x.mean()) / (x.std() + eps)
 
 
+def _token_normalise(x: torch.Tensor, token_counts: torch.Tensor, eps: float) -> torch.Tensor:
+    """``_batch_normalise`` of ``x`` [N] repeated ``token_counts`` [N] times, without building the repeat:
+
+        n = sum_i n_i    mean = sum_i n_i x_i / n    var = sum_i n_i (x_i - mean)^2 / (n - 1)
+
+    the sample statistics of every trained token (``masked_whiten`` of the broadcast advantages).
+    Sequences with no trained token get 0; fewer than 2 tokens in all: every advantage is 0."""
+    w = token_counts.to(x.dtype)
+    if w.shape != x.shape or bool((w < 0).any()):
+        raise ValueError(f"token_counts {tuple(token_counts.shape)} must be [N]={len(x)} counts >= 0, "
+                         "one per sequence (its loss-mask tokens)")
+    n = w.sum()
+    if n < 2:
+        return torch.zeros_like(x)
+    mean = (w * x).sum() / n
+    std = torch.sqrt((w * (x - mean) ** 2).sum() / (n - 1))
+    return torch.where(w > 0, (x - mean) / (std + eps), torch.zeros_like(x))
+
+
+def _whiten(x: torch.Tensor, token_counts: torch.Tensor | None, whiten: str, eps: float) -> torch.Tensor:
+    """Batch whitening by convention: ``token`` (needs ``token_counts``) or ``sequence``."""
+    if whiten == "sequence":
+        return _batch_normalise(x, eps)
+    if whiten != "token":
+        raise ValueError(f"whiten={whiten!r} is not supported; use token or sequence")
+    if token_counts is None:
+        raise ValueError("whiten='token' needs token_counts (trained tokens per sequence); pass "
+                         "loss_mask.sum(1), or whiten='sequence' to weight each completion once")
+    return _token_normalise(x, token_counts, eps)
+
+
 def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm_std: bool = True,
                     eps: float = 1e-6) -> torch.Tensor:
     """Group-relative advantages ``(r - mean_g) / (std_g + eps)``; ``norm_std=False`` is Dr.GRPO.
@@ -103,29 +139,35 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
     return torch.where(g > 1, adv, torch.zeros_like(adv)).to(torch.float32)
 
 
-def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor,
+                            token_counts: torch.Tensor | None = None, whiten: str = "token",
+                            eps: float = 1e-6) -> torch.Tensor:
     """REINFORCE++: ``A_i = (r_i - mean_B) / (std_B + eps)``, whitened over the whole batch, groups unused.
 
-    Hu 2025, *REINFORCE++*, arXiv:2501.03262 (global advantage normalisation). This is the
-    outcome-reward, gamma = 1 case with each sequence weighted once; the paper whitens over tokens, which
-    weights long sequences more and matters once per-token rewards (KL penalty) make returns differ along
-    a sequence: use ``reinforce_pp_token_advantages`` for that. [N], [N] -> [N] float32.
+    Hu 2025, *REINFORCE++*, arXiv:2501.03262 (global advantage normalisation), the outcome-reward,
+    gamma = 1 case. ``whiten="token"`` (the paper's, OpenRLHF's and verl's convention): the statistics
+    are over every trained token, sequence i counted ``token_counts[i]`` times (``_token_normalise``),
+    so long answers weigh more. ``whiten="sequence"``: each completion counts once. With per-token
+    rewards (a KL penalty) returns differ along a sequence: use ``reinforce_pp_token_advantages``.
+    rewards [N], group_ids [N], token_counts [N] -> [N] float32.
     """
     _check_sequences(rewards, group_ids)
-    return _batch_normalise(rewards.to(torch.float64), eps).to(torch.float32)
+    return _whiten(rewards.to(torch.float64), token_counts, whiten, eps).to(torch.float32)
 
 
 def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: torch.Tensor,
+                                     token_counts: torch.Tensor | None = None, whiten: str = "token",
                                      eps: float = 1e-6) -> torch.Tensor:
     """REINFORCE++-baseline: ``c_i = r_i - mean_g``, then ``A_i = (c_i - mean_B(c)) / (std_B(c) + eps)``.
 
     Hu 2025, arXiv:2501.03262 (v2+, the variant for group sampling): the group mean removes per-prompt
     difficulty, the *batch* std (not GRPO's per-group one) sets the scale, so a group with tiny reward
-    spread is not blown up. ``mean_B(c)`` is 0 whenever every group is centred; it is kept for fidelity.
-    Groups of one get ``c = 0``. [N], [N] -> [N] float32.
+    spread is not blown up. ``mean_B(c)`` is 0 with ``whiten="sequence"`` whenever every group is centred,
+    but not over tokens (groups' lengths differ); it is kept for fidelity. Groups of one get ``c = 0``.
+    ``whiten`` and ``token_counts`` as in ``reinforce_pp_advantages``. [N], [N], [N] -> [N] float32.
     """
     centred = grpo_advantages(rewards, group_ids, norm_std=False).to(torch.float64)
-    return _batch_normalise(centred, eps).to(torch.float32)
+    return _whiten(centred, token_counts, whiten, eps).to(torch.float32)
 
 
 AdvantageFn = Callable[..., torch.Tensor]
@@ -138,8 +180,28 @@ ADVANTAGES: dict[str, AdvantageFn] = {
     "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
 }
 """Sequence-level estimators by name: ``fn(rewards[N], group_ids[N], **kw) -> [N]`` (kw: ``grpo`` takes
-``norm_std``, ``eps``; ``reinforce_pp*`` take ``eps``). Token-level ``gae_advantages`` needs values and
+``norm_std``, ``eps``; ``reinforce_pp*`` take ``token_counts``, ``whiten``, ``eps``). The trainer calls
+them through ``sequence_advantages``. Token-level ``gae_advantages`` needs values and
 ``reinforce_pp_token_advantages`` token rewards, so they are called directly, not through this dict."""
+
+WHITENED: tuple[str, ...] = ("reinforce_pp", "reinforce_pp_baseline")
+"""Estimators whose scale is the batch's: they take ``token_counts`` and ``whiten`` (token | sequence)."""
+
+WHITEN_MODES: tuple[str, ...] = ("token", "sequence")
+"""``algorithm.whiten`` values: REINFORCE++ statistics over trained tokens (paper) or over completions."""
+
+
+def sequence_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor,
+                        token_counts: torch.Tensor, whiten: str = "token") -> torch.Tensor:
+    """``ADVANTAGES[name]`` for a batch whose sequence i has ``token_counts[i]`` trained tokens [N].
+
+    Only ``WHITENED`` estimators get the counts: GRPO, Dr.GRPO and RLOO compare a completion with its
+    group, each completion once, as their papers define them (length enters through the loss
+    aggregation, ``losses.LOSS_AGG``). rewards, group_ids, token_counts: [N] -> [N] float32.
+    """
+    if name in WHITENED:
+        return ADVANTAGES[name](rewards, group_ids, token_counts=token_counts, whiten=whiten)
+    return ADVANTAGES[name](rewards, group_ids)
 
 CRITIC_ESTIMATORS: tuple[str, ...] = ("gae",)
 """Estimators that need a learned value model (PPO): per-token advantages from ``outcome_gae``, computed by

@@ -25,7 +25,7 @@ import torch
 
 from collections.abc import Callable
 
-from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS
+from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS, sequence_advantages
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 
 
@@ -62,7 +62,8 @@ def trainable_groups(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
 
 
 def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimator: str = "grpo",
-                      reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TrainBatch:
+                      reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      whiten: str = "token") -> TrainBatch:
     """Concatenate prompt+completion, right-pad to the longest, and align masks/logprobs to next tokens.
 
     ``estimator`` names the advantage function in ``ADVANTAGES`` (or a ``CRITIC_ESTIMATORS`` one: zero
@@ -100,8 +101,8 @@ def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimato
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
     if reward_shaping is not None:
         rewards = rewards + reward_shaping(torch.tensor([len(t.completion_token_ids) for t in trajs]))
-    advantages = (ADVANTAGES[estimator](rewards, group_ids) if estimator in ADVANTAGES
-                  else torch.zeros(B, dtype=torch.float32))
+    advantages = (sequence_advantages(estimator, rewards, group_ids, loss_mask.sum(1), whiten)
+                  if estimator in ADVANTAGES else torch.zeros(B, dtype=torch.float32))
     return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
                       behaviour_logprobs=behaviour, advantages=advantages,
                       prompt_ids=[t.prompt_id for t in trajs], rewards=rewards.to(torch.float32))

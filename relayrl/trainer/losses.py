@@ -263,9 +263,18 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
+def kl_abs(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """|k1| = ``|log pi(x) - log pi_ref(x)|``: k1 made non-negative, so a token's estimate can't cancel
+    another's in the mean (verl's ``kl_penalty="abs"``). Biased: E|k1| >= |E k1| = KL. As a loss, its
+    gradient ``sign(log pi - log pi_ref) grad log pi`` moves each sampled token's logprob towards the
+    reference's at a rate independent of the gap, unlike k1's mean-zero gradient. [B, T] -> [B, T].
+    """
+    return (logprobs - ref_logprobs).abs()
+
+
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-KL_ESTIMATORS: dict[str, KLFn] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS: dict[str, KLFn] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "abs": kl_abs}
 """Per-token estimators of KL(pi || pi_ref) by name: ``fn(logprobs[B, T], ref_logprobs[B, T]) -> [B, T]``."""
 
 

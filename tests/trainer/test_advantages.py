@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from relayrl.trainer.advantages import (
     ADVANTAGES,
+    WHITENED,
     discounted_returns,
     dr_grpo_advantages,
     gae_advantages,
@@ -19,6 +20,7 @@ from relayrl.trainer.advantages import (
     reinforce_pp_baseline_advantages,
     reinforce_pp_token_advantages,
     rloo_advantages,
+    sequence_advantages,
 )
 
 
@@ -97,15 +99,71 @@ def test_rloo_hand_numbers():
     assert adv.dtype == torch.float32
 
 
-def test_reinforce_pp_whitens_over_the_batch():
+def test_reinforce_pp_sequence_whitening_weighs_each_completion_once():
     # rewards 1,0,0,0,3: mean .8, deviations .2,-.8,-.8,-.8,2.2, sum of squares 6.8, sample var 6.8/4 = 1.7,
     # std 1.303840 -> .2/1.30384 = .153393, -.8/1.30384 = -.613572, 2.2/1.30384 = 1.687323. Groups are ignored.
-    adv = reinforce_pp_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0]), torch.tensor([0, 0, 1, 1, 2]))
+    adv = reinforce_pp_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0]), torch.tensor([0, 0, 1, 1, 2]),
+                                  whiten="sequence")
     torch.testing.assert_close(adv, torch.tensor([0.153393, -0.613572, -0.613572, -0.613572, 1.687323]),
                                atol=1e-5, rtol=0)
     # a batch of one or of equal rewards carries no signal
-    assert reinforce_pp_advantages(torch.tensor([3.0]), torch.tensor([0])).tolist() == [0.0]
-    assert reinforce_pp_advantages(torch.full((4,), 2.0), torch.arange(4)).abs().max() < 1e-6
+    assert reinforce_pp_advantages(torch.tensor([3.0]), torch.tensor([0]), whiten="sequence").tolist() == [0.0]
+    assert reinforce_pp_advantages(torch.full((4,), 2.0), torch.arange(4), whiten="sequence").abs().max() < 1e-6
+
+
+def test_reinforce_pp_token_whitening_hand_numbers():
+    # lengths 1 and 3, rewards 1 and 0: the tokens carry 1 | 0, 0, 0 -> n = 4, mean = 1/4,
+    # sample var = ((3/4)^2 + 3 (1/4)^2) / 3 = (9/16 + 3/16) / 3 = 1/4, std = 1/2
+    # -> A_1 = (1 - 1/4) / (1/2) = 1.5, A_2 = (0 - 1/4) / (1/2) = -0.5 (token mean of A: (1.5 - 3 * .5) / 4 = 0)
+    # per sequence it would be +-0.707107 (mean 1/2, std sqrt(1/2)): the long answer weighs 3x here.
+    rewards, groups, counts = torch.tensor([1.0, 0.0]), torch.tensor([0, 1]), torch.tensor([1, 3])
+    torch.testing.assert_close(reinforce_pp_advantages(rewards, groups, counts), torch.tensor([1.5, -0.5]),
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(reinforce_pp_advantages(rewards, groups, counts, whiten="sequence"),
+                               torch.tensor([0.707107, -0.707107]), atol=1e-5, rtol=0)
+    # a sequence with no trained token gets 0 and does not move the statistics
+    adv = reinforce_pp_advantages(torch.tensor([1.0, 0.0, 9.0]), torch.tensor([0, 1, 2]), torch.tensor([1, 3, 0]))
+    torch.testing.assert_close(adv, torch.tensor([1.5, -0.5, 0.0]), atol=1e-5, rtol=0)
+
+
+def test_reinforce_pp_token_whitening_needs_counts_and_a_known_mode():
+    with pytest.raises(ValueError, match="whiten='token' needs token_counts"):
+        reinforce_pp_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="whiten='batch' is not supported; use token or sequence"):
+        reinforce_pp_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]), torch.tensor([1, 1]), "batch")
+    with pytest.raises(ValueError, match="token_counts"):
+        reinforce_pp_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]), torch.tensor([1, 1, 1]))
+
+
+def test_reinforce_pp_baseline_token_whitening_hand_numbers():
+    # groups {1, 0} (lengths 1, 3) and {1, 1} (lengths 2, 2): centred c = .5, -.5, 0, 0.
+    # tokens: .5 | -.5 x3 | 0 x4 -> n = 8, mean = (.5 - 1.5) / 8 = -.125;
+    # squares: (.625)^2 + 3 (-.375)^2 + 4 (.125)^2 = .390625 + .421875 + .0625 = .875, var .875/7 = .125,
+    # std .353553 -> (.5 + .125)/.353553 = 1.767767, (-.5 + .125)/.353553 = -1.060660, .125/.353553 = .353553
+    adv = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]),
+                                           torch.tensor([1, 3, 2, 2]))
+    torch.testing.assert_close(adv, torch.tensor([1.767767, -1.060660, 0.353553, 0.353553]), atol=1e-5, rtol=0)
+
+
+def test_sequence_advantages_hands_counts_only_to_whitened_estimators():
+    rewards, groups, counts = torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.tensor([1, 3])
+    assert WHITENED == ("reinforce_pp", "reinforce_pp_baseline")
+    torch.testing.assert_close(sequence_advantages("reinforce_pp", rewards, groups, counts),
+                               torch.tensor([1.5, -0.5]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(sequence_advantages("reinforce_pp", rewards, groups, counts, "sequence"),
+                               torch.tensor([0.707107, -0.707107]), atol=1e-5, rtol=0)
+    # GRPO is per group, each completion once, whatever the lengths
+    torch.testing.assert_close(sequence_advantages("grpo", rewards, groups, counts),
+                               grpo_advantages(rewards, groups))
+
+
+def test_token_whitening_equals_whitening_the_broadcast_advantages():
+    # the per-sequence shortcut must equal masked_whiten of each reward copied onto its tokens
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [0, 1, 1, 1], [1, 1, 1, 0]])
+    rewards = torch.tensor([0.3, 1.0, -2.0, 0.5])
+    seq = reinforce_pp_advantages(rewards, torch.arange(4), mask.sum(1))
+    expected = masked_whiten(rewards[:, None].expand(4, 4), mask)
+    torch.testing.assert_close(seq[:, None].expand(4, 4) * mask, expected, atol=1e-5, rtol=0)
 
 
 def test_reinforce_pp_baseline_centres_per_group_scales_per_batch():
@@ -113,7 +171,7 @@ def test_reinforce_pp_baseline_centres_per_group_scales_per_batch():
     # sample var 3/5 = .6, std .774597 -> .5/.774597 = .645497, 1/.774597 = 1.290994
     # (GRPO would give +-.866025 and +-.707107: per-group std)
     adv = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0, 4.0, 2.0]),
-                                           torch.tensor([0, 0, 0, 0, 1, 1]))
+                                           torch.tensor([0, 0, 0, 0, 1, 1]), whiten="sequence")
     a, b = 0.645497, 1.290994
     torch.testing.assert_close(adv, torch.tensor([a, -a, a, -a, b, -b]), atol=1e-5, rtol=0)
 
@@ -126,7 +184,8 @@ grouped_samples = st.lists(st.tuples(st.integers(0, 4), st.floats(-10, 10, allow
 @given(grouped_samples, st.sampled_from(["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"]))
 def test_grouped_estimators_are_zero_mean_per_group(samples, name):
     groups = torch.tensor([g for g, _ in samples])
-    adv = ADVANTAGES[name](torch.tensor([r for _, r in samples], dtype=torch.float64), groups).double()
+    kw = {"whiten": "sequence"} if name in WHITENED else {}
+    adv = ADVANTAGES[name](torch.tensor([r for _, r in samples], dtype=torch.float64), groups, **kw).double()
     for g in groups.unique():
         assert abs(adv[groups == g].mean().item()) < 1e-4
 
@@ -147,7 +206,7 @@ def test_rloo_is_reward_minus_mean_of_the_others(samples):
 @given(st.lists(st.floats(-10, 10, allow_nan=False), min_size=2, max_size=40))
 def test_reinforce_pp_has_zero_mean_unit_std_over_the_batch(rewards):
     r = torch.tensor(rewards, dtype=torch.float64)
-    adv = reinforce_pp_advantages(r, torch.zeros(len(r), dtype=torch.long)).double()
+    adv = reinforce_pp_advantages(r, torch.zeros(len(r), dtype=torch.long), whiten="sequence").double()
     assert abs(adv.mean().item()) < 1e-5
     if r.std().item() > 1e-2:
         assert adv.std().item() == pytest.approx(1.0, abs=1e-3)

@@ -50,15 +50,19 @@ def test_dr_grpo_and_same_prompt_in_two_groups():
     torch.testing.assert_close(batch.advantages, torch.tensor([0.5, -0.5, 0.0, 0.0]))
 
 
-@pytest.mark.parametrize("estimator, expected", [
-    ("rloo", [1.0, -1.0, 0.0, 0.0]),              # G/(G-1) * (r - mean_g) = 2 * +-0.5
+@pytest.mark.parametrize("estimator, whiten, expected", [
+    ("rloo", "token", [1.0, -1.0, 0.0, 0.0]),              # G/(G-1) * (r - mean_g) = 2 * +-0.5
     # batch-whitened: rewards 1, 0, 1, 1 -> mean .75, sample std .5 -> (r - .75) / .5
-    ("reinforce_pp", [0.5, -1.5, 0.5, 0.5]),
+    ("reinforce_pp", "sequence", [0.5, -1.5, 0.5, 0.5]),
+    # over tokens (2, 1, 3, 1 of them): six 1s, one 0 -> mean 6/7, var (6/49 + 36/49)/6 = 1/7, std .377964
+    ("reinforce_pp", "token", [0.377964, -2.267787, 0.377964, 0.377964]),
     # centred by group: .5, -.5, 0, 0 -> mean 0, sample std sqrt(.5/3) = .40825 -> +-1.22474
-    ("reinforce_pp_baseline", [1.224745, -1.224745, 0.0, 0.0]),
+    ("reinforce_pp_baseline", "sequence", [1.224745, -1.224745, 0.0, 0.0]),
+    # over tokens: .5 .5 -.5 0 0 0 0 -> mean 1/14, var (5/7)/6, std .345033
+    ("reinforce_pp_baseline", "token", [1.242118, -1.656157, -0.207020, -0.207020]),
 ])
-def test_estimator_is_picked_by_name(estimator, expected):
-    batch = build_train_batch(_groups(), pad_token_id=0, estimator=estimator)
+def test_estimator_is_picked_by_name(estimator, whiten, expected):
+    batch = build_train_batch(_groups(), pad_token_id=0, estimator=estimator, whiten=whiten)
     torch.testing.assert_close(batch.advantages, torch.tensor(expected), atol=1e-5, rtol=0)
 
 

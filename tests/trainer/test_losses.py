@@ -16,6 +16,7 @@ from relayrl.trainer.losses import (
     dual_clip_ppo_loss,
     entropy_bonus,
     gspo_loss,
+    kl_abs,
     kl_k1,
     kl_k2,
     kl_k3,
@@ -249,8 +250,23 @@ def test_is_weights_multiply_the_policy_loss():
 
 
 # ------------------------------------------------------------------------- KL estimators
+def test_kl_abs_hand_numbers_and_gradient():
+    # log pi = ln .5, ln .25, ln .1 ; log pi_ref = ln .25, ln .5, ln .1
+    # k1 = ln 2, -ln 2, 0 (mean 0: the two tokens cancel) ; |k1| = .693147, .693147, 0 (mean .462098)
+    lp = torch.tensor([[LN(0.5), LN(0.25), LN(0.1)]], requires_grad=True)
+    ref = torch.tensor([[LN(0.25), LN(0.5), LN(0.1)]])
+    torch.testing.assert_close(kl_k1(lp, ref).detach(), torch.tensor([[0.693147, -0.693147, 0.0]]))
+    torch.testing.assert_close(kl_abs(lp, ref).detach(), torch.tensor([[0.693147, 0.693147, 0.0]]))
+    # as a loss (coef 2): d/dlogprob = 2 sign(log pi - log pi_ref): +2 lowers the first token, -2 raises the
+    # second; the third sits on the reference (|x| has gradient 0 at 0 in torch)
+    loss, stats = kl_loss(lp, ref, torch.ones(1, 3), coef=2.0, estimator="abs")
+    assert stats["kl"].item() == pytest.approx(2 * LN(2) / 3)
+    loss.sum().backward()
+    torch.testing.assert_close(lp.grad, torch.tensor([[2.0, -2.0, 0.0]]))
+
+
 def test_kl_registry_and_k1_k2_hand_numbers():
-    assert KL_ESTIMATORS == {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+    assert KL_ESTIMATORS == {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "abs": kl_abs}
     # log pi = ln .5, log pi_ref = ln .25: k1 = ln 2 = .693147 ; k2 = (ln 2)^2 / 2 = .240227
     lp, ref = torch.tensor([LN(0.5)]), torch.tensor([LN(0.25)])
     assert kl_k1(lp, ref).item() == pytest.approx(0.693147, abs=1e-6)
