@@ -147,7 +147,11 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     """Weight of the KL(pi || pi_ref) loss term; 0 skips the reference model entirely."""
     kl_estimator: str = "k3"
-    """Per-token KL estimator, a key of ``trainer.losses.KL_ESTIMATORS``: k1 | k2 | k3."""
+    """Per-token KL estimator, a key of ``trainer.losses.KL_ESTIMATORS``: k1 | k2 | k3 | abs (|k1|)."""
+    whiten: str = "token"
+    """reinforce_pp / reinforce_pp_baseline: whiten advantages over every trained token of the step (token:
+    the paper's, OpenRLHF's, verl's; A_i = (r_i - mean) / (std + eps), mean and std over tokens, sequence
+    i counted once per token, so long answers weigh more) or over completions, each once (sequence)."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (-coef * H per token); 0 skips it."""
     off_policy: str = "auto"
@@ -296,6 +300,26 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    """What ``relayrl eval`` scores (``monitor/evaluate.py``)."""
+
+    num_prompts: int = 64
+    """Prompts scored (x ``-n`` samples each); 0: every prompt of the split. Bounds an eval's time."""
+    split: str = "heldout"
+    """heldout: prompts training never draws (arith: operand pairs absent from the training rows; see
+    ``monitor.evaluate.heldout_arith_rows``); data: the first num_prompts rows of ``data`` as training
+    loads them (point data.path at a test file to score it)."""
+    seed: int = 1
+    """Seed of the held-out draw (its own stream; training's data.seed picks what is excluded)."""
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 0:
+            raise ConfigError(f"eval.num_prompts={self.num_prompts} must be >= 0 (0: all); set eval.num_prompts=64")
+        if self.split not in ("heldout", "data"):
+            raise ConfigError(f"eval.split={self.split!r} is not supported; use heldout or data")
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     """Run name; the run directory is ``output_dir/<name>-<timestamp>``."""
@@ -347,6 +371,7 @@ class Config:
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec()])
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
     mode: str = "sync"
     """sync: generate -> score -> train -> sync, strictly on-policy. async: rollout keeps generating while
@@ -454,11 +479,12 @@ def _has_cuda() -> bool:
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     """Valid names per algorithm field, read from the registries (pure torch modules, cheap to import)."""
-    from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS
+    from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS, WHITEN_MODES
     from relayrl.trainer.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
 
     return {"algorithm.name": (*ADVANTAGES, *CRITIC_ESTIMATORS), "algorithm.policy_loss": tuple(POLICY_LOSSES),
-            "algorithm.loss_agg": tuple(LOSS_AGG), "algorithm.kl_estimator": tuple(KL_ESTIMATORS)}
+            "algorithm.loss_agg": tuple(LOSS_AGG), "algorithm.kl_estimator": tuple(KL_ESTIMATORS),
+            "algorithm.whiten": WHITEN_MODES}
 
 
 def _validate_algorithm(algo: AlgorithmConfig) -> None:
