@@ -138,7 +138,7 @@ def resolve_model_path(cfg: Config) -> Path:
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
     check_context(cfg, path)
-    check_data(cfg)
+    check_data(cfg, path)
     return path
 
 
@@ -164,8 +164,9 @@ def check_context(cfg: Config, path: Path) -> None:
                           f"model.max_model_len={cfg.model.max_model_len}; lower max_tokens or raise max_model_len")
 
 
-def check_data(cfg: Config) -> None:
-    """Load the prompts once before Ray starts: a malformed row or an empty dataset fails here, in one line."""
+def check_data(cfg: Config, model_path: Path) -> None:
+    """Load the prompts once before Ray starts: a malformed row, an empty dataset or a prompt too long for
+    the engine fails here, in one line, instead of as a task error on every replica and retry."""
     from relayrl.data import load_task
 
     try:
@@ -175,6 +176,34 @@ def check_data(cfg: Config) -> None:
     if not rows:
         raise ConfigError(f"the dataset ({cfg.data.task}{': ' + cfg.data.path if cfg.data.path else ''}) has "
                           "no rows; point data.path at a non-empty .jsonl file")
+    check_prompt_lengths(cfg, model_path, rows)
+
+
+def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> None:
+    """Every prompt, formatted as the sampler formats it, must leave ``rollout.max_tokens`` of room in
+    ``model.max_model_len`` (vLLM rejects a prompt that fills the context and cuts completions that run
+    into it). Files: every row; generated tasks: the longest distinct questions (``MAX_GENERATED_CHECKED``).
+    A multi-turn environment's ``reset`` may add text; the episode runner checks that part at run time."""
+    from transformers import AutoTokenizer
+
+    from relayrl.data.lengths import MAX_GENERATED_CHECKED, longest_prompt
+    from relayrl.data.sampler import chat_formatter
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    try:
+        format_prompt = chat_formatter(tokenizer, cfg.data.chat_template)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    limit = None if cfg.data.task == "jsonl" else MAX_GENERATED_CHECKED
+    found = longest_prompt(rows, tokenizer, format_prompt, limit)
+    budget = cfg.model.max_model_len - cfg.rollout.max_tokens
+    if found.tokens > budget:
+        source = cfg.data.path if cfg.data.task == "jsonl" else f"data.task={cfg.data.task}"
+        raise ConfigError(
+            f"{source} row {found.row} ({found.question[:40]!r}...) is {found.tokens} prompt tokens; with "
+            f"rollout.max_tokens={cfg.rollout.max_tokens} it needs model.max_model_len>="
+            f"{found.tokens + cfg.rollout.max_tokens} (now {cfg.model.max_model_len}): raise "
+            f"model.max_model_len, lower rollout.max_tokens or shorten that row")
 
 
 __all__ = ["train", "loop"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from relayrl.config import ConfigError, load_config
@@ -46,3 +49,52 @@ def test_context_and_dataset_are_checked_before_ray(make_override, expected, tmp
         train(cfg)
     assert expected in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "runs").exists()
+
+
+def _no_ray(monkeypatch) -> None:
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started before the bad input was reported")
+
+    monkeypatch.setattr(driver, "start_ray", no_ray)
+
+
+def test_a_prompt_too_long_for_the_context_names_its_row_before_ray(tmp_path, tiny_llama, monkeypatch):
+    """One long row among short ones (not the first, not the last): the error names it and the fix. The same
+    file with a context that fits passes the check (Ray is then reached)."""
+    _no_ray(monkeypatch)
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(5)]
+    rows[3]["question"] = "What is " + " + ".join(["1"] * 80) + "?"
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = [f"model.path={tiny_llama}", "data.task=jsonl", f"data.path={data}",
+            f"run.output_dir={tmp_path / 'runs'}"]
+    with pytest.raises(ConfigError) as err:
+        train(load_config("grpo_tiny", [*base, "model.max_model_len=128", "rollout.max_tokens=16"]))
+    message = str(err.value)
+    assert f"{data} row 3 " in message and "\n" not in message
+    tokens = int(re.search(r"\.\.\.\) is (\d+) prompt tokens", message).group(1))
+    assert 128 - 16 < tokens and f"needs model.max_model_len>={tokens + 16} (now 128)" in message
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(AssertionError, match="Ray was started"):          # every row fits: the check passes
+        train(load_config("grpo_tiny", [*base, f"model.max_model_len={tokens + 16}",
+                                        "rollout.max_tokens=16"]))
+
+
+def test_generated_prompts_are_checked_with_the_chat_template(tmp_path, tiny_llama, monkeypatch):
+    """arith prompts are short, but the chat template's tokens count: a context that holds the question
+    alone but not the formatted prompt is refused."""
+    _no_ray(monkeypatch)
+    from transformers import AutoTokenizer
+
+    from relayrl.data import chat_formatter, make_arith_rows
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    questions = [r["question"] for r in make_arith_rows(64, 99, 0)]
+    bare = max(len(ids) for ids in tokenizer(questions)["input_ids"])
+    formatted = tokenizer([chat_formatter(tokenizer, True)(q) for q in questions])["input_ids"]
+    assert min(map(len, formatted)) > bare                  # the context holds every bare question
+    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", "data.num_prompts=64", "data.max_operand=99",
+                                    "rollout.max_tokens=8", f"model.max_model_len={bare + 8}",
+                                    f"run.output_dir={tmp_path / 'runs'}"])
+    with pytest.raises(ConfigError, match=r"arith row \d+ .* tokens; with rollout.max_tokens=8"):
+        train(cfg)

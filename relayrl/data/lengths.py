@@ -1,0 +1,36 @@
+"""Prompt token lengths, measured before any engine starts.
+
+A prompt that does not fit the engine's context fails the same way on every replica and every retry, so
+it is found here, in the driver, with the tokenizer and chat template the sampler uses: vLLM encodes a
+text prompt with the tokenizer's special tokens added, and so does ``longest_prompt``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+MAX_GENERATED_CHECKED = 8192
+"""Generated tasks: at most this many distinct questions are tokenized, the longest by characters
+(a generator's rows differ in a few numbers, so the longest texts hold the longest token counts)."""
+
+
+@dataclass(frozen=True)
+class LongestPrompt:
+    row: int        # index into the dataset's rows (for a file: its n-th non-blank line, from 0)
+    tokens: int     # prompt tokens after the chat template, special tokens included
+    question: str
+
+
+def longest_prompt(rows: list[dict[str, Any]], tokenizer: Any, format_prompt: Callable[[str], str],
+                   limit: int | None = None) -> LongestPrompt:
+    """The row whose formatted prompt has the most tokens. ``limit=None`` checks every row (files);
+    a number checks that many distinct questions, the longest by characters first (generated tasks)."""
+    first_row: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        first_row.setdefault(row["question"], i)
+    questions = sorted(first_row, key=len, reverse=True)[:limit]
+    counts = [len(ids) for ids in tokenizer([format_prompt(q) for q in questions])["input_ids"]]
+    best = max(range(len(questions)), key=counts.__getitem__)
+    return LongestPrompt(first_row[questions[best]], counts[best], questions[best])
