@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
+import string
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -171,10 +173,30 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+WANDB_ID_FILE = "wandb/run_id"
+"""Where a run dir keeps its wandb run id (relative to the run dir)."""
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The wandb run id of ``run_dir``: made on the first open and kept in ``WANDB_ID_FILE``, so every later
+    open (``run.resume``, a trainer restart) continues the same wandb run instead of starting a new one."""
+    path = run_dir / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))   # wandb's form
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(run_id + "\n")
+    tmp.replace(path)                           # atomic: a crash leaves no half-written id
+    return run_id
+
+
 class WandbSink:
     """wandb run writing under ``<run_dir>/wandb``; ``mode="offline"`` (default) needs no network or login.
 
-    Sync an offline run later with ``wandb sync <run_dir>/wandb/offline-run-*``.
+    One run dir is one wandb run: its id lives in ``<run_dir>/wandb/run_id`` and every open passes it with
+    ``resume="allow"``, so a resumed run's dashboard continues. Offline, each open writes its own
+    ``offline-run-*-<id>`` folder; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads them into that one run.
     """
 
     def __init__(self, run_dir: str | Path, project: str, mode: str = "offline",
@@ -187,8 +209,8 @@ class WandbSink:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._wandb = wandb
         self.run = wandb.init(project=project, mode=mode, dir=str(run_dir), name=run_dir.name,
-                              config=config_dict or {}, reinit="create_new",
-                              settings=wandb.Settings(silent=True, console="off"))
+                              id=wandb_run_id(run_dir), resume="allow", config=config_dict or {},
+                              reinit="create_new", settings=wandb.Settings(silent=True, console="off"))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log({k: _scalar(v) for k, v in metrics.items()}, step=step)

@@ -29,3 +29,26 @@ def test_offline_run_files_land_in_run_dir(tmp_path, monkeypatch):
     assert b"0.125" in log                                        # the run config
     table = json.loads(next((runs[0] / "files" / "media" / "table").glob("samples_3_*.table.json")).read_text())
     assert table == {"columns": ["prompt", "completion", "reward"], "data": [["p", "Answer: 1", 1.0]]}
+
+
+def test_a_resumed_run_dir_continues_one_wandb_run(tmp_path, monkeypatch):
+    from relayrl.monitor.runs import scan_runs
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path / "runs" / "demo-1"
+    ids = []
+    for step in (1, 2):                              # first start, then a resume of the same run dir
+        sink = WandbSink(run_dir, "relayrl", "offline", {"run": {"steps": 2}})
+        sink.log(step, {"reward/mean": step / 4})
+        ids.append(sink.run.id)
+        sink.close()
+    assert ids[0] == ids[1] == (run_dir / "wandb" / "run_id").read_text().strip()
+    segments = list((run_dir / "wandb").glob("offline-run-*"))
+    # one folder per open, each named by the one id (a second open in the same second adds "-1"):
+    # `wandb sync` uploads both into that run
+    assert len(segments) == 2 and all(f"-{ids[0]}" in p.name for p in segments)
+    other = WandbSink(tmp_path / "runs" / "demo-2", "relayrl", "offline")
+    assert other.run.id != ids[0]                    # a different run dir is a different wandb run
+    other.close()
+    (run_dir / "config.yaml").write_text("run:\n  steps: 2\n")
+    assert [i.path.name for i in scan_runs(tmp_path / "runs")] == ["demo-1"]   # demo-2 has no config.yaml
