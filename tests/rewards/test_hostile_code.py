@@ -44,7 +44,7 @@ ISOLATION = ["rlimits", pytest.param("required", marks=pytest.mark.skipif(
 @pytest.mark.parametrize("isolation", ISOLATION)
 def test_hostile_completions_score_zero_and_the_honest_one_one(isolation):
     names = list(HOSTILE)
-    reward = CodeExec(timeout_s=2.0, max_parallel=2, sandbox=isolation)
+    reward = CodeExec(timeout_s=15.0, max_parallel=2, sandbox=isolation)   # honest code never times out
     completions = [f"```python\n{HOSTILE[n]}```" for n in names] + [f"```python\n{HONEST}```"]
     scores = reward([""] * len(completions), completions, tests=[TESTS] * len(completions))
     assert dict(zip(names + ["honest"], scores)) == {**{n: 0.0 for n in names}, "honest": 1.0}

@@ -32,11 +32,14 @@ def _procs_with(token: str) -> list[int]:
 
 
 def _detached_sleeper(token: str, then: str) -> str:
-    """A program that double-forks a ``setsid`` sleeper (``token`` in its argv), says so, then ``then``."""
-    return (f"import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-            f"        print('sleeper started', flush=True)\n"
-            f"        os.execv(os.readlink('/proc/self/exe'), ['python', '-c', 'import time; time.sleep(600)', "
-            f"'{token}'])\n    os._exit(0)\nos.wait()\n{then}\n")
+    """A program that double-forks a ``setsid`` sleeper (``token`` in its argv), waits until the sleeper
+    said so from its exec'd process (a pipe: no race with the program's exit or the exec), then ``then``."""
+    sleeper = ("import os, sys, time; print('sleeper started', flush=True); "
+               "os.write(int(sys.argv[1]), b'x'); time.sleep(600)")
+    return (f"import os\nr, w = os.pipe()\nos.set_inheritable(w, True)\nif os.fork() == 0:\n    os.setsid()\n"
+            f"    if os.fork() == 0:\n        os.execv(os.readlink('/proc/self/exe'), "
+            f"['python', '-c', {sleeper!r}, str(w), '{token}'])\n    os._exit(0)\n"
+            f"os.wait()\nos.read(r, 1)\n{then}\n")
 
 
 @NS
@@ -44,8 +47,11 @@ def _detached_sleeper(token: str, then: str) -> str:
 def test_setsid_children_die_with_the_namespace(then):
     """Killed at the time limit, or exiting normally: no process of the program survives the return."""
     token = uuid.uuid4().hex
-    result = run_sandboxed(_detached_sleeper(token, then), timeout_s=2.0, isolation="required")
-    assert "sleeper started" in result.stdout and result.timed_out == (then != "print('exit')")
+    loops = then != "print('exit')"
+    result = run_sandboxed(_detached_sleeper(token, then), timeout_s=2.0 if loops else 30.0,   # the exiting one
+                           isolation="required")                                              # must never time out
+
+    assert "sleeper started" in result.stdout and result.timed_out == loops
     assert _procs_with(token) == []
 
 
@@ -141,7 +147,7 @@ def test_code_exec_reward_and_its_metric():
     good = "Here you go:\n```python\ndef f(x):\n    return 2 * x\n```"
     completions = [good, "def f(x):\n    return x + 1", "```python\ndef f(x):\n    while True: pass\n```", good]
     tests = ["assert f(2) == 4 and f(5) == 10"] * 3 + [None]
-    reward = CodeExec(timeout_s=1.0)
+    reward = CodeExec(timeout_s=15.0)      # room for a loaded box: the honest program must never time out
     assert reward([""] * 4, completions, tests=tests) == [1.0, 0.0, 0.0, None]
     assert reward.metrics() == {"reward/sandbox_isolation": 2.0 if namespaces_available() else 1.0}
     assert CodeExec(sandbox="rlimits").metrics() == {"reward/sandbox_isolation": 1.0}
