@@ -72,7 +72,16 @@ class RolloutConfig:
     """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
     max_restarts: int = 5
     """Replicas that die (actor or engine process) are replaced and their prompts generated again, at most
-    this many times per run."""
+    this many times per run; a replacement that dies while it starts is one more attempt (backoff 1, 2,
+    4 ... 30 s between attempts)."""
+    generate_timeout_s: float = 600.0
+    """Deadline of one generate call; past it the replica counts as dead (hung engine): its actor is killed,
+    a new one started and the chunk generated again under the same seq. 0: no deadline."""
+
+    def __post_init__(self) -> None:
+        if self.generate_timeout_s < 0:
+            raise ConfigError(f"rollout.generate_timeout_s={self.generate_timeout_s} must be >= 0 "
+                              "(0: no deadline); set rollout.generate_timeout_s=600")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Replay buffer and admission control: how rollout runs ahead of training by at most k versions.
 
 The buffer holds scored trajectory groups *by reference* (Ray ObjectRefs of ``list[TrajectoryGroup]``,
-one per generate call) with the metadata the scheduler needs: prompt ids, the oldest and newest policy
+one per generate call) with the metadata the step policy (``controller/policy.py``) needs: prompt ids, the oldest and newest policy
 version among their tokens, and when they arrived. The trainer at version v takes, oldest first, only
 entries whose oldest version is >= v - k (``max_staleness``; k = 0 is strictly on-policy).
 
@@ -26,7 +26,7 @@ never split) adds the surplus to what training consumed. In flight, a call count
 
 still guarantees that a call admitted at version v is taken by the step at v + k: each of those k + 1
 steps consumes >= B useful groups. A step that cannot fill up within ``max_groups`` would break that,
-so the scheduler stops the run there (as verl does) rather than train on a short batch.
+so the policy stops the run there (as verl does) rather than train on a short batch.
 """
 
 from __future__ import annotations

@@ -1,11 +1,27 @@
-"""The training loop of both modes: rollout runs ahead of training by at most k policy versions.
+"""The training loop of both modes: the ``ray.wait`` loop and the actor calls around ``StepPolicy``.
+
+Every decision (admission, buffer, retries, counts) is ``controller/policy.py``'s; this file only
+starts calls, waits for them and hands their results to the policy.
 
 ::
 
-    replica r:  admit? ──generate(chunk)──▶ score ──▶ buffer.put(seq)          several in flight
-    trainer:    buffer.ready(B)? ──train_step(v)──▶ sync(v+1) ──▶ log(step)    one at a time
+    replica r:  policy.launches ──generate(chunk)──▶ score ──▶ policy.on_scored(entry)   several in flight
+    trainer:    policy.take_step ──train_step(v)──▶ sync(v+1) ──▶ log ──▶ policy.on_trained   one at a time
                        ▲                                  │
                        └── v = steps done; admission: started + chunk <= (v + k + 1) * B
+
+=============  ========================  ===================================  =============================
+loop           consumes                  waits for                            unblocked by
+=============  ========================  ===================================  =============================
+rollout (×N)   prompts (sampler, retry   its generate ref, up to              a step trained (admission), a
+               and pending chunks)       ``rollout.generate_timeout_s``       buffer take (capacity), a
+                                                                              replica restarted
+score          a finished generate ref   the scorer (called inline: small     a generate ref ready
+                                         metrics come back)
+trainer        the buffer's next entries  rank 0's train_step ref, then the   the buffer filled a step (in
+               in start order            sync and the mismatch probe          start order); colocated: no
+                                                                              chunk generating
+=============  ========================  ===================================  =============================
 
 ``mode=async`` takes k = ``buffer.max_staleness``: replicas keep generating while the trainer trains,
 and a sync lands in flight (the engine pauses, loads, resumes; unfinished completions go on under the
@@ -13,6 +29,10 @@ new weights, their version spans recording the switch). ``mode=sync`` is this sa
 which admits step v+1's prompts only after step v's weights are synced: strictly on-policy.
 ``placement=colocated`` time-shares the bundles: never generating and training at once, engines
 asleep and the trainer on-loaded while it trains (on CPU the switch is made but frees nothing).
+
+A replica whose actor or engine dies (or whose generate call passes its deadline) is replaced and its
+chunk generated again under the same seq; a generate call that fails while its replica still answers
+is a task error (an environment, a prompt) and stops the run with its cause.
 
 The driver holds refs and counters only; trajectories go rollout -> scorer -> buffer -> trainer as refs.
 """
@@ -27,21 +47,27 @@ from typing import Any
 import ray
 
 from relayrl.config import Config
-from relayrl.controller.buffer import Admission, Entry, ReplayBuffer, staleness_histogram
-from relayrl.controller.system import generate_remote
+from relayrl.controller.buffer import Entry, staleness_histogram
+from relayrl.controller.policy import Launch, PolicyConfig, StepPolicy
+from relayrl.controller.system import generate_remote, is_death
 
 
 class TrainerDied(RuntimeError):
     """A trainer rank's actor died; the driver restarts the system from the latest checkpoint."""
 
 
+class GenerateError(RuntimeError):
+    """A generate call failed while its replica is alive: the task's own error, not worth a restart."""
+
+
 @dataclass
-class Launch:
-    seq: int
-    replica: int
-    prompt_ids: list[int]
+class Flight:
+    """A generate call in flight: the policy's launch, when it started, the actor it runs on (the
+    replica's slot may get a new actor meanwhile)."""
+
+    launch: Launch
     t0: float
-    actor: Any = None        # the replica's actor when launched (it may be replaced meanwhile)
+    actor: Any
 
 
 @dataclass
@@ -65,107 +91,82 @@ class Clock:
 class Scheduler:
     def __init__(self, cfg: Config, system: Any, run: Any):
         self.cfg, self.system, self.run = cfg, system, run
-        self.k = cfg.buffer.max_staleness if cfg.mode == "async" else 0
-        self.B = cfg.run.prompts_per_step
         self.n = len(system.rollouts)
-        self.chunk = self.B // self.n
         self.colocated = cfg.placement.mode == "colocated"
-        self.admission = Admission(self.k, self.B)
-        self.buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-            self.k, cfg.buffer.capacity, cfg.buffer.drop_stale)
-        self.version = 0
-        self.generating: dict[ray.ObjectRef, Launch] = {}
+        self.policy = StepPolicy(PolicyConfig.from_config(cfg, self.n), system.sampler.next_batch, system.sampler)
+        self.generating: dict[ray.ObjectRef, Flight] = {}
         self.idle = list(range(self.n))
         self.training: tuple[list[ray.ObjectRef], list[Entry], float] | None = None
         self.clock = Clock()
         self.idle_since = time.perf_counter()
-        self.outstanding: dict[int, list[dict]] = {}   # seq -> prompts started but not yet trained
-        self.pending: list[list[dict]] = []             # chunks to generate again first (after a resume)
-        self.counts = {"issued": 0, "trained": 0, "dropped": 0}
-        self.dropped_before_resume = 0                  # restored drops: the buffer's own count restarts at 0
-        self.retry: list[Launch] = []                   # chunks to generate again after their replica died
         self.bad_steps = 0                              # consecutive steps skipped for a NaN/inf gradient
-        self.next_seq = 0                               # start order of the next generate call
-        algo = cfg.algorithm
-        self.refill = algo.dynamic_sampling             # DAPO: count groups with reward spread, draw more
-        self.max_groups = algo.max_sampling_batches * self.B if self.refill and algo.max_sampling_batches else None
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
         hold its weights; data continues from the saved cursor, unfinished chunks first."""
-        self.version = state["step"]
-        self.system.sampler.load_state_dict(state["sampler"])
-        self.pending = [list(c) for c in state["pending"]]
-        self.admission.started = self.version * self.B
-        self.next_seq = state.get("seq", self.version * self.n)   # checkpoints before refills: n calls per step
-        ray.get(self.buffer.skip_to.remote(self.next_seq))
-        self.counts = dict(state["counts"])
-        self.counts["issued"] -= sum(len(c) for c in self.pending)   # counted again when re-issued
-        self.dropped_before_resume = self.counts["dropped"]
+        self.policy.load_state_dict(state)
+
+    def checkpoint(self) -> None:
+        """Trainer shards + the driver's state at the current version (atomic, written in the background;
+        see controller/checkpoint)."""
+        self.run.checkpoints.save(self.policy.version, self.system.trainer, self.policy.state_dict())
 
     def run_steps(self) -> None:
         if self.colocated and self.cfg.placement.offload_trainer:
             self.system.trainer.offload()          # rollout goes first: the trainer waits in host memory
-        while self.version < self.cfg.run.steps:
-            self._admit()
+        while self.policy.version < self.cfg.run.steps:
+            self._launch()
             self._start_training()
             refs = list(self.generating) + (self.training[0][:1] if self.training else [])
             if not refs:
-                raise RuntimeError(f"scheduler stalled at v{self.version}: nothing generating or training and "
-                                   "the buffer cannot fill a step; check buffer.capacity and run.prompts_per_step")
-            ready, _ = ray.wait(refs, num_returns=1)
-            if ready[0] in self.generating:
+                raise RuntimeError(f"scheduler stalled at v{self.policy.version}: nothing generating or "
+                                   "training and the buffer cannot fill a step; check buffer.capacity and "
+                                   "run.prompts_per_step")
+            ready, _ = ray.wait(refs, num_returns=1, timeout=self._wait_s())
+            if not ready:
+                self._expire_overdue()
+            elif ready[0] in self.generating:
                 self._finish_generation(ready[0])
             else:
                 self._finish_training()
-        self._check_accounting()
-
-    def _check_accounting(self) -> None:
-        """issued == trained + dropped + still in flight (started after the last step was taken)."""
-        in_flight = sum(len(p) for p in self.outstanding.values())
-        c = self.counts
-        if c["issued"] != c["trained"] + c["dropped"] + in_flight:
-            raise RuntimeError(f"prompt accounting broke: issued {c['issued']} != trained {c['trained']} + "
-                               f"dropped {c['dropped']} + in flight {in_flight}")
-        print(f"prompts: issued {c['issued']} = trained {c['trained']} + dropped {c['dropped']} "
-              f"+ in flight at the end {in_flight}")
+        print(self.policy.check_accounting())
 
     # ---- rollout side ----------------------------------------------------------------------------
-    def _admit(self) -> None:
-        """Start a chunk on every idle replica that admission control (and the buffer's room) allows."""
-        if self.colocated and self.training:
-            return
-        while self.idle and self.retry:            # chunks whose replica died: same seq, already admitted
-            old = self.retry.pop(0)
-            replica = self.idle.pop(0)
-            actor = self.system.rollouts[replica]
-            ref = generate_remote(self.cfg, actor, self.outstanding[old.seq])
-            self.generating[ref] = Launch(old.seq, replica, old.prompt_ids, time.perf_counter(), actor)
-        while self.idle and self.admission.allows(self.version, self.chunk) and self._room():
-            replica = self.idle.pop(0)
-            prompts = self.pending.pop(0) if self.pending else self.system.sampler.next_batch()
-            seq, self.next_seq = self.next_seq, self.next_seq + 1
-            self.admission.start(self.chunk)
-            self.outstanding[seq] = prompts
-            self.counts["issued"] += len(prompts)
-            actor = self.system.rollouts[replica]
-            ref = generate_remote(self.cfg, actor, prompts)
-            self.generating[ref] = Launch(seq, replica, [p["prompt_id"] for p in prompts], time.perf_counter(), actor)
+    def _launch(self) -> None:
+        """Start every chunk the policy allows on the idle replicas."""
+        for launch in self.policy.launches(self.idle):
+            self.idle.remove(launch.replica)
+            actor = self.system.rollouts[launch.replica]
+            ref = generate_remote(self.cfg, actor, launch.prompts)
+            self.generating[ref] = Flight(launch, time.perf_counter(), actor)
 
-    def _replace_replica(self, launch: Launch, error: BaseException) -> None:
+    def _wait_s(self) -> float | None:
+        """How long ``ray.wait`` may block: until the oldest generate call's deadline (None: no limit)."""
+        limit = self.cfg.rollout.generate_timeout_s
+        if not limit or not self.generating:
+            return None
+        oldest = min(f.t0 for f in self.generating.values())
+        return max(0.0, oldest + limit - time.perf_counter())
+
+    def _expire_overdue(self) -> None:
+        """Generate calls past ``rollout.generate_timeout_s``: their replica is hung; treat it as dead."""
+        limit, now = self.cfg.rollout.generate_timeout_s, time.perf_counter()
+        for ref, flight in list(self.generating.items()):
+            if now - flight.t0 >= limit:
+                del self.generating[ref]
+                error = TimeoutError(f"generate call {flight.launch.seq} ran past rollout.generate_timeout_s="
+                                     f"{limit:g}")
+                self._replace_replica(flight, error)
+
+    def _replace_replica(self, flight: Flight, error: BaseException) -> None:
         """A replica died mid-generation: start a new one (with the current weights) and generate its chunk
         again under the same sequence number, so data order and accounting are unchanged."""
-        if self.system.rollouts[launch.replica] is launch.actor:    # not yet replaced (e.g. during a sync)
-            self._restart(launch.replica, error, self.version)
-        self.retry.append(launch)
-        self.idle.append(launch.replica)
-
-    def _restart(self, replica: int, error: BaseException, version: int) -> None:
-        if self.system.restarts >= self.cfg.rollout.max_restarts:
-            raise RuntimeError(f"rollout replica {replica} died again after {self.system.restarts} restarts "
-                               f"(rollout.max_restarts): {str(error).strip().splitlines()[-1]}") from error
-        print(f"relayrl: rollout replica {replica} died ({type(error).__name__}); restarting it")
-        self.system.restart_rollout(replica, version)
+        replica = flight.launch.replica
+        if self.system.rollouts[replica] is flight.actor:    # not yet replaced (e.g. during a sync)
+            print(f"relayrl: rollout replica {replica} died ({type(error).__name__}); restarting it")
+            self.system.restart_rollout(replica, self.policy.version, error)
+        self.policy.on_failed(flight.launch.seq)
+        self.idle.append(replica)
 
     def _sync(self, version: int) -> dict[str, float]:
         """Sync the weights; if it failed because an engine died, replace the dead ones and sync again."""
@@ -178,76 +179,57 @@ class Scheduler:
             if not dead:
                 raise
             for i in dead:
-                self._restart(i, exc, version=0)       # the retry below brings every engine to ``version``
+                print(f"relayrl: rollout replica {i} died ({type(exc).__name__}); restarting it")
+                self.system.restart_rollout(i, 0, exc)   # the retry below brings every engine to ``version``
             return self.system.sync_weights(version)
 
-    def _room(self) -> bool:
-        return self.cfg.buffer.capacity is None or ray.get(self.buffer.has_room.remote(self.chunk))
-
     def _finish_generation(self, ref: ray.ObjectRef) -> None:
-        launch = self.generating.pop(ref)
-        generate_s = time.perf_counter() - launch.t0
-        self.clock.rollout_busy += time.perf_counter() - max(launch.t0, self.clock.start)
+        flight = self.generating.pop(ref)
+        generate_s = time.perf_counter() - flight.t0
+        self.clock.rollout_busy += time.perf_counter() - max(flight.t0, self.clock.start)
         t0 = time.perf_counter()
         try:
             (scored,), metrics = self.system.score([ref])
         except Exception:
             if (error := generation_error(ref)) is None:
                 raise
-            self._replace_replica(launch, error)
+            if not is_death(error, flight.actor):
+                raise GenerateError(task_error_line(flight.launch.replica, error)) from None
+            self._replace_replica(flight, error)
             return
-        self.idle.append(launch.replica)
+        self.idle.append(flight.launch.replica)
         metrics |= {"timing/score": time.perf_counter() - t0, "timing/generate": generate_s, "rollout/calls": 1.0}
-        entry = Entry(launch.seq, scored, launch.prompt_ids, int(metrics["rollout/min_version"]),
-                      int(metrics["rollout/max_version"]), metrics)
-        if self.refill:                            # groups without reward spread don't count towards a step
-            entry.useful = int(metrics.get("reward/spread_groups", 0))
-            self.admission.waste(entry.num_groups - entry.useful)
-        ray.get(self.buffer.put.remote(entry))
+        self.policy.on_scored(scored_entry(flight.launch, scored, metrics))
 
     # ---- trainer side ----------------------------------------------------------------------------
     def _start_training(self) -> None:
-        if self.training or (self.colocated and self.generating):
+        if self.training or (entries := self.policy.take_step()) is None:
             return
-        if not ray.get(self.buffer.ready.remote(self.version, self.B, self.max_groups)):
-            return
-        entries = ray.get(self.buffer.take.remote(self.version, self.B, self.max_groups))
-        if self.refill:
-            self._took(entries)
-        for seq in range(min(self.outstanding), max(e.seq for e in entries) + 1):   # incl. dropped-stale ones
-            self.outstanding.pop(seq, None)
         self.clock.waited += time.perf_counter() - self.idle_since
         if self.colocated:
             self._to_trainer()
         refs = self.system.trainer.train_step_async([e.ref for e in entries])
         self.training = (refs, entries, time.perf_counter())
 
-    def _took(self, entries: list[Entry]) -> None:
-        useful, drawn = sum(e.counted for e in entries), sum(e.num_groups for e in entries)
-        if useful < self.B:
-            raise RuntimeError(
-                f"dynamic sampling drew {drawn} groups for step {self.version + 1} and only {useful} of the "
-                f"{self.B} needed had rewards that vary (algorithm.max_sampling_batches="
-                f"{self.cfg.algorithm.max_sampling_batches}): the prompts are too easy or too hard for this model; "
-                "filter the dataset or raise algorithm.max_sampling_batches (0: no limit)")
-        self.admission.took(useful)
-
     def _finish_training(self) -> None:
         refs, entries, t0 = self.training
         train_stats = trainer_result(self.system.trainer, refs)
         self._check_finite(train_stats)
         t1 = time.perf_counter()
-        sync_stats = self._sync_and_verify(self.version + 1, [entries[0].ref])
+        sync_stats = self._sync_and_verify(self.policy.version + 1, [entries[0].ref])
         t2 = time.perf_counter()
         self.clock.trainer_busy += t2 - t0
         self.training = None
         self.idle_since = t2
-        buffer_stats = ray.get(self.buffer.stats.remote())
-        self._account(entries, buffer_stats)
-        self._log(entries, train_stats, {**sync_stats, **buffer_stats, "timing/train": t1 - t0, "timing/sync": t2 - t1})
-        self.version += 1
+        trained_at = self.policy.version
+        trained = self.policy.on_trained()
+        with open(self.run.path / "prompts.jsonl", "a") as f:
+            f.write(json.dumps({"step": self.policy.version, "prompt_ids": trained}) + "\n")
+        buffer_stats = self.policy.buffer.stats()
+        self._log(entries, trained_at, train_stats,
+                  {**sync_stats, **buffer_stats, "timing/train": t1 - t0, "timing/sync": t2 - t1})
         every = self.cfg.run.checkpoint_every
-        if every and self.version % every == 0:
+        if every and self.policy.version % every == 0:
             self.checkpoint()
 
     def _check_finite(self, stats: dict) -> None:
@@ -256,25 +238,6 @@ class Scheduler:
         if self.bad_steps >= self.cfg.trainer.max_bad_steps:
             raise RuntimeError(f"{self.bad_steps} steps in a row had a NaN/inf gradient and were skipped "
                                "(trainer.max_bad_steps); lower trainer.lr or check the rewards for inf")
-
-    def _account(self, entries: list[Entry], buffer_stats: dict[str, float]) -> None:
-        """Every issued prompt ends trained or dropped (buffer staleness drops); groups the trainer filtered
-        out (dynamic sampling, reward exclusions) reached a step and count as trained, with their own
-        metrics (``dapo/dropped_groups``, ``reward/dropped_groups``). The prompt log records the order."""
-        trained = [p for e in entries for p in e.prompt_ids]
-        self.counts["dropped"] = self.dropped_before_resume + int(
-            sum(v for k, v in buffer_stats.items() if k.startswith("buffer/dropped/")))
-        self.counts["trained"] += len(trained)
-        with open(self.run.path / "prompts.jsonl", "a") as f:
-            f.write(json.dumps({"step": self.version + 1, "prompt_ids": trained}) + "\n")
-
-    def checkpoint(self) -> None:
-        """Trainer shards + the driver's state at the current version (atomic, written in the background;
-        see controller/checkpoint)."""
-        state = {"sampler": self.system.sampler.state_dict(), "counts": self.counts,
-                 "seq": min(self.outstanding, default=self.next_seq),
-                 "pending": [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending}
-        self.run.checkpoints.save(self.version, self.system.trainer, state)
 
     def _sync_and_verify(self, version: int, refs: list) -> dict[str, float]:
         """Weights to the engines, then the mismatch probe. Colocated, this is also the hand-over back to
@@ -299,24 +262,41 @@ class Scheduler:
         if self.cfg.placement.offload_trainer:
             self.system.trainer.onload()
 
-    def _log(self, entries: list[Entry], train_stats: dict, stats: dict) -> None:
+    def _log(self, entries: list[Entry], version: int, train_stats: dict, stats: dict) -> None:
+        """Step ``version + 1``'s metrics; ``version``: the weights it was trained at (staleness)."""
         now = time.perf_counter()   # credit generations still running to the window that is closing
         self.clock.rollout_busy += sum(now - max(g.t0, self.clock.start) for g in self.generating.values())
         rows = [row for e in entries for row in e.metrics.get("_samples", [])]
         out = {**mean_metrics(entries), **train_stats, **stats,
-               **staleness_histogram(entries, self.version), **self._refill_stats(entries),
+               **staleness_histogram(entries, version), **self._refill_stats(entries),
                **self.clock.metrics(self.n), "colocated/switches": float(self.clock.switches),
                **({"colocated/offload_bytes": self.clock.offloaded} if self.colocated else {}),
-               **{f"accounting/{k}": float(v) for k, v in self.counts.items()},
+               **{f"accounting/{k}": float(v) for k, v in self.policy.counts.items()},
                "rollout/restarts": float(self.system.restarts),
                "_samples": rows[: self.cfg.logging.samples_per_step]}
-        self.run.log(self.version + 1, out)
+        self.run.log(version + 1, out)
         self.clock = Clock()
 
     def _refill_stats(self, entries: list[Entry]) -> dict[str, float]:
-        if not self.refill:
+        if not self.policy.pc.refill:
             return {}
         return {"dapo/drawn_groups": float(sum(e.num_groups for e in entries))}
+
+
+def scored_entry(launch: Launch, scored: ray.ObjectRef, metrics: dict[str, Any]) -> Entry:
+    """The typed record the policy decides on, read once from the scorer's per-call result: the oldest
+    and newest policy version among the chunk's tokens, its groups with reward spread."""
+    return Entry(launch.seq, scored, launch.prompt_ids, int(metrics["rollout/min_version"]),
+                 int(metrics["rollout/max_version"]), metrics,
+                 useful=int(metrics.get("reward/spread_groups", 0)))
+
+
+def task_error_line(replica: int, error: BaseException) -> str:
+    """One line for a generate call that failed on a live replica: the cause's type and first line."""
+    cause = getattr(error, "cause", None) or error
+    first = (str(cause).strip().splitlines() or [""])[0][:300]
+    return (f"rollout replica {replica}: generate failed with {type(cause).__name__}: {first} (the replica "
+            "is alive, so this is the task's own error - an environment or a prompt - not a restart)")
 
 
 def trainer_result(trainer: Any, refs: list[ray.ObjectRef]) -> dict:

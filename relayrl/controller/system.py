@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,29 +81,47 @@ class System:
 
     def dead_rollouts(self, timeout_s: float = 30.0) -> list[int]:
         """Replicas whose actor or engine no longer answers (a dead engine raises on any call)."""
-        dead = []
-        for i, r in enumerate(self.rollouts):
-            try:
-                ray.get(r.weight_version.remote(), timeout=timeout_s)
-            except Exception:  # noqa: BLE001 - any failure to answer means the replica must be replaced
-                dead.append(i)
-        return dead
+        return [i for i, r in enumerate(self.rollouts) if not answers(r, timeout_s)]
 
-    def restart_rollout(self, i: int, version: int) -> None:
-        """Replace replica ``i`` (its actor or its engine process died): a new engine in the same bundle,
-        the trainer reconnected to all engines, and the current weights synced at ``version`` before it
-        generates (every engine reloads them; the new one would otherwise serve the initial model)."""
+    def restart_rollout(self, i: int, version: int, error: BaseException) -> None:
+        """Replace replica ``i`` after ``error`` killed it. A replacement that dies while it starts is one
+        more attempt, after a backoff (``restart_backoff_s``); every attempt counts towards
+        ``rollout.max_restarts``, past which the run stops naming the last error. Recovery that gives up
+        on the first hiccup would end runs a second try survives."""
+        for attempt in range(self.cfg.rollout.max_restarts + 1):
+            if self.restarts >= self.cfg.rollout.max_restarts:
+                break
+            if attempt:
+                delay = restart_backoff_s(attempt)
+                print(f"relayrl: replacement of rollout replica {i} died while starting "
+                      f"({type(error).__name__}); attempt {attempt + 1} in {delay:g}s")
+                time.sleep(delay)
+            self.restarts += 1
+            try:
+                self._recreate_rollout(i, version)
+                return
+            except Exception as exc:  # noqa: BLE001 - a live replacement re-raises; a dead one is retried
+                if answers(self.rollouts[i]):
+                    raise
+                error = exc
+        last = (str(error).strip().splitlines() or [""])[-1]
+        raise RuntimeError(f"rollout replica {i} died again after {self.restarts} restarts "
+                           f"(rollout.max_restarts): {last}") from error
+
+    def _recreate_rollout(self, i: int, version: int) -> None:
+        """One attempt: a new engine in replica ``i``'s bundle, the trainer reconnected to all engines, and
+        the current weights synced at ``version`` before it generates (every engine reloads them; the new
+        one would otherwise serve the initial model)."""
         from relayrl.rollout import start_rollout_actor
 
         ray.kill(self.rollouts[i], no_restart=True)
         self.rollouts[i] = start_rollout_actor(str(self.model_path), self.cfg.model, self.cfg.rollout,
-                                               self.cfg.run.seed + i + 1000 * (self.restarts + 1),
+                                               self.cfg.run.seed + i + 1000 * self.restarts,
                                                sync_cfg=self.cfg.weightsync, **self.placement.rollout[i])
         workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in self.rollouts])]
         self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts, workers)
         if version > 0:
             self.sync_weights(version)
-        self.restarts += 1
 
     def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], dict]:
         """Scored-group refs (one per replica) and the step's reward + rollout metrics; raises ``RewardError``
@@ -169,6 +188,31 @@ class System:
             ray.kill(r)
         self.trainer.shutdown()
         self.rewards.shutdown()
+
+
+def answers(rollout: Any, timeout_s: float = 30.0) -> bool:
+    """Does this replica's actor and engine answer a cheap call? (A dead engine raises on any call; a
+    hung one does not answer within ``timeout_s``.)"""
+    try:
+        ray.get(rollout.weight_version.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - any failure to answer means the replica must be replaced
+        return False
+    return True
+
+
+def is_death(error: BaseException, rollout: Any) -> bool:
+    """Did the generate call that raised ``error`` fail because its replica died? An actor error is a
+    death; a task error is one only if the replica no longer answers (vLLM raises ``EngineDeadError``
+    inside the task when its EngineCore is gone). A task error on a live replica is deterministic (an
+    environment's exception, an over-long prompt): restarting would fail the same way."""
+    if isinstance(error, ray.exceptions.RayActorError):
+        return True
+    return not answers(rollout)
+
+
+def restart_backoff_s(attempt: int, cap_s: float = 30.0) -> float:
+    """Seconds to wait before restart attempt ``attempt + 1`` of one replica: 1, 2, 4, ... capped."""
+    return min(2.0 ** (attempt - 1), cap_s)
 
 
 def generate_remote(cfg: Config, rollout: Any, prompts: list[dict]) -> ray.ObjectRef:
