@@ -1,0 +1,213 @@
+"""The step policy: every decision of the training loop, as a plain object with no Ray in it.
+
+``controller/scheduler.py`` waits on Ray and calls this; the property tests in
+``tests/controller/test_buffer.py`` drive the same object with simulated timings. It owns:
+
+- admission (``buffer.Admission``): may a replica start another chunk without the chunk going stale;
+- the replay buffer (``buffer.ReplayBuffer``, in process: the driver is its only user), which hands
+  steps their entries in start order;
+- the chunks in flight, to regenerate (a replica died: same seq, same prompts) or pending (a resume);
+- the prompt accounting: issued = trained + dropped + in flight, checked at the end of the run.
+
+One cycle, as the scheduler calls it::
+
+    launches(idle) ──▶ [generate] ──▶ on_scored(entry) | on_failed(seq)
+    take_step() ──▶ [train, sync] ──▶ on_trained() ──▶ version + 1
+
+``mode=sync`` is k = 0. ``placement=colocated`` never generates and trains at once: no launch while a
+step trains, no step while a chunk generates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from relayrl.controller.buffer import Admission, Entry, ReplayBuffer
+
+Prompts = list[dict[str, Any]]
+
+
+class ShortStep(RuntimeError):
+    """Dynamic sampling drew ``drawn`` groups (the cap) for a step and only ``useful`` of the B needed
+    had rewards that vary: the run stops rather than train on a short batch."""
+
+    def __init__(self, message: str, useful: int, drawn: int):
+        super().__init__(message)
+        self.useful, self.drawn = useful, drawn
+
+
+@dataclass
+class Launch:
+    """Generate ``prompts`` on ``replica`` as chunk ``seq`` (the start order the buffer keeps)."""
+
+    seq: int
+    replica: int
+    prompts: Prompts
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return [p["prompt_id"] for p in self.prompts]
+
+
+@dataclass
+class PolicyConfig:
+    """What the policy decides with; ``from_config`` reads it off the run's config."""
+
+    max_staleness: int          # k (0: sync mode)
+    prompts_per_step: int       # B groups per train step
+    replicas: int               # chunks of B / replicas prompts, one per generate call
+    capacity: int | None = None
+    drop_stale: bool = False
+    colocated: bool = False
+    refill: bool = False        # DAPO dynamic sampling: only groups with reward spread fill a step
+    max_sampling_batches: int = 0   # refill: a step draws at most this many x B groups (0: no cap)
+
+    @classmethod
+    def from_config(cls, cfg: Any, replicas: int) -> "PolicyConfig":
+        algo = cfg.algorithm
+        return cls(cfg.buffer.max_staleness if cfg.mode == "async" else 0, cfg.run.prompts_per_step,
+                   replicas, cfg.buffer.capacity, cfg.buffer.drop_stale, cfg.placement.mode == "colocated",
+                   algo.dynamic_sampling, algo.max_sampling_batches)
+
+
+class StepPolicy:
+    """Admission, buffer, chunks and counts of one run. ``draw()`` returns the next chunk of prompts
+    (the sampler's ``next_batch``); ``sampler``, when given, is saved and restored with the policy."""
+
+    def __init__(self, pc: PolicyConfig, draw: Callable[[], Prompts], sampler: Any = None):
+        self.pc, self.draw, self.sampler = pc, draw, sampler
+        self.B, self.chunk = pc.prompts_per_step, pc.prompts_per_step // pc.replicas
+        self.admission = Admission(pc.max_staleness, self.B)
+        self.buffer = ReplayBuffer(pc.max_staleness, pc.capacity, pc.drop_stale)
+        self.max_groups = pc.max_sampling_batches * self.B if pc.refill and pc.max_sampling_batches else None
+        self.version = 0                                # optimizer steps taken = engines' weight version
+        self.outstanding: dict[int, Prompts] = {}       # seq -> prompts issued, not yet taken by a step
+        self.generating: set[int] = set()               # seqs launched and not yet scored or failed
+        self.retry: list[int] = []                      # seqs whose replica died: generate again first
+        self.pending: list[Prompts] = []                # chunks unfinished at a checkpoint: issue first
+        self.training: list[Entry] | None = None        # the step being trained
+        self.counts = {"issued": 0, "trained": 0, "dropped": 0}
+        self.dropped_before_resume = 0                  # restored drops: the buffer's own count starts at 0
+        self.next_seq = 0
+
+    # ---- rollout side ----------------------------------------------------------------------------
+    def launches(self, idle: list[int]) -> list[Launch]:
+        """Chunks to start now on the ``idle`` replicas (in that order): chunks to regenerate first
+        (already admitted), then new ones while admission and the buffer's capacity allow."""
+        if self.pc.colocated and self.training is not None:
+            return []
+        out, free = [], list(idle)
+        while free and self.retry:
+            seq = self.retry.pop(0)
+            out.append(Launch(seq, free.pop(0), self.outstanding[seq]))
+        while free and self.admission.allows(self.version, self.chunk) and self._room():
+            out.append(Launch(self._issue(), free.pop(0), self.outstanding[self.next_seq - 1]))
+        self.generating.update(launch.seq for launch in out)
+        return out
+
+    def _issue(self) -> int:
+        prompts = self.pending.pop(0) if self.pending else self.draw()
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        self.admission.start(self.chunk)
+        self.outstanding[seq] = prompts
+        self.counts["issued"] += len(prompts)
+        return seq
+
+    def _room(self) -> bool:
+        """Buffer capacity counts what is buffered plus this chunk; in-flight chunks are not counted."""
+        return self.buffer.has_room(self.chunk)
+
+    def on_scored(self, entry: Entry) -> None:
+        """Chunk ``entry.seq`` came back scored. ``entry.useful`` holds its groups with reward spread;
+        with dynamic sampling only those count towards a step, the rest free their admission budget
+        (so more prompts are drawn); without it every group counts."""
+        self.generating.discard(entry.seq)
+        if self.pc.refill:
+            self.admission.waste(entry.num_groups - entry.counted)
+        else:
+            entry.useful = None
+        self.buffer.put(entry)
+
+    def on_failed(self, seq: int) -> None:
+        """Chunk ``seq``'s replica died: generate the same prompts again under the same seq, so data
+        order and accounting are as if nothing happened (it stays admitted and issued)."""
+        self.generating.discard(seq)
+        self.retry.append(seq)
+
+    # ---- trainer side ----------------------------------------------------------------------------
+    def take_step(self) -> list[Entry] | None:
+        """The next step's entries if the buffer can fill it now (and nothing trains; colocated: nothing
+        generates), else None. Chunks before the last one taken leave ``outstanding`` (dropped-stale
+        ones included: the buffer counted them)."""
+        if self.training is not None or (self.pc.colocated and self.generating):
+            return None
+        if not self.buffer.ready(self.version, self.B, self.max_groups):
+            return None
+        entries = self.buffer.take(self.version, self.B, self.max_groups)
+        self.counts["dropped"] = self.dropped_before_resume + sum(self.buffer.dropped.values())
+        if self.pc.refill:
+            self._took(entries)
+        for seq in range(min(self.outstanding), max(e.seq for e in entries) + 1):
+            self.outstanding.pop(seq, None)
+        self.training = entries
+        return entries
+
+    def _took(self, entries: list[Entry]) -> None:
+        """Dynamic sampling: a step short of B useful groups within the cap would break the staleness
+        plan (each step must consume >= B), so the run stops there with the fix."""
+        useful, drawn = sum(e.counted for e in entries), sum(e.num_groups for e in entries)
+        if useful < self.B:
+            raise ShortStep(
+                f"dynamic sampling drew {drawn} groups for step {self.version + 1} and only {useful} of the "
+                f"{self.B} needed had rewards that vary (algorithm.max_sampling_batches="
+                f"{self.pc.max_sampling_batches}): the prompts are too easy or too hard for this model; "
+                "filter the dataset or raise algorithm.max_sampling_batches (0: no limit)", useful, drawn)
+        self.admission.took(useful)
+
+    def on_trained(self) -> list[int]:
+        """The step was trained and its weights synced: count its prompts trained (groups the trainer
+        filtered out reached a step and count as trained; ``take_step`` counted the buffer's drops), bump
+        the version.
+        Returns the step's prompt ids in order (the prompt log's line)."""
+        trained = [p for e in self.training for p in e.prompt_ids]
+        self.counts["trained"] += len(trained)
+        self.training = None
+        self.version += 1
+        return trained
+
+    # ---- accounting and checkpoints --------------------------------------------------------------
+    def in_flight(self) -> int:
+        """Prompts issued and not yet trained or dropped: outstanding chunks and the step in training."""
+        training = sum(e.num_groups for e in self.training or [])
+        return sum(len(p) for p in self.outstanding.values()) + training
+
+    def check_accounting(self) -> str:
+        """issued == trained + dropped + still in flight; holds after every call, checked at the end."""
+        c, in_flight = self.counts, self.in_flight()
+        if c["issued"] != c["trained"] + c["dropped"] + in_flight:
+            raise RuntimeError(f"prompt accounting broke: issued {c['issued']} != trained {c['trained']} + "
+                               f"dropped {c['dropped']} + in flight {in_flight}")
+        return (f"prompts: issued {c['issued']} = trained {c['trained']} + dropped {c['dropped']} "
+                f"+ in flight at the end {in_flight}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs: the data cursor, the unfinished chunks (regenerated first) and counts."""
+        return {"sampler": self.sampler.state_dict() if self.sampler is not None else {},
+                "counts": dict(self.counts), "seq": min(self.outstanding, default=self.next_seq),
+                "pending": [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at ``state["step"]``: admission as if every earlier step's chunks were started, the
+        buffer expecting the first unfinished seq, the pending chunks' prompts issued again."""
+        self.version = state["step"]
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state["sampler"])
+        self.pending = [list(c) for c in state["pending"]]
+        self.admission.started = self.version * self.B
+        self.next_seq = state.get("seq", self.version * self.pc.replicas)  # before refills: n calls a step
+        self.buffer.skip_to(self.next_seq)
+        self.counts = dict(state["counts"])
+        self.counts["issued"] -= sum(len(c) for c in self.pending)       # counted again when re-issued
+        self.dropped_before_resume = self.counts["dropped"]
