@@ -112,13 +112,14 @@ class System:
         """One attempt: a new engine in replica ``i``'s bundle, the trainer reconnected to all engines, and
         the current weights synced at ``version`` before it generates (every engine reloads them; the new
         one would otherwise serve the initial model)."""
-        from relayrl.rollout import start_rollout_actor
+        from relayrl.rollout import cleanup_engine_segments, start_rollout_actor
 
         ray.kill(self.rollouts[i], no_restart=True)
         self.rollouts[i] = start_rollout_actor(str(self.model_path), self.cfg.model, self.cfg.rollout,
                                                self.cfg.run.seed + i + 1000 * self.restarts,
                                                sync_cfg=self.cfg.weightsync, **self.placement.rollout[i])
         workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in self.rollouts])]
+        cleanup_engine_segments()   # the dead replica's /dev/shm queue, now that its processes are gone
         self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts, workers)
         if version > 0:
             self.sync_weights(version)

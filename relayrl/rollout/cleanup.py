@@ -1,0 +1,122 @@
+"""Remove shared-memory segments that a killed vLLM engine left behind.
+
+vLLM's message queue between the engine client and its EngineCore lives in a POSIX shared-memory segment
+(``/dev/shm/psm_<hex>``, Python's ``SharedMemory`` naming, ~160 MB). A clean shutdown unlinks it; a
+process killed with SIGKILL cannot, so every replica death used to leave one behind until the host ran
+out of ``/dev/shm``.
+
+A segment is an orphan when no live process holds it: none maps it (``/proc/<pid>/maps``) and none has it
+open (``/proc/<pid>/fd``, which also covers the moment between ``shm_open`` and ``mmap``). Only segments
+this user owns are considered: Python creates them with mode 0600, so no other user's process can hold
+them, and another user's segments are not ours to judge. Limits: processes this ``/proc`` does not show
+(another PID namespace sharing ``/dev/shm``) are invisible; so are those whose maps the kernel hides even
+from their own user (an init process, non-dumpable programs; counted in ``Cleanup.blind``) - vLLM engines
+are ordinary Python processes, always readable by the user who started them; and a segment that some
+process is about to attach by name while nobody holds it would be removed (vLLM's writer holds its queue
+for its lifetime).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+VLLM_PREFIX = "psm_"
+"""Python ``SharedMemory`` names its segments ``psm_<hex>``; vLLM's message queues are such segments."""
+
+
+@dataclass
+class Cleanup:
+    removed: list[str] = field(default_factory=list)    # segment names unlinked
+    bytes_freed: int = 0
+    blind: int = 0          # processes of this user whose maps/fds the kernel hides from it (reported)
+
+
+def _process_dirs() -> Iterator[Path]:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            yield Path(entry.path)
+
+
+def _held_by(proc: Path, shm_dir: str) -> set[str]:
+    """Paths under ``shm_dir`` that process ``proc`` maps or has open (raises OSError if it can't be read)."""
+    held = set()
+    with open(proc / "maps", encoding="utf-8", errors="replace") as maps:
+        for line in maps:
+            if shm_dir in line:
+                held.add(line.split(shm_dir, 1)[1].split(" (deleted)")[0].strip())
+    for fd in os.scandir(proc / "fd"):
+        try:
+            target = os.readlink(fd.path)
+        except OSError:
+            continue                                    # the fd was closed while we looked
+        if target.startswith(shm_dir):
+            held.add(target[len(shm_dir):])
+    return held
+
+
+def segments_in_use(shm_dir: Path = SHM_DIR) -> tuple[set[str], int]:
+    """Names of segments under ``shm_dir`` that some live process maps or has open, and how many of this
+    user's processes could not be read (they might hold one). A process that exits during the scan holds
+    nothing; another user's process cannot open our 0600 segments."""
+    prefix, held, blind, uid = f"{shm_dir}/", set(), 0, os.getuid()
+    for proc in _process_dirs():
+        try:
+            held |= _held_by(proc, prefix)
+        except PermissionError:
+            blind += _owner(proc) == uid
+        except OSError:
+            continue                                    # exited while we looked
+    return held, blind
+
+
+def _owner(proc: Path) -> int | None:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return None
+
+
+def remove_orphaned_segments(prefix: str = VLLM_PREFIX, shm_dir: Path = SHM_DIR) -> Cleanup:
+    """Unlink every segment ``shm_dir/<prefix>*`` owned by this user that no live process holds.
+
+    Segments are listed *before* the processes are scanned, so a segment created after the listing is
+    never a candidate, and one created before it is held (open fd) by its creator during the scan.
+    """
+    uid, result = os.getuid(), Cleanup()
+    candidates = [p for p in shm_dir.glob(f"{prefix}*") if _owned_file(p, uid)]
+    if not candidates:
+        return result
+    held, result.blind = segments_in_use(shm_dir)
+    for path in candidates:
+        if path.name in held:
+            continue
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            continue                                    # its owner unlinked it meanwhile
+        result.removed.append(path.name)
+        result.bytes_freed += size
+    return result
+
+
+def _owned_file(path: Path, uid: int) -> bool:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return False
+    return st.st_uid == uid and path.is_file() and not path.is_symlink()
+
+
+def cleanup_engine_segments() -> Cleanup:
+    """Call where a dead replica is replaced and at start-up: removes dead engines' message-queue segments
+    and prints one line when it freed any."""
+    result = remove_orphaned_segments()
+    if result.removed:
+        print(f"relayrl: removed {len(result.removed)} shared-memory segment(s) of dead vLLM engines "
+              f"({result.bytes_freed / 2**20:.0f} MiB in {SHM_DIR})")
+    return result

@@ -1,0 +1,74 @@
+"""Orphaned shared-memory segments: real segments made by child processes, one killed, one alive.
+
+The children create segments the way vLLM's message queue does (``multiprocessing.shared_memory``), under
+a prefix of this test's own so that the cleanup never judges segments of other programs on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from relayrl.rollout.cleanup import SHM_DIR, remove_orphaned_segments
+
+pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm")
+
+CHILD = """
+import os, sys, time
+from multiprocessing import resource_tracker, shared_memory
+
+prefix = sys.argv[1]
+mapped = shared_memory.SharedMemory(name=prefix + "mapped", create=True, size=1 << 20)
+resource_tracker.unregister(mapped._name, "shared_memory")   # as if killed with its tracker: nothing unlinks it
+os.close(mapped._fd)                                          # held by the mapping alone
+mapped._fd = -1
+fd = os.open("/dev/shm/" + prefix + "opened", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)  # shm_open on Linux
+os.ftruncate(fd, 4096)                                        # held by the open fd alone, never mapped
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _start(prefix: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, prefix], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _names(prefix: str) -> set[str]:
+    return {p.name for p in SHM_DIR.glob(f"{prefix}*")}
+
+
+def test_segments_of_a_killed_process_go_and_those_of_a_live_one_stay():
+    prefix = f"relayrl_test_{uuid.uuid4().hex[:8]}_"
+    dead, live = _start(prefix + "dead_"), _start(prefix + "live_")
+    try:
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.wait()
+        suffixes = ("mapped", "opened")
+        assert _names(prefix) == {f"{prefix}{who}_{s}" for who in ("dead", "live") for s in suffixes}
+        result = remove_orphaned_segments(prefix=prefix)
+        assert sorted(result.removed) == [f"{prefix}dead_{s}" for s in suffixes]
+        assert result.bytes_freed == (1 << 20) + 4096
+        assert _names(prefix) == {f"{prefix}live_{s}" for s in suffixes}   # mapped-only and fd-only both held
+        assert remove_orphaned_segments(prefix=prefix).removed == []
+    finally:
+        for proc in (dead, live):
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for name in _names(prefix):
+            Path(SHM_DIR / name).unlink(missing_ok=True)
+
+
+def test_nothing_to_remove_without_candidates(tmp_path):
+    (tmp_path / "other_segment").write_bytes(b"x")
+    assert remove_orphaned_segments(prefix="psm_", shm_dir=tmp_path).removed == []
+    assert (tmp_path / "other_segment").exists()
