@@ -5,16 +5,32 @@ epoch boundaries (a step never comes up short). Each prompt gets
 ``prompt_id = epoch * len(rows) + row_index``, unique for the whole run, so trajectories, groups and
 logged samples can be traced back to their row and epoch. The cursor ``(epoch, position)`` is the
 whole state: ``state_dict()`` / ``load_state_dict()`` resume exactly where a run stopped.
+
+Each prompt also carries ``seed = prompt_seed(sampling_seed, prompt_id)``: the rollout seeds its requests
+from it (sample ``i`` with ``seed + i``), so what a prompt's completions are depends on the run's seed,
+the prompt and the weights only - not on which engine, batch or restart served it - and a resumed run
+samples what the uninterrupted one did.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 PromptBatch = list[dict[str, Any]]
-"""``[{"prompt_id": int, "prompt": str, "columns": dict}, ...]``; columns are the row's own keys."""
+"""``[{"prompt_id": int, "prompt": str, "columns": dict, "seed": int}, ...]``; columns are the row's keys."""
+
+SEED_BITS = 62
+"""Prompt seeds lie in [0, 2**62): sample indices added to them stay within torch's 64-bit seed range."""
+
+
+def prompt_seed(sampling_seed: int, prompt_id: int) -> int:
+    """The base sampling seed of one prompt: a hash of (run seed, prompt id), so neighbouring prompts'
+    seed ranges ``[base, base + G)`` do not overlap (``seed + prompt_id`` would share seeds)."""
+    digest = hashlib.sha256(f"relayrl-request/{sampling_seed}/{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % 2**SEED_BITS
 
 
 def _identity(text: str) -> str:
@@ -25,13 +41,16 @@ class PromptSampler:
     """Yields batches of ``batch_size`` formatted prompts, forever, in a seeded per-epoch order."""
 
     def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int,
-                 format_prompt: Callable[[str], str] = _identity):
+                 format_prompt: Callable[[str], str] = _identity, sampling_seed: int | None = None):
+        """``seed`` orders the rows; ``sampling_seed`` (default: ``seed``) seeds the completions (the run's
+        seed belongs here, so that another run seed samples differently on the same data)."""
         if not rows:
             raise ValueError("PromptSampler got no rows; check the data config (data.task / data.path)")
         if batch_size <= 0:
             raise ValueError(f"PromptSampler batch_size={batch_size} must be > 0; set run.prompts_per_step>0")
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
         self.format_prompt = format_prompt
+        self.sampling_seed = seed if sampling_seed is None else sampling_seed
         self.epoch, self.position = 0, 0
         self._order_epoch, self._order = -1, []
 
@@ -49,8 +68,9 @@ class PromptSampler:
         for _ in range(self.batch_size):
             index = self._epoch_order()[self.position]
             row = self.rows[index]
-            batch.append({"prompt_id": self.epoch * len(self.rows) + index,
-                          "prompt": self.format_prompt(row["question"]), "columns": dict(row)})
+            prompt_id = self.epoch * len(self.rows) + index
+            batch.append({"prompt_id": prompt_id, "prompt": self.format_prompt(row["question"]),
+                          "columns": dict(row), "seed": prompt_seed(self.sampling_seed, prompt_id)})
             self.position += 1
             if self.position == len(self.rows):
                 self.epoch, self.position = self.epoch + 1, 0

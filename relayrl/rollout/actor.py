@@ -65,7 +65,12 @@ class RolloutActor:
                  sync_cfg: WeightSyncConfig | None = None):
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from relayrl.rollout.cleanup import cleanup_engine_segments
+
         t0 = time.perf_counter()
+        # On this engine's host, before it starts: the message-queue segments of engines that died here
+        # (a replica this one replaces, earlier runs killed with SIGKILL) go; live engines' stay.
+        self.shm_removed = len(cleanup_engine_segments().removed)
         self.rollout_cfg = rollout_cfg
         self.sync_cfg = sync_cfg or WeightSyncConfig()
         self.engine = AsyncLLM.from_engine_args(engine_args(model_path, model_cfg, rollout_cfg, seed, self.sync_cfg))
@@ -77,11 +82,18 @@ class RolloutActor:
         self.start_seconds = time.perf_counter() - t0
 
     def info(self) -> dict[str, float]:
-        """Static facts: engine start time, vLLM workers in this engine (group ranks a sync needs)."""
-        return {"start_seconds": self.start_seconds, "workers": self.engine.vllm_config.parallel_config.world_size}
+        """Static facts: engine start time, vLLM workers in this engine (group ranks a sync needs), dead
+        engines' shared-memory segments removed before it started."""
+        return {"start_seconds": self.start_seconds, "workers": self.engine.vllm_config.parallel_config.world_size,
+                "shm_segments_removed": self.shm_removed}
 
     async def generate(self, prompts: list[dict[str, Any]], group_size: int) -> list[TrajectoryGroup]:
-        """Sample ``group_size`` completions for each ``{"prompt_id", "prompt", "columns"}``, concurrently."""
+        """Sample ``group_size`` completions for each ``{"prompt_id", "prompt", "columns", "seed"}``, concurrently.
+
+        With ``seed`` (the sampler sets it), sample ``i`` is drawn with its own generator seeded ``seed + i``
+        (vLLM gives each of a request's ``n`` children ``seed + index``), independent of the engine's seed,
+        its other requests and its history: a restarted replica or a resumed run samples the same tokens
+        from the same weights. Without it, the engine's random state is used."""
         if group_size < 1:
             raise ValueError(f"group_size={group_size} must be >= 1; set algorithm.group_size")
         for p in prompts:
@@ -96,7 +108,8 @@ class RolloutActor:
 
         cfg = self.rollout_cfg
         params = SamplingParams(n=group_size, logprobs=0, temperature=cfg.temperature, top_p=cfg.top_p,
-                                max_tokens=cfg.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+                                max_tokens=cfg.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY,
+                                seed=prompt.get("seed"))
         t0 = time.perf_counter()
         final = await self._final_output(prompt["prompt"], params)
         seconds = time.perf_counter() - t0

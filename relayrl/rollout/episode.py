@@ -30,6 +30,7 @@ completion always ends with a model token.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -52,8 +53,17 @@ class ModelTurn:
     versions: list[VersionSpan]
 
 
-SampleTurn = Callable[[list[int], int, list[str]], Awaitable[ModelTurn]]
-"""``(context token ids, max new tokens, stop strings) -> ModelTurn``: one request to the engine."""
+SampleTurn = Callable[[list[int], int, list[str], int | None], Awaitable[ModelTurn]]
+"""``(context token ids, max new tokens, stop strings, seed) -> ModelTurn``: one request to the engine."""
+
+
+def turn_seed(prompt_seed: int | None, sample_idx: int, turn: int) -> int | None:
+    """The seed of one model turn of episode ``sample_idx``: a hash of (prompt seed, sample, turn), so an
+    episode replays the same turns from the same weights and observations (None: unseeded)."""
+    if prompt_seed is None:
+        return None
+    digest = hashlib.sha256(f"relayrl-turn/{prompt_seed}/{sample_idx}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % 2**62
 
 
 @dataclass
@@ -156,13 +166,14 @@ class EpisodeRunner:
                              "{'prompt_id': int, 'prompt': str, 'columns': dict}")
         columns = dict(prompt.get("columns", {}))
         sample = {**columns, "prompt": prompt["prompt"]}
-        results = await asyncio.gather(*(self.run_episode(make_env(), dict(sample), prompt["prompt_id"], i)
-                                         for i in range(group_size)))
+        results = await asyncio.gather(*(self.run_episode(make_env(), dict(sample), prompt["prompt_id"], i,
+                                                          prompt.get("seed")) for i in range(group_size)))
         return TrajectoryGroup(prompt["prompt_id"], results[0][0], columns, [traj for _, traj in results])
 
     async def run_episode(self, env: Environment, sample: dict[str, Any], prompt_id: int,
-                          sample_idx: int) -> tuple[str, Trajectory]:
-        """One episode; returns (the first model input text, the trajectory)."""
+                          sample_idx: int, seed: int | None = None) -> tuple[str, Trajectory]:
+        """One episode; returns (the first model input text, the trajectory). ``seed``: the prompt's (see
+        ``turn_seed``)."""
         t0 = time.perf_counter()
         first = await _call_env(env, "reset", sample, f"prompt {prompt_id} sample {sample_idx}")
         episode = Episode(prompt_ids=list(self.tokenizer.encode(first)))
@@ -174,7 +185,8 @@ class EpisodeRunner:
             room = self.max_model_len - len(episode.context)
             if room < 1:
                 break
-            turn = await self.sample_turn(episode.context, min(self.max_tokens, room), stop)
+            turn = await self.sample_turn(episode.context, min(self.max_tokens, room), stop,
+                                          turn_seed(seed, sample_idx, episode.turns))
             episode.add_model_turn(turn)
             obs, reward, done = await _call_env(env, "step", turn.text,
                                                 f"prompt {prompt_id} sample {sample_idx} turn {episode.turns}")
@@ -191,15 +203,15 @@ class EpisodeRunner:
 
 def vllm_sample_turn(final_output: Callable[[Any, Any], Awaitable[Any]], cfg: RolloutConfig) -> SampleTurn:
     """A ``SampleTurn`` over vLLM: one ``n=1`` request on ``TokensPrompt(context)``, with the rollout's
-    temperature/top-p and the sampled tokens' logprobs (the engine is set to report processed ones)."""
+    temperature/top-p, the turn's seed and the sampled tokens' logprobs (the engine reports processed ones)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    async def sample_turn(context: list[int], max_tokens: int, stop: list[str]) -> ModelTurn:
+    async def sample_turn(context: list[int], max_tokens: int, stop: list[str], seed: int | None) -> ModelTurn:
         params = SamplingParams(n=1, logprobs=0, temperature=cfg.temperature, top_p=cfg.top_p,
                                 max_tokens=max_tokens, stop=stop or None, include_stop_str_in_output=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+                                output_kind=RequestOutputKind.FINAL_ONLY, seed=seed)
         final = await final_output(TokensPrompt(prompt_token_ids=list(context)), params)
         return model_turn(final.outputs[0])
 

@@ -76,3 +76,22 @@ def test_chat_formatter_applies_template_with_generation_prompt():
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="data.chat_template=false"):
         chat_formatter(tokenizer, use_chat_template=True)
+
+
+def test_each_prompt_carries_a_seed_from_the_sampling_seed_and_its_id():
+    """Completions are seeded from (run seed, prompt id): the same ids get the same seeds in another sampler
+    (a resumed run), another sampling seed changes every one, and seed ranges [s, s + G) do not collide."""
+    from relayrl.data.sampler import prompt_seed
+
+    batches = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=11), 4)
+    seeds = {p["prompt_id"]: p["seed"] for b in batches for p in b}
+    assert all(s == prompt_seed(11, pid) for pid, s in seeds.items())
+    assert all(0 <= s < 2**62 for s in seeds.values())
+    again = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=11), 4)
+    assert [[p["seed"] for p in b] for b in again] == [[p["seed"] for p in b] for b in batches]
+    other = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=12), 4)
+    assert all(p["seed"] != q["seed"] for b, c in zip(batches, other) for p, q in zip(b, c))
+    first = PromptSampler(ROWS, 1, seed=4).next_batch()[0]                  # default: the data seed
+    assert first["seed"] == prompt_seed(4, first["prompt_id"])
+    bases = sorted(prompt_seed(11, pid) for pid in range(1000))
+    assert all(b - a >= 64 for a, b in zip(bases, bases[1:]))      # group sizes up to 64 never share seeds

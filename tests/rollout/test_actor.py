@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
+from relayrl.data.sampler import prompt_seed
 from relayrl.rollout import start_rollout_actor
 from relayrl.types import VersionSpan
 from relayrl.weightsync.base import StateDictSource
@@ -74,6 +75,29 @@ def test_pause_holds_requests_until_resume(actor, ray_session):
     assert ready == []
     ray_session.get(actor.resume.remote())
     assert len(ray_session.get(ref, timeout=60)[0].trajectories) == 2
+
+
+def _tokens(group) -> list[list[int]]:
+    return [t.completion_token_ids for t in group.trajectories]
+
+
+def test_seeded_prompts_sample_the_same_tokens_in_any_batch_and_engine(actor, ray_session, tiny_llama):
+    """Requests seeded from (run seed, prompt id) + sample index: a prompt's G completions are the same
+    alone or batched with other (seeded and unseeded) requests, and on a second engine started with another
+    engine seed (a replaced replica, a resumed run); its G sample indices draw different completions."""
+    seeded = [{**p, "seed": prompt_seed(0, p["prompt_id"])} for p in PROMPTS]
+    alone = ray_session.get(actor.generate.remote(seeded[1:2], 4))[0]
+    batched = ray_session.get(actor.generate.remote([seeded[2], PROMPTS[0], seeded[1]], 4))[2]
+    assert _tokens(batched) == _tokens(alone)
+    assert len({tuple(t) for t in _tokens(alone)}) == 4
+    other = start_rollout_actor(
+        str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25), seed=1234)
+    try:
+        assert _tokens(ray_session.get(other.generate.remote(seeded[1:2], 4))[0]) == _tokens(alone)
+    finally:
+        ray_session.get(other.shutdown.remote())
+        ray_session.kill(other)
 
 
 def test_update_during_generation_splits_version_spans(actor, ray_session, tiny_llama, tmp_path):

@@ -31,10 +31,11 @@ class ScriptedEngine:
     """Returns the given turns in order and records (context, max_tokens, stop) of every request."""
 
     def __init__(self, turns: list[ModelTurn]):
-        self.turns, self.calls = list(turns), []
+        self.turns, self.calls, self.seeds = list(turns), [], []
 
-    async def __call__(self, context: list[int], max_tokens: int, stop: list[str]) -> ModelTurn:
+    async def __call__(self, context: list[int], max_tokens: int, stop: list[str], seed: int | None) -> ModelTurn:
         self.calls.append((list(context), max_tokens, stop))
+        self.seeds.append(seed)
         return self.turns.pop(0)
 
 
@@ -78,6 +79,20 @@ def test_two_turn_episode_hand_worked():
     assert t.env_reward == 1.5 and t.finish_reason == "stop" and t.completion_text == "x</x>cdy"
     assert env.actions == ["x</x>", "y"]                      # the env saw each turn's text
     assert engine.calls == [([1, 97, 98], 8, ["</x>"]), ([1, 97, 98, 10, 11, 99, 100], 8, ["</x>"])]
+
+
+def test_turns_are_seeded_per_prompt_sample_and_turn():
+    """A prompt seed gives every model turn its own seed, the same in a replay; no prompt seed: unseeded."""
+    def seeds(prompt_seed):
+        engine = ScriptedEngine([_turn([10 + i], [-0.1], "p", [VersionSpan(0, 0, 1)]) for i in range(4)])
+        runner = EpisodeRunner(engine, CharTokenizer(), max_turns=2, max_tokens=8, max_model_len=64)
+        prompt = {"prompt_id": 5, "prompt": "q", "columns": {}, "seed": prompt_seed}
+        asyncio.run(runner.run_group(prompt, 2, lambda: ScriptedEnv([("o", 0.0, False)] * 2)))
+        return engine.seeds
+
+    first = seeds(123)
+    assert first == seeds(123) and len(set(first)) == 4                   # 2 samples x 2 turns, all distinct
+    assert set(first).isdisjoint(seeds(124)) and seeds(None) == [None] * 4
 
 
 def test_turn_straddling_an_update_keeps_both_spans():
