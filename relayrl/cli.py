@@ -55,17 +55,20 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
-    ev = sub.add_parser("eval", help="score a checkpoint or HF model on a dataset with vLLM (accuracy, pass@k)",
+    ev = sub.add_parser("eval", help="score a checkpoint or HF model on held-out prompts with vLLM "
+                                     "(accuracy, pass@k)",
                         description="Data, rewards and sampling come from the checkpoint's run directory "
                                     "(config.yaml) or from --config-name; Hydra overrides change them "
-                                    "(data.task=jsonl data.path=test.jsonl rollout.max_tokens=64).")
+                                    "(data.task=jsonl data.path=test.jsonl rollout.max_tokens=64). Scores "
+                                    "eval.num_prompts (64) prompts of eval.split: heldout (arith: problems "
+                                    "training never saw) or data (the data section's rows).")
     ev.add_argument("model", help="checkpoint dir (runs/<id>/checkpoints/final), HF model dir or built-in name")
     ev.add_argument("--config-name", "-cn", default=None,
                     help="recipe for data/rewards/sampling (default: the run's config.yaml, else grpo_arith)")
     ev.add_argument("--config-dir", "-cd", default=None, help=f"recipe directory (default: {RECIPES_DIR})")
     ev.add_argument("-n", type=int, default=1, help="samples per prompt (default 1)")
     ev.add_argument("-k", type=int, nargs="+", default=None, help="pass@k for these k (default: 1 and n)")
-    ev.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    ev.add_argument("--limit", type=int, default=None, help="prompts to score (default: eval.num_prompts; 0: all)")
     ev.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy; "
                     "default: rollout.temperature)")
     ev.add_argument("--out", default=None, help="write completions.jsonl + summary.json here "

@@ -11,19 +11,37 @@ unbiased estimator of ``monitor.passk``, averaged over prompts.
 Generation goes through the same ``RolloutActor`` (and engine arguments) as training, so an eval of
 ``checkpoints/final`` samples exactly as the last training step did, unless ``temperature`` overrides.
 Reward functions run in this process without the training pool's timeouts.
+
+What is scored (``cfg.eval``): at most ``eval.num_prompts`` prompts (64; ``--limit`` overrides) of a split.
+``heldout`` (default) is, for the generated ``arith`` task, problems no training row contains
+(``heldout_arith_rows``: disjoint by construction, whatever the seeds); a file task (``jsonl``) has no
+split of its own here, so its ``data.path`` is scored (point it at a test file), and the summary says so.
+``data`` scores the first rows as training loads them. Prompts go to the engine in chunks, so a progress
+bar (a line per chunk off a terminal) shows prompts done and the ETA.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relayrl.config import Config, ConfigError
+from relayrl.config import Config, ConfigError, DataConfig
+from relayrl.data import ARITH_QUESTION, chat_formatter, load_task, make_arith_rows
+from relayrl.monitor.metrics import _clock
 from relayrl.monitor.passk import mean_pass_at_k
+
+CHUNK_COMPLETIONS = 64
+"""Completions per generate call: the unit of progress (one bar update, one ETA estimate)."""
+IN_FLIGHT = 2
+"""Generate calls queued on the engine at once: the next chunk is ready when one finishes, so the
+engine never idles between chunks."""
 
 
 @dataclass
@@ -35,12 +53,14 @@ class EvalResult:
     pass_at_k: dict[int, float]          # k -> mean pass@k over prompts
     mean_reward: float                   # mean weighted total reward over scored completions
     rows: list[dict[str, Any]]           # one per completion: prompt_id, sample, completion, rewards, passed
+    split: str = ""                      # which prompts were scored (eval_rows' description)
 
     def summary(self) -> str:
         passed = sum(r["passed"] for r in self.rows)
         ks = " | ".join(f"pass@{k} {v:.3f}" for k, v in sorted(self.pass_at_k.items()))
         return (f"accuracy {self.accuracy:.3f} ({passed}/{len(self.rows)}) | {ks} | mean reward "
-                f"{self.mean_reward:.3f} | {self.prompts} prompts x {self.samples_per_prompt} samples")
+                f"{self.mean_reward:.3f} | {self.prompts} prompts x {self.samples_per_prompt} samples"
+                + (f" | {self.split}" if self.split else ""))
 
 
 def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
@@ -71,9 +91,9 @@ def find_run_dir(model: str | Path) -> Path | None:
 def evaluate(cfg: Config, model: str | Path | None = None, n: int = 1, ks: tuple[int, ...] = (1,),
              limit: int | None = None, temperature: float | None = None,
              out_dir: str | Path | None = None) -> EvalResult:
-    """Sample ``n`` completions for each of the first ``limit`` prompts of ``cfg.data`` with ``model``
-    (default ``cfg.model.path``), score them with ``cfg.rewards``; write completions.jsonl and
-    summary.json into ``out_dir`` when given."""
+    """Sample ``n`` completions for each of ``limit`` (default ``eval.num_prompts``) prompts of the
+    ``eval.split`` split with ``model`` (default ``cfg.model.path``), score them with ``cfg.rewards``;
+    write completions.jsonl and summary.json into ``out_dir`` when given."""
     from relayrl.controller.driver import resolve_model_path, resolve_rewards
 
     bad_k = [k for k in ks if not 1 <= k <= n]
@@ -82,24 +102,72 @@ def evaluate(cfg: Config, model: str | Path | None = None, n: int = 1, ks: tuple
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model or cfg.model.path)))
     model_path = resolve_model_path(cfg)
     reward_fns = resolve_rewards(cfg, None)
-    prompts = eval_prompts(cfg, model_path, limit)
+    rows, split = eval_rows(cfg, cfg.eval.num_prompts if limit is None else limit)
+    print(f"relayrl: eval: {len(rows)} prompts x {n} samples; {split}", file=sys.stderr)
+    prompts = format_prompts(cfg, model_path, rows)
     groups = generate(cfg, model_path, prompts, n, temperature)
-    rows = score(groups, reward_fns)
-    result = summarize(str(model_path), rows, n, ks)
+    result = dataclasses.replace(summarize(str(model_path), score(groups, reward_fns), n, ks), split=split)
     if out_dir is not None:
         write_result(result, Path(out_dir))
     return result
 
 
-def eval_prompts(cfg: Config, model_path: Path, limit: int | None) -> list[dict[str, Any]]:
-    """``{"prompt_id", "prompt", "columns"}`` for the first ``limit`` rows, formatted as in training."""
+def eval_rows(cfg: Config, limit: int) -> tuple[list[dict[str, Any]], str]:
+    """At most ``limit`` rows (0: all) of ``cfg.eval.split``, and a line saying what they are."""
+    if cfg.eval.split == "heldout" and cfg.data.task == "arith":
+        rows = heldout_arith_rows(cfg.data, limit or cfg.data.num_prompts, cfg.eval.seed)
+        where = f"held-out: {len(rows)} arith problems no training row holds"
+    else:
+        rows = load_task(cfg.data)[: limit or None]
+        where = f"data.task={cfg.data.task}" + (f" data.path={cfg.data.path}" if cfg.data.path else "")
+        if cfg.eval.split == "heldout":
+            where += " (this task has no held-out split here: point data.path at a test file)"
+    if not rows:
+        raise ConfigError(f"eval.split={cfg.eval.split} of data.task={cfg.data.task} gave no prompts; "
+                          "check data.path, eval.num_prompts or --limit")
+    return rows, where
+
+
+def heldout_arith_rows(data_cfg: DataConfig, n: int, seed: int) -> list[dict[str, str]]:
+    """``n`` distinct ``arith`` problems that ``make_arith_rows(data_cfg...)`` (training's rows) never holds.
+
+    Held-out by construction, not by seed: pairs ``(a, b)`` are drawn with their own seed and any pair
+    the training rows contain is rejected. Pairs of training's range ``[0, M]`` (M = max_operand) come
+    first; when that range is used up (4096 training rows hold all 100 pairs of single-digit
+    addition) the draw continues in ``[0, 2M + 1]`` with an operand above M, which no
+    training row can hold (harder: those sums test generalisation beyond the trained digits).
+    """
+    m = data_cfg.max_operand
+    seen = {row["question"] for row in make_arith_rows(data_cfg.num_prompts, m, data_cfg.seed)}
+    rng = random.Random(f"relayrl-heldout/{seed}")
+    inside = _draw_pairs(rng, m, lambda a, b: True, seen, n)
+    outside = _draw_pairs(rng, 2 * m + 1, lambda a, b: max(a, b) > m, seen, n - len(inside))
+    return [_arith_row(a, b) for a, b in inside + outside]
+
+
+def _draw_pairs(rng: random.Random, hi: int, keep: Callable[[int, int], bool], seen: set[str],
+                n: int) -> list[tuple[int, int]]:
+    """Up to ``n`` distinct pairs in ``[0, hi]^2`` with ``keep(a, b)`` whose question is not in ``seen``,
+    from at most ``20 n + 100`` draws (a range with few unseen pairs is given up, not searched forever)."""
+    out: list[tuple[int, int]] = []
+    for _ in range(20 * n + 100 if n > 0 else 0):
+        if len(out) == n:
+            break
+        a, b = rng.randint(0, hi), rng.randint(0, hi)
+        if keep(a, b) and (a, b) not in out and _arith_row(a, b)["question"] not in seen:
+            out.append((a, b))
+    return out
+
+
+def _arith_row(a: int, b: int) -> dict[str, str]:
+    return {"question": ARITH_QUESTION.format(a=a, b=b), "answer": str(a + b)}
+
+
+def format_prompts(cfg: Config, model_path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``{"prompt_id", "prompt", "columns"}`` per row, chat-formatted as in training."""
     from transformers import AutoTokenizer
 
-    from relayrl.data import chat_formatter, load_task
 
-    rows = load_task(cfg.data)[:limit]
-    if not rows:
-        raise ConfigError(f"data.task={cfg.data.task} gave no prompts; check data.path or --limit")
     fmt = chat_formatter(AutoTokenizer.from_pretrained(model_path), cfg.data.chat_template)
     return [{"prompt_id": i, "prompt": fmt(row["question"]), "columns": row} for i, row in enumerate(rows)]
 
@@ -116,12 +184,71 @@ def generate(cfg: Config, model_path: Path, prompts: list[dict[str, Any]], n: in
     start_ray(cfg.run.ray_address, cfg.placement, rollout_cfg.num_cpus)
     actor = start_rollout_actor(str(model_path), cfg.model, rollout_cfg, cfg.run.seed)
     try:
-        return ray.get(actor.generate.remote(prompts, n))
+        return generate_chunks(actor, prompts, n)
     finally:
         try:
             ray.get(actor.shutdown.remote(), timeout=30)
         finally:
             ray.kill(actor)
+
+
+def generate_chunks(actor: Any, prompts: list[dict[str, Any]], n: int) -> list[Any]:
+    """``actor.generate`` over chunks of ``CHUNK_COMPLETIONS // n`` prompts, ``IN_FLIGHT`` at a time,
+    reporting each finished chunk to a progress bar; groups come back in prompt order."""
+    import ray
+
+    size = max(1, CHUNK_COMPLETIONS // n)
+    chunks = [prompts[i:i + size] for i in range(0, len(prompts), size)]
+    groups: list[Any] = []
+    pending = [actor.generate.remote(c, n) for c in chunks[:IN_FLIGHT]]
+    with EvalProgress(len(prompts)) as progress:
+        for i in range(len(chunks)):
+            done = ray.get(pending.pop(0))
+            if i + IN_FLIGHT < len(chunks):
+                pending.append(actor.generate.remote(chunks[i + IN_FLIGHT], n))
+            groups.extend(done)
+            progress.advance(len(done))
+    return groups
+
+
+class EvalProgress:
+    """Prompts generated so far: a rich bar with ETA on a terminal (as the training console draws), else
+    one plain line per chunk (``eval 16/64 prompts | 0:12 elapsed | ETA 0:36``), both on stderr.
+    ETA = elapsed / prompts done x prompts left (chunks are alike, so the mean rate is a fair guess)."""
+
+    def __init__(self, total: int):
+        from rich.console import Console
+
+        self.total, self.done, self.t0 = total, 0, time.perf_counter()
+        self.console = Console(stderr=True, highlight=False)
+        self.bar = self._bar() if self.console.is_terminal else None
+
+    def _bar(self) -> Any:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("prompts | ETA"),
+                       TimeRemainingColumn(), TimeElapsedColumn(), console=self.console)
+        self._task = bar.add_task("eval", total=self.total)
+        return bar
+
+    def __enter__(self) -> "EvalProgress":
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def advance(self, prompts: int) -> None:
+        self.done += prompts
+        if self.bar is not None:
+            self.bar.update(self._task, completed=self.done)
+            return
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        self.console.print(f"eval {self.done}/{self.total} prompts | {_clock(elapsed)} elapsed | ETA {_clock(eta)}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def score(groups: list[Any], reward_fns: list[tuple]) -> list[dict[str, Any]]:
