@@ -9,6 +9,10 @@ One episode (``EpisodeRunner.run_episode``), with ``ids`` the token ids so far::
         if done or last turn or no room left: stop
         env turn: tokenize(obs) (no special tokens added)                               -> append, mask 0
 
+Plain ``reset``/``step`` run in a worker thread (``_call_env``) so a blocking environment never stalls
+the engine's event loop; an exception in either ends the call as an ``EpisodeError``. Each model turn is
+seeded from the prompt's seed, the sample index and the turn (``turn_seed``).
+
 The resulting ``Trajectory`` keeps the exact token ids the engine conditioned on (model tokens are
 never re-tokenized), so the trainer scores the same sequence the engine sampled. Its fields:
 
