@@ -1,0 +1,47 @@
+"""Shared by the resume tests: run the CLI as a subprocess, SIGKILL a run's whole process group once a
+step is logged, and read back which prompt ids each step trained (``prompts.jsonl``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STEPS = 4
+
+
+def command(tiny_llama: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "relayrl.cli", "train", "--config-name", "grpo_tiny", f"model.path={tiny_llama}",
+            f"run.output_dir={out}", f"run.steps={STEPS}", "run.checkpoint_every=2", "logging.wandb=disabled",
+            "run.save_final=false", *extra]
+
+
+def prompt_log(out: Path) -> list[list[int]]:
+    (run,) = out.glob("grpo_tiny-*")
+    return [json.loads(x)["prompt_ids"] for x in (run / "prompts.jsonl").read_text().splitlines()]
+
+
+def run_to_end(cmd: list[str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def kill_after_step(cmd: list[str], out: Path, step: int) -> None:
+    """Start the run in its own process group and SIGKILL the whole group once ``step`` is logged."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            metrics = list(out.glob("grpo_tiny-*/metrics.jsonl"))
+            if metrics and len(metrics[0].read_text().splitlines()) >= step:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the run ended before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
