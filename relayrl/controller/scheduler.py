@@ -100,6 +100,7 @@ class Scheduler:
         self.clock = Clock()
         self.idle_since = time.perf_counter()
         self.bad_steps = 0                              # consecutive steps skipped for a NaN/inf gradient
+        self.calls = [0] * self.n                       # generate calls scored, per replica
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -198,6 +199,7 @@ class Scheduler:
             self._replace_replica(flight, error)
             return
         self.idle.append(flight.launch.replica)
+        self.calls[flight.launch.replica] += 1
         metrics |= {"timing/score": time.perf_counter() - t0, "timing/generate": generate_s, "rollout/calls": 1.0}
         self.policy.on_scored(scored_entry(flight.launch, scored, metrics))
 
