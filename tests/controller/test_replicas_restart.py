@@ -1,0 +1,73 @@
+"""Replica recovery decisions without engines: which failures are deaths (real Ray actors on CPU), and the
+restart loop's retries and backoff (``System._recreate_rollout`` faked; sleeps recorded, not waited)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import ray
+
+import relayrl.controller.system as system_module
+from relayrl.controller.scheduler import task_error_line
+from relayrl.controller.system import System, is_death, restart_backoff_s
+
+
+class Replica:
+    """A rollout-actor stand-in: answers ``weight_version``; ``generate`` raises a task's own error."""
+
+    def weight_version(self) -> int:
+        return 3
+
+    def generate(self) -> None:
+        raise ValueError("calculator env: cannot parse '2 +'")
+
+
+def failure(ref: ray.ObjectRef) -> BaseException:
+    with pytest.raises(ray.exceptions.RayError) as info:
+        ray.get(ref)
+    return info.value
+
+
+def test_a_task_error_on_a_live_replica_is_not_a_death_and_reads_as_one_line(ray_session):
+    actor = ray.remote(Replica).options(num_cpus=0).remote()
+    error = failure(actor.generate.remote())
+    assert isinstance(error, ray.exceptions.RayTaskError) and not is_death(error, actor)
+    line = task_error_line(0, error)
+    assert "\n" not in line and "ValueError: calculator env: cannot parse '2 +'" in line
+    ray.kill(actor, no_restart=True)
+    dead = failure(actor.generate.remote())
+    assert isinstance(dead, ray.exceptions.RayActorError) and is_death(dead, actor)
+
+
+def fake_system(max_restarts: int, failures: int, monkeypatch) -> tuple[System, list[float]]:
+    """A System whose first ``failures`` re-creations die while starting (the replacement never answers)."""
+    sleeps: list[float] = []
+    monkeypatch.setattr(system_module.time, "sleep", sleeps.append)
+    monkeypatch.setattr(system_module, "answers", lambda rollout, timeout_s=30.0: False)
+    cfg = SimpleNamespace(rollout=SimpleNamespace(max_restarts=max_restarts))
+    system = System(cfg, None, ["replica0"], None, None)
+    attempts = iter(range(100))
+
+    def recreate(i: int, version: int) -> None:
+        if next(attempts) < failures:
+            raise ray.exceptions.ActorDiedError()
+    monkeypatch.setattr(system, "_recreate_rollout", recreate)
+    return system, sleeps
+
+
+def test_a_replacement_that_dies_while_starting_is_another_attempt_with_backoff(monkeypatch):
+    system, sleeps = fake_system(max_restarts=5, failures=3, monkeypatch=monkeypatch)
+    system.restart_rollout(0, version=2, error=RuntimeError("EngineDeadError"))
+    assert system.restarts == 4 and sleeps == [1.0, 2.0, 4.0]          # every attempt counts
+
+
+def test_restarts_stop_at_max_restarts_naming_the_last_error(monkeypatch):
+    system, sleeps = fake_system(max_restarts=2, failures=10, monkeypatch=monkeypatch)
+    with pytest.raises(RuntimeError, match=r"replica 0 died again after 2 restarts \(rollout.max_restarts\)"):
+        system.restart_rollout(0, version=2, error=RuntimeError("EngineDeadError"))
+    assert system.restarts == 2 and sleeps == [1.0]
+
+
+def test_backoff_doubles_and_is_capped():
+    assert [restart_backoff_s(a) for a in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
