@@ -129,6 +129,28 @@ class TrainerConfig:
     policy/nonfinite_skips) before the run stops."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
+    max_tokens_per_micro_batch: int = 2048
+    """Padding-free packing (``trainer/packing.py``): each micro-batch is one row of at most this many real
+    tokens, sequences concatenated with their own position ids and a block mask (no pad token is computed);
+    micro_batch_size is then unused. 0: micro-batches of micro_batch_size right-padded rows. Attention
+    over a packed row costs O(tokens^2), so past a few thousand tokens larger budgets stop paying off."""
+    shared_prefix: bool = True
+    """Needs max_tokens_per_micro_batch > 0: a group's G sequences share one copy of their common prefix
+    (the prompt) in the packed row, each completion attending to it and causally to itself only, so the
+    prompt is computed once per group instead of G times. Exact: equal to the per-sequence forward."""
+    dtype: str = "float32"
+    """Trainer compute: float32 | bf16 (autocast: bf16 matmuls with float32 master weights, AdamW state,
+    LM head, logprobs and losses; the critic stays float32). Not the weights' dtype (model.dtype)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_per_micro_batch < 0:
+            raise ConfigError(f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be "
+                              ">= 0 (0: padded micro-batches); set e.g. trainer.max_tokens_per_micro_batch=2048")
+        if self.shared_prefix and self.max_tokens_per_micro_batch == 0:
+            raise ConfigError("trainer.shared_prefix=true needs packed rows; set trainer.max_tokens_per_micro_batch"
+                              " > 0 or trainer.shared_prefix=false")
+        if self.dtype not in ("float32", "bf16"):
+            raise ConfigError(f"trainer.dtype={self.dtype!r} is not known; use float32 or bf16")
 
 
 @dataclass

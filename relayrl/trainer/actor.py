@@ -37,6 +37,7 @@ import functools
 import math
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,9 +49,12 @@ from relayrl.rendezvous import client_store, master_store
 from relayrl.trainer import checkpoint
 from relayrl.trainer.advantages import (CRITIC_ESTIMATORS, masked_moments, moments_mean_var, outcome_gae,
                                         whiten_from_moments)
-from relayrl.trainer.batch import build_train_batch, split_batch, trainable_groups
+from relayrl.trainer.batch import (MicroBatch, build_train_batch, empty_micro_batch, packed_micro_batch,
+                                   packing_plan, row_micro_batches, split_batch, to_device, trainable_groups)
 from relayrl.trainer.fsdp import clip_and_step, shard_model
-from relayrl.trainer.logprobs import token_entropy, token_logprobs
+from relayrl.trainer.logprobs import logits_entropy, target_logprobs, token_logprobs
+from relayrl.trainer.packing import attention_mask_4d, place, split_to_count
+from relayrl.trainer.precision import autocast, keep_head_fp32
 from relayrl.trainer.losses import (KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, entropy_bonus, kl_k3, kl_loss,
                                     masked_token_sum)
 from relayrl.trainer.shaping import dynamic_sampling_filter, overlong_penalty
@@ -91,12 +95,6 @@ def loss_agg_kwargs(algo: AlgorithmConfig) -> dict[str, int]:
         raise ValueError("algorithm.loss_agg=seq-mean-token-sum-norm needs algorithm.norm_len; set it to "
                          "rollout.max_tokens (load_config does this by default)")
     return {"max_len": algo.norm_len}
-
-
-def _first_target(loss_mask: torch.Tensor) -> int:
-    """First column where any row has a completion token (0 if none): [B, L-1] -> int."""
-    cols = loss_mask.any(dim=0).nonzero()
-    return int(cols[0]) if len(cols) else 0
 
 
 def resolve_backend(backend: str) -> str:
@@ -176,6 +174,7 @@ class TrainerActor:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
+        keep_head_fp32(model.get_output_embeddings())        # trainer.dtype=bf16: logits stay float32
         if self.cfg.tp_size > 1:
             parallelize(model, self.mesh["tp"])
         return shard_model(model, self.dp_mesh, self.model_cfg.dtype, trainable)
@@ -312,42 +311,55 @@ class TrainerActor:
         parts = [next(fetched) if isinstance(r, ray.ObjectRef) else r for r in group_refs]
         return [g for part in parts for g in part]
 
-    def _micro_batches(self, share: TrainBatch) -> list[TrainBatch]:
-        """Chunks of ``micro_batch_size`` rows, each trimmed to its longest sequence (right padding)."""
-        out, size = [], self.cfg.micro_batch_size
-        for row0 in range(0, len(share), size):
-            rows = slice(row0, row0 + size)
-            L = int(share.attention_mask[rows].sum(1).max())
-            first = _first_target(share.loss_mask[rows, : L - 1])
-            out.append(TrainBatch(
-                input_ids=share.input_ids[rows, :L].to(self.device),
-                attention_mask=share.attention_mask[rows, :L].to(self.device),
-                loss_mask=share.loss_mask[rows, first: L - 1].to(self.device),
-                behaviour_logprobs=share.behaviour_logprobs[rows, first: L - 1].to(self.device),
-                advantages=share.advantages[rows].to(self.device), prompt_ids=share.prompt_ids[rows],
-                target_start=first, rewards=None if share.rewards is None else share.rewards[rows].to(self.device)))
-        return out
+    def _micro_batches(self, share: TrainBatch) -> list[MicroBatch]:
+        """Chunks of ``micro_batch_size`` padded rows, or with ``max_tokens_per_micro_batch`` packed rows of at
+        most that many tokens (``shared_prefix``: each group's prompt once). Collective when packing: every dp
+        rank runs as many micro-batches as the busiest (FSDP gathers in each forward), splitting its own
+        chunks first and adding micro-batches with nothing to train on only when it has too few rows."""
+        budget, share_prefix = self.cfg.max_tokens_per_micro_batch, self.cfg.shared_prefix
+        if budget <= 0:
+            return [to_device(mb, self.device) for mb in row_micro_batches(share, self.cfg.micro_batch_size)]
+        units, costs, chunks = packing_plan(share, budget, share_prefix)
+        count = int(self._all_reduce(torch.tensor(float(len(chunks))), dist.ReduceOp.MAX))
+        chunks = split_to_count(chunks, costs, count)
+        out = [packed_micro_batch(share, [units[u] for u in chunk], share_prefix) for chunk in chunks]
+        out += [empty_micro_batch(share, share_prefix) for _ in range(count - len(out))]
+        return [to_device(mb, self.device) for mb in out]
 
-    def _forward(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
-        """Logits at positions ``target_start..L-1`` only: the LM head and softmax over the vocabulary
-        cost as much as several layers, and prompt positions carry no loss."""
-        keep = torch.arange(mb.target_start, mb.input_ids.shape[1], device=self.device)
-        return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
-                     logits_to_keep=keep).logits
+    def _forward(self, model: torch.nn.Module,
+                 mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        """What the loss needs from the model: (logits [R, K, V], their targets [R, K], ``to_batch`` laying
+        per-entry values [R, K, ...] out like ``mb.loss_mask`` [b, T, ...]).
 
-    def _token_logprobs(self, logits: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
-        return token_logprobs(logits, mb.input_ids[:, mb.target_start:], self.temperature)
+        Padded rows: R = b, K = T, logits only from ``target_start`` (the LM head and the softmax over the
+        vocabulary cost as much as several layers, and prompt positions carry no loss). Packed: one row
+        with position ids per sequence and a block mask, K scored entries (``packing.py``).
+        ``trainer.dtype=bf16`` runs the model under autocast with the LM head in float32.
+        """
+        with autocast(self.device.type, self.cfg.dtype):
+            if mb.packed is None:
+                keep = torch.arange(mb.target_start, mb.input_ids.shape[1], device=self.device)
+                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                               logits_to_keep=keep).logits
+                return logits[:, :-1], mb.input_ids[:, mb.target_start + 1:], lambda v: v
+            row = mb.packed
+            mask = attention_mask_4d(row, model.config._attn_implementation, torch.float32)
+            logits = model(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=mask,
+                           use_cache=False, logits_to_keep=row.score_pos).logits
+            return logits, row.score_target[None], lambda v: place(v[0], row.gather)
 
     @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
-        return self._token_logprobs(self._forward(model, mb), mb)
+    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """Per-token logprobs [b, T] aligned with ``mb.loss_mask`` (no graph)."""
+        logits, targets, to_batch = self._forward(model, mb)
+        return to_batch(target_logprobs(logits, targets, self.temperature))
 
     def _train_micro(self, mb: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None,
                      denom: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Forward/backward one micro-batch; returns its stat sums (and ratio_max) and the old logprobs
         (``old`` if given, else this forward's detached logprobs: valid before any update)."""
-        logits = self._forward(self.model, mb)
-        logprobs = self._token_logprobs(logits, mb)
+        logits, targets, to_batch = self._forward(self.model, mb)
+        logprobs = to_batch(target_logprobs(logits, targets, self.temperature))
         old = logprobs.detach() if old is None else old
         behaviour = ({} if self.off_policy_kw is None else
                      {"behaviour_logprobs": mb.behaviour_logprobs, **self.off_policy_kw})
@@ -357,7 +369,7 @@ class TrainerActor:
         if ref is not None:
             kl_term, kl_stats = kl_loss(logprobs, ref, mb.loss_mask, self.algo.kl_coef, self.algo.kl_estimator)
             per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mb.loss_mask.sum()
-        entropy_term, entropy_sum = self._entropy(logits, mb)
+        entropy_term, entropy_sum = self._entropy(logits, to_batch, mb)
         if entropy_term is not None:
             per_token = per_token + entropy_term
         numerator, _ = self.aggregate(per_token, mb.loss_mask, **self.agg_kw)
@@ -373,11 +385,14 @@ class TrainerActor:
                     "is_weight": stats.get("is_weight_mean", ntok.new_ones((), dtype=torch.float32)) * ntok,
                     "is_trunc_frac": stats.get("is_trunc_frac", ntok.new_zeros((), dtype=torch.float32)) * ntok}, old
 
-    def _entropy(self, logits: torch.Tensor, mb: TrainBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(entropy-bonus loss term [B, T] or None when entropy_coef is 0, token-summed entropy for stats)."""
+    def _entropy(self, logits: torch.Tensor, to_batch: Callable[[torch.Tensor], torch.Tensor],
+                 mb: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(entropy-bonus loss term [b, T] or None when entropy_coef is 0, token-summed entropy for stats);
+        ``logits`` [R, K, V] and ``to_batch`` as ``_forward`` returns them."""
         if self.algo.entropy_coef <= 0:
-            return None, masked_token_sum(token_entropy(logits.detach(), self.temperature), mb.loss_mask)
-        scaled = logits[:, :-1].float() / self.temperature          # aligned with loss_mask, as logprobs
+            entropy = to_batch(logits_entropy(logits.detach(), self.temperature))
+            return None, masked_token_sum(entropy, mb.loss_mask)
+        scaled = to_batch(logits.float() / self.temperature)          # [b, T, V] aligned with loss_mask
         term, stats = entropy_bonus(scaled, mb.loss_mask, self.algo.entropy_coef)
         return term, stats["entropy"] * mb.loss_mask.sum()
 

@@ -21,11 +21,14 @@ Trajectories whose reward failed (``traj.excluded``) are left out before anythin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
-from collections.abc import Callable
-
 from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS, sequence_advantages
+from relayrl.trainer.packing import PackedRow, pack_rows, plan_chunks, segment_tokens
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 
 
@@ -136,3 +139,97 @@ def split_batch(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
             share.rewards[len(index):] = 0.0
         share.prompt_ids[len(index):] = [-1] * n_pad
     return share
+
+
+# ---------------------------------------------------------------------------------------- micro-batches
+@dataclass
+class MicroBatch(TrainBatch):
+    """One forward/backward's rows: the padded tensors trimmed to them (``target_start`` set), and with
+    packing their padding-free row (``packed``, on which the model runs; losses use the padded layout)."""
+
+    packed: PackedRow | None = None
+
+
+def _first_target(loss_mask: torch.Tensor) -> int:
+    """First column where any row has a completion token (0 if none): [B, L-1] -> int."""
+    cols = loss_mask.any(dim=0).nonzero()
+    return int(cols[0]) if len(cols) else 0
+
+
+def trimmed(share: TrainBatch, rows: list[int]) -> MicroBatch:
+    """Rows ``rows`` cut to their longest sequence, loss columns from the first one any row scores."""
+    part = _rows(share, torch.tensor(rows, dtype=torch.long))
+    L = int(part.attention_mask.sum(1).max())
+    first = _first_target(part.loss_mask[:, : L - 1])
+    return MicroBatch(input_ids=part.input_ids[:, :L], attention_mask=part.attention_mask[:, :L],
+                      loss_mask=part.loss_mask[:, first: L - 1],
+                      behaviour_logprobs=part.behaviour_logprobs[:, first: L - 1],
+                      advantages=part.advantages, prompt_ids=part.prompt_ids, target_start=first,
+                      rewards=part.rewards)
+
+
+def row_micro_batches(share: TrainBatch, size: int) -> list[MicroBatch]:
+    """Chunks of ``size`` rows, each trimmed to its longest sequence (right padding)."""
+    return [trimmed(share, list(range(r, min(r + size, len(share))))) for r in range(0, len(share), size)]
+
+
+def to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    """``mb`` with every tensor on ``device``."""
+    move = {f: getattr(mb, f).to(device) for f in ("input_ids", "attention_mask", "loss_mask",
+                                                     "behaviour_logprobs", "advantages")}
+    return dataclasses.replace(mb, **move, rewards=None if mb.rewards is None else mb.rewards.to(device),
+                               packed=None if mb.packed is None else mb.packed.to(device))
+
+
+def _sequences(share: TrainBatch) -> list[list[int]]:
+    return [ids[: int(n)].tolist() for ids, n in zip(share.input_ids, share.attention_mask.sum(1))]
+
+
+def packing_units(share: TrainBatch, budget: int, share_prefix: bool) -> tuple[list[list[int]], list[int]]:
+    """The rows that must stay together and their packed token counts: ([rows] per unit, [tokens]).
+
+    Without ``share_prefix`` a unit is one sequence. With it, a unit is a run of rows with the same
+    prompt id (one group; -1 marks padding rows, never shared), cut into runs of at most ``budget``
+    packed tokens when the whole group does not fit (each part then holds its own prefix copy).
+    """
+    seqs = _sequences(share)
+    if not share_prefix:
+        return [[r] for r in range(len(share))], [len(s) for s in seqs]
+    units: list[list[int]] = []
+    for r, pid in enumerate(share.prompt_ids):
+        unit = units[-1] if units else None
+        if (unit and pid != -1 and share.prompt_ids[unit[0]] == pid
+                and segment_tokens([seqs[u] for u in unit + [r]], True) <= budget):
+            unit.append(r)
+        else:
+            units.append([r])
+    return units, [segment_tokens([seqs[r] for r in u], True) for u in units]
+
+
+def packing_plan(share: TrainBatch, budget: int,
+                 share_prefix: bool) -> tuple[list[list[int]], list[int], list[list[int]]]:
+    """(units, their token costs, consecutive chunks of unit indexes of at most ``budget`` tokens)."""
+    units, costs = packing_units(share, budget, share_prefix)
+    return units, costs, plan_chunks(costs, budget)
+
+
+def packed_micro_batch(share: TrainBatch, units: list[list[int]], share_prefix: bool) -> MicroBatch:
+    """The rows of ``units`` as a ``MicroBatch`` whose ``packed`` row holds them without padding."""
+    rows = [r for u in units for r in u]
+    mb = trimmed(share, rows)
+    seqs = _sequences(mb)
+    index = {r: i for i, r in enumerate(rows)}
+    mb.packed = pack_rows(seqs, [[index[r] for r in u] for u in units], mb.loss_mask, mb.target_start,
+                          share_prefix)
+    return mb
+
+
+def empty_micro_batch(share: TrainBatch, share_prefix: bool) -> MicroBatch:
+    """Row 0 with nothing to train on (mask, advantage, reward 0): evens out forwards across ranks."""
+    mb = packed_micro_batch(share, [[0]], share_prefix)
+    mb.loss_mask.zero_()
+    mb.advantages = torch.zeros_like(mb.advantages)
+    mb.rewards = None if mb.rewards is None else torch.zeros_like(mb.rewards)
+    mb.prompt_ids = [-1]
+    mb.packed.gather.fill_(-1)
+    return mb

@@ -35,6 +35,7 @@ import torch
 from relayrl.config import CriticConfig
 from relayrl.trainer.fsdp import clip_and_step, shard_model
 from relayrl.trainer.losses import masked_token_sum, value_loss
+from relayrl.trainer.packing import attention_mask_4d, place
 from relayrl.types import TrainBatch
 
 _HEAD_NAMES = ("score", "classifier")     # what HF *ForTokenClassification classes call their head
@@ -95,9 +96,19 @@ class Critic:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def _forward(self, mb: TrainBatch) -> torch.Tensor:
-        """V at every next-token position from ``target_start``: [B, L] -> [B, L-1-target_start] float32."""
-        out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits     # [B, L, 1]
-        return out[:, mb.target_start: mb.input_ids.shape[1] - 1, 0].float()
+        """V at every next-token position from ``target_start``: [B, L] -> [B, L-1-target_start] float32.
+
+        A packed micro-batch (``batch.MicroBatch.packed``) runs as its one padding-free row with the block
+        mask (``packing.py``); V at a scored entry is the head at the entry's position (a value does not
+        depend on the next token, so the shared last prompt position gives every completion the same V).
+        """
+        row = getattr(mb, "packed", None)
+        if row is None:
+            out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # [B, L, 1]
+            return out[:, mb.target_start: mb.input_ids.shape[1] - 1, 0].float()
+        mask = attention_mask_4d(row, self.model.config._attn_implementation, torch.float32)
+        out = self.model(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=mask).logits
+        return place(out[0, row.score_pos, 0].float(), row.gather)                              # [b, T]
 
     @torch.no_grad()
     def values(self, mb: TrainBatch) -> torch.Tensor:

@@ -26,9 +26,15 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     _check(logits, temperature)
     if input_ids.shape != logits.shape[:2]:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} must match logits' [B, L] {tuple(logits.shape[:2])}")
-    z = logits[:, :-1].float() / temperature                               # [B, L-1, V]
-    target = input_ids[:, 1:].unsqueeze(-1)                                # [B, L-1, 1]
-    return z.gather(-1, target).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    return target_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``log softmax(z_k / tau)[target_k]`` with logits already aligned to their targets (no shift):
+    [R, K, V], [R, K] -> [R, K] float32. The packed forward scores arbitrary (position, token) entries."""
+    _check(logits, temperature)
+    z = logits.float() / temperature                                       # [R, K, V]
+    return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
 @torch.no_grad()
@@ -38,6 +44,12 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     A monitoring statistic (no gradient): a collapsing entropy is the usual first sign of a policy that
     stopped exploring.
     """
+    return logits_entropy(logits[:, :-1], temperature)
+
+
+@torch.no_grad()
+def logits_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``token_entropy`` of logits already aligned (no shift): [R, K, V] -> [R, K]."""
     _check(logits, temperature)
-    z = logits[:, :-1].float() / temperature
+    z = logits.float() / temperature
     return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
