@@ -68,7 +68,8 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--config-dir", "-cd", default=None, help=f"recipe directory (default: {RECIPES_DIR})")
     ev.add_argument("-n", type=int, default=1, help="samples per prompt (default 1)")
     ev.add_argument("-k", type=int, nargs="+", default=None, help="pass@k for these k (default: 1 and n)")
-    ev.add_argument("--limit", type=int, default=None, help="prompts to score (default: eval.num_prompts; 0: all)")
+    ev.add_argument("--limit", type=int, default=None,
+                    help="prompts to score (default: eval.num_prompts; 0: all)")
     ev.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy; "
                     "default: rollout.temperature)")
     ev.add_argument("--out", default=None, help="write completions.jsonl + summary.json here "

@@ -184,6 +184,8 @@ def generate(cfg: Config, model_path: Path, prompts: list[dict[str, Any]], n: in
     start_ray(cfg.run.ray_address, cfg.placement, rollout_cfg.num_cpus)
     actor = start_rollout_actor(str(model_path), cfg.model, rollout_cfg, cfg.run.seed)
     try:
+        print("relayrl: eval: starting the engine", file=sys.stderr)
+        ray.get(actor.info.remote())          # engine up: the progress clock (and its ETA) is generation only
         return generate_chunks(actor, prompts, n)
     finally:
         try:
@@ -227,8 +229,9 @@ class EvalProgress:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
 
-        bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("prompts | ETA"),
-                       TimeRemainingColumn(), TimeElapsedColumn(), console=self.console)
+        bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("prompts | ETA"), TimeRemainingColumn(), TimeElapsedColumn(),
+                       console=self.console)
         self._task = bar.add_task("eval", total=self.total)
         return bar
 
@@ -244,7 +247,8 @@ class EvalProgress:
             return
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / self.done * (self.total - self.done)
-        self.console.print(f"eval {self.done}/{self.total} prompts | {_clock(elapsed)} elapsed | ETA {_clock(eta)}")
+        self.console.print(f"eval {self.done}/{self.total} prompts | {_clock(elapsed)} elapsed | "
+                           f"ETA {_clock(eta)}")
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
