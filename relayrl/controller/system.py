@@ -235,4 +235,4 @@ def make_sampler(cfg: Config, model_path: Path):
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = load_task(cfg.data)
     return PromptSampler(rows, cfg.run.prompts_per_step // cfg.rollout.num_replicas, cfg.data.seed,
-                         chat_formatter(tokenizer, cfg.data.chat_template))
+                         chat_formatter(tokenizer, cfg.data.chat_template), sampling_seed=cfg.run.seed)
