@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ class System:
     model_path: Path | None = None
     placement: Placement | None = None
     restarts: int = 0                    # rollout replicas replaced after they died
+    procs: list[tuple[str, int]] = field(default_factory=list)   # (node ip, actor pid) per replica
 
     @classmethod
     def start(cls, cfg: Config, model_path: Path, placement: Placement, reward_fns: RewardFns,
@@ -75,9 +76,10 @@ class System:
         rc = cfg.reward
         rewards = RewardPool.start(reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate,
                                    cpus=SCORING_CPUS)
-        workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in rollouts])]  # engines up
-        trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts, workers)
-        return cls(cfg, sampler, rollouts, trainer, rewards, model_path, placement)
+        infos = ray.get([r.info.remote() for r in rollouts])                                     # engines up
+        trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts, [int(i["workers"]) for i in infos])
+        return cls(cfg, sampler, rollouts, trainer, rewards, model_path, placement,
+                   procs=[(i["node"], int(i["pid"])) for i in infos])
 
     def dead_rollouts(self, timeout_s: float = 30.0) -> list[int]:
         """Replicas whose actor or engine no longer answers (a dead engine raises on any call)."""
@@ -114,15 +116,26 @@ class System:
         one would otherwise serve the initial model)."""
         from relayrl.rollout import cleanup_engine_segments, start_rollout_actor
 
-        ray.kill(self.rollouts[i], no_restart=True)
+        self._kill_rollout(i)
         self.rollouts[i] = start_rollout_actor(str(self.model_path), self.cfg.model, self.cfg.rollout,
                                                self.cfg.run.seed + i + 1000 * self.restarts,
                                                sync_cfg=self.cfg.weightsync, **self.placement.rollout[i])
-        workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in self.rollouts])]
+        infos = ray.get([r.info.remote() for r in self.rollouts])
+        workers = [int(info["workers"]) for info in infos]
+        self.procs = [(info["node"], int(info["pid"])) for info in infos]
         cleanup_engine_segments()   # the dead replica's /dev/shm queue, now that its processes are gone
         self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts, workers)
         if version > 0:
             self.sync_weights(version)
+
+    def _kill_rollout(self, i: int) -> None:
+        """End replica ``i`` for good: its engine processes by SIGKILL when it runs on this node (a stopped
+        EngineCore survives ``ray.kill`` of its parent), then the actor."""
+        from relayrl.rollout.cleanup import kill_process_tree
+
+        if i < len(self.procs) and self.procs[i][0] == ray.util.get_node_ip_address():
+            kill_process_tree(self.procs[i][1])
+        ray.kill(self.rollouts[i], no_restart=True)
 
     def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], dict]:
         """Scored-group refs (one per replica) and the step's reward + rollout metrics; raises ``RewardError``

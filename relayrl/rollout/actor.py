@@ -14,6 +14,7 @@ what importance ratios pi/mu need.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from typing import Any
@@ -83,9 +84,13 @@ class RolloutActor:
 
     def info(self) -> dict[str, float]:
         """Static facts: engine start time, vLLM workers in this engine (group ranks a sync needs), dead
-        engines' shared-memory segments removed before it started."""
+        engines' shared-memory segments removed before it started, and where this actor runs (node, pid),
+        so that a replica hung beyond answering can still have its engine processes killed."""
+        import ray
+
         return {"start_seconds": self.start_seconds, "workers": self.engine.vllm_config.parallel_config.world_size,
-                "shm_segments_removed": self.shm_removed}
+                "shm_segments_removed": self.shm_removed, "node": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}
 
     async def generate(self, prompts: list[dict[str, Any]], group_size: int) -> list[TrajectoryGroup]:
         """Sample ``group_size`` completions for each ``{"prompt_id", "prompt", "columns", "seed"}``, concurrently.

@@ -120,3 +120,22 @@ def cleanup_engine_segments() -> Cleanup:
         print(f"relayrl: removed {len(result.removed)} shared-memory segment(s) of dead vLLM engines "
               f"({result.bytes_freed / 2**20:.0f} MiB in {SHM_DIR})")
     return result
+
+
+def kill_process_tree(pid: int) -> int:
+    """SIGKILL ``pid`` and every process below it; the number killed. ``ray.kill`` ends an actor's own
+    process, but a vLLM EngineCore child that is stopped (SIGSTOP, a wedged driver) can react to no
+    signal but SIGKILL and would otherwise live on, holding its memory and its queue segment."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return 0
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return len(procs)

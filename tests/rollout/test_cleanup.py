@@ -72,3 +72,28 @@ def test_nothing_to_remove_without_candidates(tmp_path):
     (tmp_path / "other_segment").write_bytes(b"x")
     assert remove_orphaned_segments(prefix="psm_", shm_dir=tmp_path).removed == []
     assert (tmp_path / "other_segment").exists()
+
+
+def test_kill_process_tree_ends_stopped_descendants():
+    """A stopped grandchild (a SIGSTOPped EngineCore under its actor) dies with the tree: only SIGKILL
+    reaches a stopped process, and ``ray.kill`` of the actor alone would leave it."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from relayrl.rollout.cleanup import kill_process_tree
+
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
+            "time.sleep(600)']); print('up', flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout.readline().strip() == "up"
+    tree = [psutil.Process(parent.pid), *psutil.Process(parent.pid).children(recursive=True)]
+    assert len(tree) == 2
+    for proc in tree:
+        proc.send_signal(signal.SIGSTOP)
+    assert kill_process_tree(parent.pid) == 2
+    parent.wait(timeout=60)
+    gone, alive = psutil.wait_procs(tree, timeout=60)
+    assert alive == []
