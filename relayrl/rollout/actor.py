@@ -20,16 +20,13 @@ import uuid
 from typing import Any
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
-from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
+from relayrl.envs import env_factory
+from relayrl.rollout.episode import EpisodeRunner, vllm_sample_turn
+from relayrl.rollout.outputs import model_turn, parse_version
+from relayrl.types import Trajectory, TrajectoryGroup
 
 EXTENSION = "relayrl.weightsync.worker.WeightSyncExtension"
 WATCHDOG_STAGES = 3                 # an open weight update is aborted after this many stage timeouts
-INITIAL_VERSION_LABEL = "default"   # vLLM's label for the weights an engine started with (our v0)
-
-
-def parse_version(label: str) -> int:
-    """vLLM weight-version label -> policy version (``"default"`` is the initial model, v0)."""
-    return 0 if label == INITIAL_VERSION_LABEL else int(label)
 
 
 def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
@@ -127,9 +124,6 @@ class RolloutActor:
         """Multi-turn: ``group_size`` episodes per prompt of environment ``env_name`` (``relayrl.envs``: a
         built-in name or ``module:Class``, built with ``env_kwargs``), model and environment turns alternating
         for up to ``max_turns`` model turns. Environment tokens are masked (``relayrl.rollout.episode``)."""
-        from relayrl.envs import env_factory
-        from relayrl.rollout.episode import EpisodeRunner, vllm_sample_turn
-
         runner = EpisodeRunner(vllm_sample_turn(self._final_output, self.rollout_cfg), self.engine.tokenizer,
                                max_turns, self.rollout_cfg.max_tokens, self.engine.model_config.max_model_len)
         make_env = env_factory(env_name, env_kwargs)
@@ -250,16 +244,12 @@ class RolloutActor:
 
 
 def _trajectory(prompt_id: int, prompt_token_ids: list[int], completion: Any, seconds: float) -> Trajectory:
-    """One vLLM ``CompletionOutput`` -> ``Trajectory`` (sampled-token logprobs, version spans)."""
-    tokens = list(completion.token_ids)
-    logprobs = [pos[tok].logprob for tok, pos in zip(tokens, completion.logprobs)]
-    spans = [VersionSpan(parse_version(s.version), s.start, s.end) for s in completion.weight_versions or []]
-    if tokens and not spans:
-        raise RuntimeError("vLLM reported no weight_versions for a finished completion; "
-                           "relayrl needs vLLM>=0.32 (CompletionOutput.weight_versions)")
+    """One vLLM ``CompletionOutput`` -> ``Trajectory`` (parsed by ``outputs.model_turn``)."""
+    turn = model_turn(completion)
     return Trajectory(prompt_id=prompt_id, sample_idx=completion.index, prompt_token_ids=list(prompt_token_ids),
-                      completion_token_ids=tokens, behaviour_logprobs=logprobs, completion_text=completion.text,
-                      finish_reason=completion.finish_reason or "length", versions=spans, gen_seconds=seconds)
+                      completion_token_ids=turn.token_ids, behaviour_logprobs=turn.logprobs,
+                      completion_text=turn.text, finish_reason=turn.finish_reason, versions=turn.versions,
+                      gen_seconds=seconds)
 
 
 def cpu_thread_env(rollout_cfg: RolloutConfig) -> dict[str, str]:

@@ -43,18 +43,8 @@ from typing import Any
 
 from relayrl.config import RolloutConfig
 from relayrl.envs.base import Environment
+from relayrl.rollout.outputs import ModelTurn, model_turn
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
-
-
-@dataclass
-class ModelTurn:
-    """One model turn as the engine returned it; ``versions`` are relative to the turn's first token."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-    versions: list[VersionSpan]
 
 
 SampleTurn = Callable[[list[int], int, list[str], int | None], Awaitable[ModelTurn]]
@@ -220,16 +210,3 @@ def vllm_sample_turn(final_output: Callable[[Any, Any], Awaitable[Any]], cfg: Ro
         return model_turn(final.outputs[0])
 
     return sample_turn
-
-
-def model_turn(completion: Any) -> ModelTurn:
-    """A vLLM ``CompletionOutput`` -> ``ModelTurn`` (sampled-token logprobs, version spans)."""
-    from relayrl.rollout.actor import parse_version
-
-    tokens = list(completion.token_ids)
-    spans = [VersionSpan(parse_version(s.version), s.start, s.end) for s in completion.weight_versions or []]
-    if tokens and not spans:
-        raise RuntimeError("vLLM reported no weight_versions for a finished completion; "
-                           "relayrl needs vLLM>=0.32 (CompletionOutput.weight_versions)")
-    return ModelTurn(token_ids=tokens, logprobs=[pos[tok].logprob for tok, pos in zip(tokens, completion.logprobs)],
-                     text=completion.text, finish_reason=completion.finish_reason or "length", versions=spans)
