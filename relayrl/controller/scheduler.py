@@ -50,6 +50,7 @@ from relayrl.config import Config
 from relayrl.controller.buffer import Entry, staleness_histogram
 from relayrl.controller.policy import Launch, PolicyConfig, StepPolicy
 from relayrl.controller.system import generate_remote, is_death
+from relayrl.monitor.schema import reduction
 
 
 class TrainerDied(RuntimeError):
@@ -329,20 +330,20 @@ def generation_error(ref: ray.ObjectRef) -> BaseException | None:
     return None
 
 
-SUMMED = ("rollout/completions", "rollout/tokens", "rollout/calls", "reward/errors", "reward/dropped_groups",
-          "reward/spread_groups")
-"""Per-call counts: a step's value is their sum (every other metric is a group-weighted mean)."""
-
-
 def mean_metrics(entries: list[Entry]) -> dict[str, float]:
-    """Per-call scorer metrics combined over the step's entries: counts summed, extremes of versions
-    taken, the rest averaged weighted by groups (exact for means over equal-sized groups; for
-    ``reward/std`` the mean of per-call stds)."""
+    """Per-call scorer metrics combined over the step's entries by each metric's schema ``reduce``: counts
+    summed, version extremes taken, the rest averaged weighted by groups (exact for means over equal-sized
+    groups; for ``reward/std`` the mean of per-call stds)."""
     total = sum(e.num_groups for e in entries)
     keys = {k for e in entries for k, v in e.metrics.items() if isinstance(v, (int, float))}
-    out = {k: (sum(e.metrics.get(k, 0.0) for e in entries) if k.startswith(SUMMED) else
-               sum(e.metrics.get(k, 0.0) * e.num_groups for e in entries) / total) for k in keys}
-    for k in ("rollout/min_version", "rollout/max_version"):   # extremes, not means
-        pick = min if k.endswith("min_version") else max
-        out[k] = float(pick(e.metrics[k] for e in entries))
-    return out
+    return {k: combine(reduction(k), [(e.metrics[k], e.num_groups) for e in entries if k in e.metrics], total)
+            for k in keys}
+
+
+def combine(how: str, values: list[tuple[float, int]], total_groups: int) -> float:
+    """``[(value, groups)]`` of one metric over a step's calls -> the step's value."""
+    if how == "sum":
+        return float(sum(v for v, _ in values))
+    if how in ("min", "max"):
+        return float((min if how == "min" else max)(v for v, _ in values))
+    return sum(v * g for v, g in values) / total_groups

@@ -23,12 +23,20 @@ from dataclasses import dataclass
 from typing import Any
 
 
+REDUCTIONS = ("mean", "sum", "min", "max")
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str      # "group/name"; "<...>" parts are families
     unit: str
     meaning: str
     when: str = "always"
+    reduce: str = "mean"   # how per-call values combine into the step's: group-weighted mean | sum | min | max
+
+    def __post_init__(self) -> None:
+        if self.reduce not in REDUCTIONS:
+            raise ValueError(f"metric {self.name}: reduce={self.reduce!r}; use one of {', '.join(REDUCTIONS)}")
 
     @property
     def group(self) -> str:
@@ -47,12 +55,12 @@ SCHEMA: tuple[Metric, ...] = (
     M("reward/std", "reward", "population std of the total reward (per generate call, averaged)"),
     M("reward/<fn>", "reward", "mean of one reward function, over completions where it applied"),
     M("reward/pass_rate", "fraction", "completions whose primary (first) reward function gave >= 1"),
-    M("reward/spread_groups", "groups", "trainable groups whose rewards vary (what dynamic sampling keeps)"),
+    M("reward/spread_groups", "groups", "trainable groups whose rewards vary (what dynamic sampling keeps)", reduce="sum"),
     M("reward/zero_std_groups", "fraction", "prompt groups whose completions all scored the same (no GRPO signal)"),
-    M("reward/errors", "count", "completions excluded because a reward function failed on them"),
+    M("reward/errors", "count", "completions excluded because a reward function failed on them", reduce="sum"),
     M("reward/error_rate", "fraction", "excluded completions / all completions"),
-    M("reward/errors/<reason>", "count", "excluded completions per reason (raised, timeout, worker_died, ...)"),
-    M("reward/dropped_groups", "count", "groups not trained on: fewer than 2 scored completions left"),
+    M("reward/errors/<reason>", "count", "excluded completions per reason (raised, timeout, worker_died, ...)", reduce="sum"),
+    M("reward/dropped_groups", "count", "groups not trained on: fewer than 2 scored completions left", reduce="sum"),
     # policy/* - the trainer's step statistics, token-weighted means over ranks and epochs
     M("policy/loss", "loss", "policy loss (incl. KL and entropy terms) over the aggregation's denominator"),
     M("policy/kl", "nats/token", "KL(pi || pi_ref) estimate against the frozen reference (0 when kl_coef=0)"),
@@ -83,15 +91,15 @@ SCHEMA: tuple[Metric, ...] = (
     M("dapo/overlong_penalty", "reward", "mean soft overlong penalty added to the rewards", "dapo"),
     M("dapo/overlong_frac", "fraction", "completions inside the overlong buffer", "dapo"),
     # rollout/*
-    M("rollout/completions", "count", "completions generated for this step"),
-    M("rollout/tokens", "tokens", "completion tokens generated for this step"),
+    M("rollout/completions", "count", "completions generated for this step", reduce="sum"),
+    M("rollout/tokens", "tokens", "completion tokens generated for this step", reduce="sum"),
     M("rollout/len_mean", "tokens", "mean completion length"),
     M("rollout/truncated_frac", "fraction", "completions cut at rollout.max_tokens"),
     M("rollout/empty_frac", "fraction", "completions with no visible text (EOS first or whitespace only)"),
-    M("rollout/calls", "count", "generate calls whose groups the step took (replicas; more when DAPO refills)"),
+    M("rollout/calls", "count", "generate calls whose groups the step took (replicas; more when DAPO refills)", reduce="sum"),
     M("rollout/tokens_per_s", "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
-    M("rollout/min_version", "version", "oldest policy version among the step's tokens"),
-    M("rollout/max_version", "version", "newest policy version among the step's tokens"),
+    M("rollout/min_version", "version", "oldest policy version among the step's tokens", reduce="min"),
+    M("rollout/max_version", "version", "newest policy version among the step's tokens", reduce="max"),
     M("rollout/restarts", "count", "rollout replicas replaced so far after their actor or engine died"),
     # staleness/*
     M("staleness/<d>", "count", "groups trained whose oldest token is d versions behind the trainer"),
@@ -193,6 +201,12 @@ def lookup(key: str) -> Metric | None:
         if metric.name == key:
             return metric
     return next((m for m in SCHEMA if m.matches(key)), None)
+
+
+def reduction(key: str) -> str:
+    """How a step combines per-call values of ``key`` (the schema entry's ``reduce``; mean if unknown)."""
+    metric = lookup(key)
+    return metric.reduce if metric else "mean"
 
 
 def expected(when: set[str]) -> list[Metric]:

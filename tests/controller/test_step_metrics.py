@@ -1,0 +1,26 @@
+"""A step's metrics from its generate calls: each combined by the reduction its schema entry carries."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.controller.buffer import Entry
+from relayrl.controller.scheduler import mean_metrics
+from relayrl.monitor.schema import SCHEMA, REDUCTIONS, reduction
+
+
+def test_calls_combine_by_their_schema_reduction():
+    a = Entry(0, None, [0, 1], 2, 3, {"reward/mean": 1.0, "rollout/tokens": 30, "reward/errors/timeout": 1,
+                                      "rollout/min_version": 2, "rollout/max_version": 3})
+    b = Entry(1, None, [2, 3, 4, 5], 1, 2, {"reward/mean": 0.25, "rollout/tokens": 50,
+                                            "rollout/min_version": 1, "rollout/max_version": 2})
+    out = mean_metrics([a, b])
+    assert out["reward/mean"] == pytest.approx((1.0 * 2 + 0.25 * 4) / 6)      # group-weighted: 0.5
+    assert out["rollout/tokens"] == 80 and out["reward/errors/timeout"] == 1
+    assert out["rollout/min_version"] == 1 and out["rollout/max_version"] == 3
+
+
+def test_every_schema_reduction_is_known_and_counts_are_summed():
+    assert {m.reduce for m in SCHEMA} <= set(REDUCTIONS)
+    assert reduction("rollout/completions") == "sum" and reduction("reward/errors/raised") == "sum"
+    assert reduction("reward/std") == "mean" and reduction("not/a_metric") == "mean"
