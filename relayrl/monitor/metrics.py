@@ -223,7 +223,13 @@ class WandbSink:
         self.run.log({"samples": self._wandb.Table(columns=columns, data=data)}, step=step)
 
     def close(self) -> None:
+        """Finish the run and wait until its records are on disk: in wandb 0.31 ``finish`` returns before
+        an offline run's ``.wandb`` log is written (seen: 7 bytes, then 2 KB once the service exited), so
+        the service is torn down here; the next ``wandb.init`` starts a new one."""
+        import wandb
+
         self.run.finish()
+        wandb.teardown()
 
 
 class MetricsLogger:
