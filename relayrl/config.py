@@ -114,7 +114,8 @@ class TrainerConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
     micro_batch_size: int = 8
-    """Sequences per forward/backward on one rank; gradients accumulate over the rank's share."""
+    """Padded micro-batches only (max_tokens_per_micro_batch=0): sequences per forward/backward on one rank;
+    gradients accumulate over the rank's share."""
     epochs: int = 1
     """Optimizer passes over each batch (PPO epochs); >1 makes the clip matter."""
     num_cpus: float = 1.0
@@ -361,7 +362,8 @@ class RunConfig:
     prompts_per_step: int = 4
     """Prompts per step; completions per step = prompts_per_step * algorithm.group_size."""
     seed: int = 0
-    """Seed for torch and sampling."""
+    """Seed for torch and for the completions: each request is seeded from (run.seed, prompt id), so a resumed
+    run generates what the uninterrupted one did."""
     save_final: bool = True
     """Write an HF-format checkpoint (safetensors + tokenizer) at the end."""
     ray_address: str | None = None

@@ -9,6 +9,8 @@ below runs over dp only.
 A train step, on every rank:
 
     ray.get(group refs)  ->  build_train_batch (whole step, identical on all ranks)  ->  split_batch over dp
+    micro-batches: padded rows, or packed rows of <= max_tokens_per_micro_batch real tokens (``packing.py``;
+                   shared_prefix: each group's prompt once), as many on every dp rank
     D_step = all_reduce(sum of LOSS_AGG denominators)               from masks only, before any backward
     ref logprobs if kl_coef > 0                                      once, before any update
     PPO (algorithm.name=gae): V_old = critic(batch); r_t = R at the last token - kl_coef * KL_t

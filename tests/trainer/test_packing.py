@@ -164,10 +164,11 @@ def test_plan_chunks_and_split_to_count():
 
 
 # ------------------------------------------------------------------------------------------- against the model
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("mode", [PACKED, SHARED], ids=["packed", "shared_prefix"])
-def test_logprobs_equal_each_sequence_alone(one_rank_group, tiny_llama, attn, mode):
-    actor = local_actor(tiny_llama, attn, **mode)
+def test_logprobs_equal_each_sequence_alone(one_rank_group, request, model, attn, mode):
+    actor = local_actor(request.getfixturevalue(model), attn, **mode)
     share = step_share(synthetic_groups())
     micro = actor._micro_batches(share)
     assert all(mb.packed is not None and mb.packed.n_tokens <= mode["max_tokens_per_micro_batch"] for mb in micro)
@@ -223,3 +224,17 @@ def test_micro_batch_count_padded_to_the_busiest_rank(one_rank_group, tiny_llama
     assert len(micro) == 7
     assert sum(float(mb.loss_mask.sum()) for mb in micro) == float(share.loss_mask.sum())
     assert sum(len(mb) for mb in micro) == 4 + (7 - units)             # one row per empty micro-batch
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (["trainer.max_tokens_per_micro_batch=0"], "trainer.shared_prefix"),      # shared_prefix defaults on
+    (["trainer.max_tokens_per_micro_batch=-1", "trainer.shared_prefix=false"], "trainer.max_tokens_per_micro_batch"),
+    (["trainer.dtype=fp16"], "trainer.dtype"),
+])
+def test_config_rejects_bad_combinations(overrides, field):
+    from relayrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=field):
+        load_config("grpo_tiny", overrides)
+    assert load_config("grpo_tiny", ["trainer.max_tokens_per_micro_batch=0", "trainer.shared_prefix=false",
+                                     "trainer.dtype=bf16"]).trainer.dtype == "bf16"
