@@ -1,0 +1,249 @@
+"""relayrl against TRL's ``GRPOTrainer`` on the same job, one after the other, same box (issue 16).
+
+The job is read from relayrl's recipe (default ``grpo_arith``), so both sides run it by
+construction: the same prompts in the same order (relayrl's ``PromptSampler`` over the task's rows,
+chat template applied by relayrl's ``chat_formatter``), the same reward functions and weights
+(relayrl's built-ins already have TRL's signature ``fn(prompts, completions, answer, **_)``),
+``run.prompts_per_step`` x ``algorithm.group_size`` completions per optimizer step,
+``rollout.max_tokens`` new tokens, ``rollout.temperature`` / ``top_p``, ``trainer.lr``,
+``algorithm.kl_coef`` (TRL's ``beta``), fp32.
+
+TRL keeps its defaults otherwise (HF ``generate`` on CPU, gradient checkpointing on, its loss and
+optimizer). The fields set here only make the job the same, never make TRL slower:
+``bf16=False`` (fp32; TRL's default bf16 does not start on this CPU),
+``lr_scheduler_type=constant`` (relayrl's lr is constant), ``shuffle_dataset=False`` (the
+dataset *is* relayrl's prompt sequence), ``per_device_train_batch_size`` = one step's completions
+(one generation, one optimizer step per step), ``logging_steps=1`` (a reward per step),
+``save_strategy=no`` (relayrl runs with ``run.save_final=false``: neither side writes a model).
+``--trl-set key=value`` changes a GRPOConfig field for an experiment (e.g.
+gradient_checkpointing=false); it is printed with the table.
+
+Each side runs in its own process, never both at once: relayrl through its CLI (``relayrl train``;
+figures from the run's ``metrics.jsonl``), TRL through this file with ``--trl-child`` (figures from
+a ``TrainerCallback``). Step times: relayrl's ``timing/step`` (wall seconds since the previous step
+was logged); TRL's seconds between consecutive ``on_step_end`` calls (the first from
+``on_train_begin``). "Whole process" is the subprocess's launch to exit; "launch -> first step"
+ends when the first step ends. "speedup" is relayrl's advantage (>1: relayrl better). Nothing
+here is asserted: benchmarks print, tests prove math.
+
+    .venv/bin/python bench/vs_trl.py [--steps 25] [--recipe grpo_arith] [--trl-set k=v ...] \\
+        [relayrl overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RELAYRL = ["logging.wandb=disabled", "run.save_final=false"]
+"""relayrl overrides beyond the recipe: no wandb, no final model (TRL saves none either)."""
+
+
+@dataclass
+class Side:
+    """What one side's run measured: per-step figures and process times (seconds, from launch)."""
+
+    step_s: list[float]            # [steps] wall seconds per step
+    completions: list[float]       # [steps] completions trained on per step
+    rewards: list[float]           # [steps] mean reward of the step's completions
+    lengths: list[float]           # [steps] mean completion length in tokens
+    first_step_at: float           # launch -> first step logged
+    wall: float                    # launch -> process exit
+    load: tuple[float, float]      # 1-min load average before and after
+
+
+# ---------------------------------------------------------------- relayrl side
+
+
+def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Side:
+    """``relayrl train`` in a subprocess; its figures come from the run's ``metrics.jsonl``."""
+    out = work / "relayrl"
+    cmd = [sys.executable, "-m", "relayrl.cli", "train", "--config-name", recipe,
+           f"run.steps={steps}", f"run.output_dir={out}", *RELAYRL, *overrides]
+    load0, start = os.getloadavg()[0], time.time()
+    _run(cmd, work / "relayrl.log")
+    wall = time.time() - start
+    metrics = next(out.glob("*/metrics.jsonl")).read_text().splitlines()
+    rows = [json.loads(line) for line in metrics]
+    return Side(step_s=[r["timing/step"] for r in rows],
+                completions=[r["rollout/completions"] for r in rows],
+                rewards=[r["reward/mean"] for r in rows],
+                lengths=[r["rollout/len_mean"] for r in rows],
+                first_step_at=rows[0]["wall_time"] - start, wall=wall,
+                load=(load0, os.getloadavg()[0]))
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    """Run ``cmd`` with its output in ``log``; on failure show the log's tail and stop."""
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
+        sys.exit(f"{' '.join(cmd[:6])} ... exited {rc}; last lines of {log}:\n{tail}")
+
+
+# ---------------------------------------------------------------- TRL side
+
+
+def run_trl(recipe: str, steps: int, overrides: list[str], trl_set: list[str], work: Path) -> Side:
+    """This file with ``--trl-child`` in a subprocess; it writes its step records to JSON."""
+    result = work / "trl.json"
+    cmd = [sys.executable, __file__, "--trl-child", str(result), "--recipe", recipe,
+           "--steps", str(steps), *[f"--trl-set={kv}" for kv in trl_set], *overrides]
+    load0, start = os.getloadavg()[0], time.time()
+    _run(cmd, work / "trl.log")
+    wall = time.time() - start
+    rec = json.loads(result.read_text())
+    ends = [rec["train_begin"]] + [s["end"] for s in rec["steps"]]
+    return Side(step_s=[b - a for a, b in zip(ends, ends[1:])],
+                completions=[rec["completions_per_step"]] * len(rec["steps"]),
+                rewards=[s["reward"] for s in rec["steps"]],
+                lengths=[s["length"] for s in rec["steps"]],
+                first_step_at=ends[1] - start, wall=wall, load=(load0, os.getloadavg()[0]))
+
+
+def trl_child(out: Path, recipe: str, steps: int, overrides: list[str],
+              trl_set: list[str]) -> None:
+    """Train with TRL's GRPOTrainer on relayrl's job; write per-step records to ``out``."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from relayrl.config import load_config
+    from relayrl.controller.driver import resolve_rewards
+    from relayrl.models import resolve_model
+
+    cfg = load_config(recipe, [f"run.steps={steps}", *overrides])
+    if cfg.model.dtype != "float32":
+        sys.exit(f"model.dtype={cfg.model.dtype}: this bench compares fp32 runs (TRL: bf16=False)")
+    path = resolve_model(cfg.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    per_step = cfg.run.prompts_per_step * cfg.algorithm.group_size
+    args = GRPOConfig(**{**job_args(cfg, per_step, out.parent / "trl-run"), **parse_sets(trl_set)})
+    records: dict = {"completions_per_step": per_step, "steps": [], "trl_set": trl_set}
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *_, **__):
+            records["train_begin"] = time.time()
+
+        def on_step_end(self, *_, **__):
+            records["steps"].append({"end": time.time()})
+
+        def on_log(self, _args, _state, _control, logs=None, **__):
+            if logs and "reward" in logs:   # one log per step; the end-of-run summary has none
+                records["steps"][-1].update(reward=logs["reward"],
+                                            length=logs["completions/mean_length"])
+
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path, dtype="float32"),
+                          reward_funcs=[fn for _, fn, _ in resolve_rewards(cfg, None)], args=args,
+                          train_dataset=Dataset.from_list(prompt_rows(cfg, tokenizer, steps)),
+                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer.train()
+    out.write_text(json.dumps(records))
+
+
+def job_args(cfg, per_step: int, output_dir: Path) -> dict:
+    """GRPOConfig fields that make TRL's job relayrl's (the module docstring says why each)."""
+    return dict(output_dir=str(output_dir), max_steps=cfg.run.steps, bf16=False,
+                learning_rate=cfg.trainer.lr, lr_scheduler_type="constant",
+                beta=cfg.algorithm.kl_coef, num_generations=cfg.algorithm.group_size,
+                per_device_train_batch_size=per_step, max_completion_length=cfg.rollout.max_tokens,
+                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                reward_weights=[spec.weight for spec in cfg.rewards], shuffle_dataset=False,
+                logging_steps=1, save_strategy="no", report_to=[])
+
+
+def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
+    """The prompts relayrl's run sees, in order: ``{"prompt": chat-formatted text, **columns}``."""
+    from relayrl.data import load_task
+    from relayrl.data.sampler import PromptSampler, chat_formatter
+
+    sampler = PromptSampler(load_task(cfg.data), cfg.run.prompts_per_step, cfg.data.seed,
+                            chat_formatter(tokenizer, cfg.data.chat_template),
+                            sampling_seed=cfg.run.seed)
+    batches = [sampler.next_batch() for _ in range(steps)]
+    return [{**p["columns"], "prompt": p["prompt"]} for batch in batches for p in batch]
+
+
+def parse_sets(pairs: list[str]) -> dict:
+    """``["k=v", ...]`` to GRPOConfig fields; values are read as JSON where they parse (false)."""
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------- report
+
+FASTER_IS_LOWER = ("steady s/", "first step", "sum of", "launch", "whole")
+"""Rows that are times: relayrl's speedup on them is TRL / relayrl."""
+NO_SPEEDUP = ("reward", "completion length")
+"""Rows that are outcomes, not speed: ratio only."""
+
+
+def summary(side: Side) -> dict[str, float]:
+    """The table's figures for one side; steady = the steps after the first."""
+    steady = side.step_s[1:] or side.step_s
+    k = min(5, len(side.rewards))
+    return {"steady s/step (median, steps 2..N)": statistics.median(steady),
+            "steady completions/s (steps 2..N)": sum(side.completions[1:] or side.completions)
+            / sum(steady),
+            "first step s": side.step_s[0],
+            "sum of step times s": sum(side.step_s),
+            "launch -> first step logged s": side.first_step_at,
+            "whole process s (launch -> exit)": side.wall,
+            f"reward mean, first {k} steps": statistics.mean(side.rewards[:k]),
+            f"reward mean, last {k} steps": statistics.mean(side.rewards[-k:]),
+            "completion length mean (tokens)": statistics.mean(side.lengths)}
+
+
+def report(relayrl: Side, trl: Side, steps: int, trl_set: list[str], overrides: list[str]) -> None:
+    """Print the side-by-side table, then each side's step times and rewards."""
+    a, b = summary(relayrl), summary(trl)
+    print(f"\nrelayrl vs TRL GRPOTrainer, {steps} steps each, one after the other; "
+          f"relayrl overrides: {' '.join(overrides) or '(none)'}; "
+          f"TRL --trl-set: {' '.join(trl_set) or '(none)'}")
+    print(f"{'':38}{'relayrl':>10}{'TRL':>10}{'relayrl/TRL':>13}{'speedup':>9}")
+    for key in a:
+        ratio = a[key] / b[key] if b[key] else float("nan")
+        speedup = "" if key.startswith(NO_SPEEDUP) else \
+            f"{1 / ratio if key.startswith(FASTER_IS_LOWER) else ratio:>8.2f}x"
+        print(f"{key:38}{a[key]:>10.2f}{b[key]:>10.2f}{ratio:>13.2f}{speedup}")
+    for name, side in (("relayrl", relayrl), ("TRL", trl)):
+        print(f"{name:8} step s : " + " ".join(f"{x:.1f}" for x in side.step_s))
+        print(f"{name:8} reward : " + " ".join(f"{x:.2f}" for x in side.rewards)
+              + f"   (1-min load {side.load[0]:.2f} before, {side.load[1]:.2f} after)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--recipe", default="grpo_arith")
+    parser.add_argument("--trl-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a GRPOConfig field for the TRL side (printed with the table)")
+    parser.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
+    args, overrides = parser.parse_known_args()
+    if args.trl_child:
+        return trl_child(args.trl_child, args.recipe, args.steps, overrides, args.trl_set)
+    work = Path(tempfile.mkdtemp(prefix="relayrl-vs-trl-"))
+    print(f"work dir (logs): {work}", flush=True)
+    relayrl = run_relayrl(args.recipe, args.steps, overrides, work)
+    trl = run_trl(args.recipe, args.steps, overrides, args.trl_set, work)
+    report(relayrl, trl, args.steps, args.trl_set, overrides)
+
+
+if __name__ == "__main__":
+    main()
