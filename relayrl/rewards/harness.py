@@ -27,9 +27,12 @@ What a test may contain: top-level ``assert`` statements and other top-level sta
 HumanEval's ``def check(candidate)``), and for tests with no top-level ``assert``. Inside an assert,
 comparisons, ``and``/``or``/``not``, ``+ - / //``, subscripts, literals, ``math.isclose``-style calls
 and the calls in ``LOCAL_FUNCTIONS`` are evaluated here; any other sub-expression that names something
-(``f(2)``, ``x``, ``obj.attr``, a comprehension) is evaluated by the program as one step. An assert
-whose check is only such a step (``assert all(f(x) == y for ...)``) is as strong as the program's own
-evaluation: prefer ``assert f(x) == literal``.
+(``f(2)``, ``x``, ``obj.attr``, a comprehension) is evaluated by the program as one step. A check that
+would be only such a step (``assert all(f(x) == y for ...)``, ``assert is_valid(f(2))``) is refused with
+``ValueError``: the program would decide its truth and could forge it. Write ``assert f(x) == literal``
+(or ``assert [f(x) for x in xs] == [...]``: the list is reported, the comparison is made here). A check
+is as strong as its expected value is hard to guess: ``assert f(2) == True`` can be passed by reporting
+True; compare with values a program cannot guess without solving the task.
 """
 
 from __future__ import annotations
@@ -71,7 +74,12 @@ def plan_tests(tests: str) -> Plan:
     for stmt in ast.parse(tests).body:
         if isinstance(stmt, ast.Assert):
             for part in _conjuncts(stmt.test):
-                checks.append(ast.unparse(_split(part, steps)))
+                check = _split(part, steps)
+                if _decided_by_program(check):
+                    raise ValueError(f"code_exec cannot prove `assert {ast.unparse(part)}` (line {stmt.lineno}): "
+                                     "the program would compute its truth itself and could forge it; compare "
+                                     "with an expected value instead, e.g. `assert f(2) == 4`")
+                checks.append(ast.unparse(check))
         elif any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
             raise ValueError(f"code_exec tests need each assert at the top level, got one inside "
                              f"{type(stmt).__name__} at line {stmt.lineno}; unroll it into top-level asserts")
@@ -81,6 +89,20 @@ def plan_tests(tests: str) -> Plan:
         raise ValueError("code_exec tests have no top-level assert, so nothing proves a pass; "
                          "write them as lines like `assert f(2) == 4`")
     return Plan(tuple(steps), tuple(checks))
+
+
+def _decided_by_program(check: ast.expr) -> bool:
+    """Whether ``check`` is only a reported value's truth (``_v[i]``, ``not _v[i]``, ``bool/all/any(_v[i])``):
+    then the program itself computed the verdict (``all(...)``, a test helper) and a forged ``True`` passes."""
+    while True:
+        if isinstance(check, ast.UnaryOp) and isinstance(check.op, ast.Not):
+            check = check.operand
+        elif isinstance(check, ast.Call) and isinstance(check.func, ast.Name) \
+                and check.func.id in ("bool", "all", "any") and len(check.args) == 1:
+            check = check.args[0]
+        else:
+            break
+    return isinstance(check, ast.Subscript) and isinstance(check.value, ast.Name) and check.value.id == "_v"
 
 
 def _conjuncts(node: ast.expr) -> list[ast.expr]:

@@ -74,7 +74,16 @@ def test_verify_needs_one_wellformed_value_per_step(channel, passed):
     ("def check(c):\n    assert c(1) == 2\ncheck(f)", "need each assert at the top level"),
     ("for x in range(3):\n    assert f(x) == 2 * x", "need each assert at the top level"),
     ("f(1)", "have no top-level assert"),
+    ("assert all(f(x) == 2 * x for x in range(3))", "program would compute its truth itself"),
+    ("assert f(2) == 4 and is_even(f(2))", "program would compute its truth itself"),
+    ("assert all([f(x) == 2 * x for x in range(3)])", "program would compute its truth itself"),
 ])
 def test_tests_that_cannot_be_proved_are_refused(tests, message):
     with pytest.raises(ValueError, match=message):
         plan_tests(tests)
+
+
+def test_a_comprehension_inside_a_comparison_is_reported_and_compared_here():
+    plan = plan_tests("assert [f(x) for x in range(3)] == [0, 2, 4]")
+    assert plan.steps == (("eval", "[f(x) for x in range(3)]"),) and plan.checks == ("_v[0] == [0, 2, 4]",)
+    assert verify(plan, b"ok [0, 2, 4]\n") and not verify(plan, b"ok True\n")
