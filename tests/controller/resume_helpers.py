@@ -31,6 +31,17 @@ def run_to_end(cmd: list[str]) -> subprocess.CompletedProcess:
     return done
 
 
+def killed_at(run: Path) -> str:
+    """The checkpoint a killed run resumes from: step 2's, or step 4's when the SIGKILL (sent once step 3
+    is logged, polled every 0.5 s) landed after step 4 was already written. Either way the resumed run
+    must train exactly the uninterrupted run's prompts; which one it is depends on the box's speed."""
+    from relayrl.controller.checkpoint import latest
+
+    ckpt = latest(run)
+    assert ckpt is not None and ckpt.name in ("step_000002", "step_000004"), ckpt
+    return ckpt.name
+
+
 def kill_after_step(cmd: list[str], out: Path, step: int) -> None:
     """Start the run in its own process group and SIGKILL the whole group once ``step`` is logged."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
