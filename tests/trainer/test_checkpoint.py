@@ -10,16 +10,21 @@ from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from tests.trainer.test_actor import _synthetic_groups
 
 
-def test_resume_from_checkpoint_takes_the_same_next_step(ray_session, tiny_llama, tmp_path):
+def two_rank_trainer(tiny_llama):
+    """The 2-rank FSDP2 ``TrainerGroup`` the checkpoint tests save and load."""
     from relayrl.trainer.group import TrainerGroup
 
+    return TrainerGroup(2, str(tiny_llama), ModelConfig(path=str(tiny_llama)),
+                        TrainerConfig(world_size=2, lr=1e-3, micro_batch_size=4, num_cpus=0.5),
+                        AlgorithmConfig(group_size=3), temperature=1.0)
+
+
+def test_resume_from_checkpoint_takes_the_same_next_step(ray_session, tiny_llama, tmp_path):
     from transformers import AutoConfig
 
     groups = _synthetic_groups(vocab=AutoConfig.from_pretrained(tiny_llama).vocab_size)
     refs = [ray_session.put(groups)]
-    make = lambda: TrainerGroup(2, str(tiny_llama), ModelConfig(path=str(tiny_llama)),   # noqa: E731
-                                TrainerConfig(world_size=2, lr=1e-3, micro_batch_size=4, num_cpus=0.5),
-                                AlgorithmConfig(group_size=3), temperature=1.0)
+    make = lambda: two_rank_trainer(tiny_llama)   # noqa: E731
     first = make()
     try:
         first.train_step(refs)

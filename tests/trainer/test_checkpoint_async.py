@@ -86,14 +86,11 @@ def test_two_ranks_train_while_their_checkpoint_is_written(ray_session, tiny_lla
     a training step's and a weight gather; a fresh group loads exactly the weights of the save."""
     from transformers import AutoConfig
 
-    from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
-    from relayrl.trainer.group import TrainerGroup
     from tests.trainer.test_actor import _synthetic_groups
+    from tests.trainer.test_checkpoint import two_rank_trainer
 
     refs = [ray_session.put(_synthetic_groups(vocab=AutoConfig.from_pretrained(tiny_llama).vocab_size))]
-    make = lambda: TrainerGroup(2, str(tiny_llama), ModelConfig(path=str(tiny_llama)),   # noqa: E731
-                                TrainerConfig(world_size=2, lr=1e-3, micro_batch_size=4, num_cpus=0.5),
-                                AlgorithmConfig(group_size=3), temperature=1.0)
+    make = lambda: two_rank_trainer(tiny_llama)   # noqa: E731
     first = make()
     try:
         first.train_step(refs)
