@@ -175,7 +175,7 @@ def check_data(cfg: Config, model_path: Path) -> None:
         raise ConfigError(str(exc).splitlines()[0]) from None
     if not rows:
         raise ConfigError(f"the dataset ({cfg.data.task}{': ' + cfg.data.path if cfg.data.path else ''}) has "
-                          "no rows; point data.path at a non-empty .jsonl file")
+                          "no rows; point data.path at a non-empty dataset")
     check_prompt_lengths(cfg, model_path, rows)
 
 
@@ -186,6 +186,7 @@ def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> Non
     A multi-turn environment's ``reset`` may add text; the episode runner checks that part at run time."""
     from transformers import AutoTokenizer
 
+    from relayrl.config import FILE_TASKS
     from relayrl.data.lengths import MAX_GENERATED_CHECKED, longest_prompt
     from relayrl.data.sampler import chat_formatter
 
@@ -194,11 +195,11 @@ def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> Non
         format_prompt = chat_formatter(tokenizer, cfg.data.chat_template)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    limit = None if cfg.data.task == "jsonl" else MAX_GENERATED_CHECKED
+    limit = None if cfg.data.task in FILE_TASKS else MAX_GENERATED_CHECKED
     found = longest_prompt(rows, tokenizer, format_prompt, limit)
     budget = cfg.model.max_model_len - cfg.rollout.max_tokens
     if found.tokens > budget:
-        source = cfg.data.path if cfg.data.task == "jsonl" else f"data.task={cfg.data.task}"
+        source = cfg.data.path if cfg.data.task in FILE_TASKS else f"data.task={cfg.data.task}"
         raise ConfigError(
             f"{source} row {found.row} ({found.question[:40]!r}...) is {found.tokens} prompt tokens; with "
             f"rollout.max_tokens={cfg.rollout.max_tokens} it needs model.max_model_len>="

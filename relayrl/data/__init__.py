@@ -1,28 +1,107 @@
-"""Prompt datasets: built-in generated tasks and local files, plus the sampler that batches them.
+"""Prompt datasets: generated tasks and local files, the held-out split, and the sampler that batches them.
 
-Rows are plain dicts with at least ``question`` and ``answer`` (strings); every key of a row is passed
-to reward functions as a column (TRL's convention: ``fn(prompts, completions, **columns)``).
+Rows are plain dicts with at least ``question`` (a string, or a chat ``messages`` list from ``data.task=hf``)
+and, except for an ``hf`` dataset read with ``data.answer_key=null``, ``answer`` (a string); every key of
+a row is passed to reward functions as a column (TRL's convention: ``fn(prompts, completions, **columns)``).
+
+    generated (GENERATORS)   arith | countdown | wordproblem    seeded by data.seed; held out by construction
+    files                    jsonl (jsonl.py) | hf (files.py)   minus data.heldout_fraction of the prompts
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from typing import Any
 
-from relayrl.config import DataConfig
+from relayrl.config import ConfigError, DataConfig
 from relayrl.data.arith import ARITH_QUESTION, make_arith_rows
+from relayrl.data.countdown import make_countdown_rows
+from relayrl.data.files import load_hf
 from relayrl.data.jsonl import JsonlError, load_jsonl
-from relayrl.data.sampler import PromptSampler, chat_formatter
+from relayrl.data.sampler import PromptSampler, chat_formatter, prompt_text
+from relayrl.data.wordproblem import make_wordproblem_rows
 
-__all__ = ["ARITH_QUESTION", "JsonlError", "PromptSampler", "chat_formatter", "load_jsonl", "load_task",
-           "make_arith_rows"]
+__all__ = ["ARITH_QUESTION", "GENERATORS", "JsonlError", "PromptSampler", "chat_formatter", "load_heldout",
+           "load_hf", "load_jsonl", "load_task", "make_arith_rows", "prompt_text", "split_heldout"]
+
+Rows = list[dict[str, Any]]
+
+GENERATORS: dict[str, Callable[[int, int, int], Rows]] = {
+    "arith": make_arith_rows,
+    "countdown": make_countdown_rows,
+    "wordproblem": make_wordproblem_rows,
+}
+"""Generated tasks: ``make(num_prompts, max_operand, seed) -> rows``, the same rows for the same arguments."""
 
 
-def load_task(data_cfg: DataConfig) -> list[dict[str, Any]]:
-    """The rows for ``data_cfg.task``: ``arith`` generates them, ``jsonl`` reads ``data_cfg.path``."""
-    if data_cfg.task == "arith":
-        return make_arith_rows(data_cfg.num_prompts, data_cfg.max_operand, data_cfg.seed)
+def load_task(data_cfg: DataConfig) -> Rows:
+    """The training rows of ``data_cfg.task``: generated, or a file's rows less the held-out prompts."""
+    if data_cfg.task in GENERATORS:
+        return GENERATORS[data_cfg.task](data_cfg.num_prompts, data_cfg.max_operand, data_cfg.seed)
+    rows = _read(data_cfg, data_cfg.path, data_cfg.split)
+    return split_heldout(rows, data_cfg.heldout_fraction, data_cfg.seed)[0]
+
+
+def load_heldout(data_cfg: DataConfig, n: int, seed: int) -> tuple[Rows, str] | None:
+    """What ``relayrl eval`` scores as held-out for a task other than ``arith`` (which
+    ``monitor.evaluate.heldout_arith_rows`` holds out), with a line saying what it is; None: none named.
+
+    Generated tasks: ``n`` (0: ``num_prompts``) fresh problems drawn with their own seed, any question
+    the training rows hold rejected. Files: ``data.eval_path`` / ``data.eval_split`` if set, else the
+    prompts ``data.heldout_fraction`` set aside (all of them; the caller cuts to its limit)."""
+    if data_cfg.task in GENERATORS:
+        return _fresh_problems(data_cfg, n or data_cfg.num_prompts, seed)
+    if data_cfg.eval_path or data_cfg.eval_split:
+        path, split = data_cfg.eval_path or data_cfg.path, data_cfg.eval_split or data_cfg.split
+        where = f"held-out: data.eval_path={path}" + (f" split {split}" if data_cfg.eval_split else "")
+        return _read(data_cfg, path, split), where
+    if data_cfg.heldout_fraction:
+        rows = split_heldout(_read(data_cfg, data_cfg.path, data_cfg.split), data_cfg.heldout_fraction,
+                             data_cfg.seed)[1]
+        return rows, f"held-out: data.heldout_fraction={data_cfg.heldout_fraction:g} of {data_cfg.path}"
+    return None
+
+
+def _fresh_problems(data_cfg: DataConfig, n: int, seed: int) -> tuple[Rows, str]:
+    """Up to ``n`` distinct generated problems that no training row holds, from ``2 n + 100`` draws."""
+    seen = {prompt_text(row["question"]) for row in load_task(data_cfg)}
+    drawn = GENERATORS[data_cfg.task](2 * n + 100, data_cfg.max_operand, f"heldout/{seed}")
+    rows: Rows = []
+    for row in drawn:
+        key = prompt_text(row["question"])
+        if key not in seen and len(rows) < n:
+            seen.add(key)
+            rows.append(row)
+    return rows, f"held-out: {len(rows)} {data_cfg.task} problems no training row holds"
+
+
+def split_heldout(rows: Rows, fraction: float, seed: int) -> tuple[Rows, Rows]:
+    """``(train, heldout)``: ``round(d * fraction)`` of the ``d`` distinct prompts, chosen by a shuffle
+    seeded with ``seed``, go to heldout with every row that repeats them; the rest (in file order) train.
+    Splitting by prompt, not by row, keeps a repeated prompt from landing on both sides."""
+    if not fraction:
+        return rows, []
+    keys = list(dict.fromkeys(prompt_text(row["question"]) for row in rows))
+    k = round(len(keys) * fraction)
+    if not 1 <= k < len(keys):
+        raise ConfigError(f"data.heldout_fraction={fraction:g} of {len(keys)} distinct prompts holds out {k}; "
+                          "it must leave at least one prompt on each side: change data.heldout_fraction")
+    order = list(range(len(keys)))
+    random.Random(f"relayrl-heldout-split/{seed}").shuffle(order)
+    held = {keys[i] for i in order[:k]}
+    return ([r for r in rows if prompt_text(r["question"]) not in held],
+            [r for r in rows if prompt_text(r["question"]) in held])
+
+
+
+def _read(data_cfg: DataConfig, path: str, split: str) -> Rows:
+    """All rows of one file task's dataset; chat-message prompts only with the chat template on."""
     if data_cfg.task == "jsonl":
-        if not data_cfg.path:
-            raise ValueError("data.task=jsonl needs data.path; set data.path=/path/to/train.jsonl")
-        return load_jsonl(data_cfg.path)
-    raise ValueError(f"data.task={data_cfg.task!r} is not supported; use arith or jsonl")
+        rows = load_jsonl(path)
+    else:
+        rows = load_hf(path, data_cfg.prompt_key, data_cfg.answer_key, split)
+    if not data_cfg.chat_template and any(not isinstance(r["question"], str) for r in rows):
+        raise ConfigError(f"{path}: prompts are chat messages, which the chat template formats; "
+                          "set data.chat_template=true")
+    return rows

@@ -53,11 +53,11 @@ def _parse_row(line: str, where: str) -> dict[str, Any]:
     row["question"], row["answer"] = str(row["question"]), str(row["answer"])
     if GSM8K_MARKER in row["answer"]:
         row["solution"] = row["answer"]
-        row["answer"] = _final_answer(row["solution"], where)
+        row["answer"] = final_answer(row["solution"], where)
     return row
 
 
-def _final_answer(solution: str, where: str) -> str:
+def final_answer(solution: str, where: str) -> str:
     """The text after the last ``####``, stripped, with thousands separators removed."""
     final = solution.rsplit(GSM8K_MARKER, 1)[1].strip().replace(",", "")
     if not final:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from relayrl.data.sampler import prompt_text
+
 MAX_GENERATED_CHECKED = 8192
 """Generated tasks: at most this many distinct questions are tokenized, the longest by characters
 (a generator's rows differ in a few numbers, so the longest texts hold the longest token counts)."""
@@ -23,14 +25,16 @@ class LongestPrompt:
     question: str
 
 
-def longest_prompt(rows: list[dict[str, Any]], tokenizer: Any, format_prompt: Callable[[str], str],
+def longest_prompt(rows: list[dict[str, Any]], tokenizer: Any, format_prompt: Callable[[Any], str],
                    limit: int | None = None) -> LongestPrompt:
     """The row whose formatted prompt has the most tokens. ``limit=None`` checks every row (files);
     a number checks that many distinct questions, the longest by characters first (generated tasks)."""
     first_row: dict[str, int] = {}
     for i, row in enumerate(rows):
-        first_row.setdefault(row["question"], i)
+        first_row.setdefault(prompt_text(row["question"]), i)
     questions = sorted(first_row, key=len, reverse=True)[:limit]
-    counts = [len(ids) for ids in tokenizer([format_prompt(q) for q in questions])["input_ids"]]
+    prompts = [format_prompt(rows[first_row[q]]["question"]) for q in questions]
+    counts = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
     best = max(range(len(questions)), key=counts.__getitem__)
     return LongestPrompt(first_row[questions[best]], counts[best], questions[best])
+

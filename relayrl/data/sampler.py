@@ -15,6 +15,7 @@ samples what the uninterrupted one did.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +32,12 @@ def prompt_seed(sampling_seed: int, prompt_id: int) -> int:
     seed ranges ``[base, base + G)`` do not overlap (``seed + prompt_id`` would share seeds)."""
     digest = hashlib.sha256(f"relayrl-request/{sampling_seed}/{prompt_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") % 2**SEED_BITS
+
+
+def prompt_text(question: str | list[dict[str, str]]) -> str:
+    """A prompt as one string (a chat messages list as its JSON): the key that compares, dedups and
+    ranks prompts by length."""
+    return question if isinstance(question, str) else json.dumps(question, sort_keys=True)
 
 
 def _identity(text: str) -> str:
@@ -96,8 +103,9 @@ class PromptSampler:
         self.epoch, self.position = state["epoch"], state["position"]
 
 
-def chat_formatter(tokenizer: Any, use_chat_template: bool) -> Callable[[str], str]:
-    """``format_prompt`` for ``PromptSampler``: wrap the question as one user turn of the chat template.
+def chat_formatter(tokenizer: Any, use_chat_template: bool) -> Callable[[Any], str]:
+    """``format_prompt`` for ``PromptSampler``: wrap the question as one user turn of the chat template
+    (a chat ``messages`` list, from ``data.task=hf``, is formatted as it is).
 
     ``add_generation_prompt=True`` appends the assistant header, so the model answers instead of
     continuing the user's text. With ``use_chat_template=False`` the question is sent as it is.
@@ -108,8 +116,8 @@ def chat_formatter(tokenizer: Any, use_chat_template: bool) -> Callable[[str], s
         raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
                          "set data.chat_template=false to send raw questions")
 
-    def format_prompt(question: str) -> str:
-        return tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                             tokenize=False, add_generation_prompt=True)
+    def format_prompt(question: str | list[dict[str, str]]) -> str:
+        messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     return format_prompt

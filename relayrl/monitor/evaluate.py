@@ -14,8 +14,11 @@ Reward functions run in this process without the training pool's timeouts.
 
 What is scored (``cfg.eval``): at most ``eval.num_prompts`` prompts (64; ``--limit`` overrides) of a split.
 ``heldout`` (default) is, for the generated ``arith`` task, problems no training row contains
-(``heldout_arith_rows``: disjoint by construction, whatever the seeds); a file task (``jsonl``) has no
-split of its own here, so its ``data.path`` is scored (point it at a test file), and the summary says so.
+(``heldout_arith_rows``: disjoint by construction, whatever the seeds); for ``countdown`` and
+``wordproblem``, fresh problems no training row holds (``data.load_heldout``); for a file task (``jsonl``,
+``hf``), ``data.eval_path`` / ``data.eval_split`` or the prompts ``data.heldout_fraction`` kept out of
+training. A file task with none of these has no split of its own, so its ``data.path`` is scored (point
+it at a test file), and the summary says so.
 ``data`` scores the first rows as training loads them. Prompts go to the engine in chunks, so a progress
 bar (a line per chunk off a terminal) shows prompts done and the ETA.
 """
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config import Config, ConfigError, DataConfig
-from relayrl.data import ARITH_QUESTION, chat_formatter, load_task, make_arith_rows
+from relayrl.data import ARITH_QUESTION, chat_formatter, load_heldout, load_task, make_arith_rows
 from relayrl.monitor.metrics import _clock
 from relayrl.monitor.passk import mean_pass_at_k
 
@@ -114,14 +117,19 @@ def evaluate(cfg: Config, model: str | Path | None = None, n: int = 1, ks: tuple
 
 def eval_rows(cfg: Config, limit: int) -> tuple[list[dict[str, Any]], str]:
     """At most ``limit`` rows (0: all) of ``cfg.eval.split``, and a line saying what they are."""
-    if cfg.eval.split == "heldout" and cfg.data.task == "arith":
+    held_out = cfg.eval.split == "heldout"
+    heldout = load_heldout(cfg.data, limit, cfg.eval.seed) if held_out and cfg.data.task != "arith" else None
+    if held_out and cfg.data.task == "arith":
         rows = heldout_arith_rows(cfg.data, limit or cfg.data.num_prompts, cfg.eval.seed)
         where = f"held-out: {len(rows)} arith problems no training row holds"
+    elif heldout is not None:
+        rows, where = heldout[0][: limit or None], heldout[1]
     else:
         rows = load_task(cfg.data)[: limit or None]
         where = f"data.task={cfg.data.task}" + (f" data.path={cfg.data.path}" if cfg.data.path else "")
         if cfg.eval.split == "heldout":
-            where += " (this task has no held-out split here: point data.path at a test file)"
+            where += (" (this task has no held-out split here: set data.heldout_fraction or data.eval_path, "
+                      "or point data.path at a test file)")
     if not rows:
         raise ConfigError(f"eval.split={cfg.eval.split} of data.task={cfg.data.task} gave no prompts; "
                           "check data.path, eval.num_prompts or --limit")

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from relayrl.rewards import builtin
+from relayrl.rewards import builtin, tasks
 from relayrl.rewards.reward_model import RewardModel
 from relayrl.rewards.scoring import REASONS, RewardError, RewardFns, reward_metrics, score_groups
 
@@ -32,6 +32,9 @@ REWARDS: dict[str, Callable] = {
     "regex_match": builtin.regex_match,
     "length_penalty": builtin.length_penalty,
     "code_exec": builtin.CodeExec,
+    "think_answer_format": tasks.think_answer_format,
+    "answer_tag_correct": tasks.answer_tag_correct,
+    "countdown_correct": tasks.countdown_correct,
     "reward_model": RewardModel,
 }
 """Built-in rewards by short name: the names ``load_reward_fn`` accepts besides ``module:function``.

@@ -17,7 +17,8 @@ def my_reward(prompts, completions, **columns):
 def test_short_names_and_import_paths_resolve():
     assert set(REWARDS) == {"arith_correct", "answer_format", "exact_match", "last_number_correct",
                             "digit_fraction", "env_reward", "math_verify", "think_format", "regex_match", "length_penalty",
-                            "code_exec", "reward_model"}
+                            "code_exec", "think_answer_format", "answer_tag_correct", "countdown_correct",
+                            "reward_model"}
     assert load_reward_fn("arith_correct") is arith_correct
     assert load_reward_fn("relayrl.rewards.builtin:answer_format") is answer_format
     assert load_reward_fn("tests.rewards.test_registry:my_reward")(["p"], ["abc"]) == [3.0]
