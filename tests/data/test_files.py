@@ -170,3 +170,15 @@ def test_train_reports_hf_data_problems_before_ray(tmp_path, tiny_llama, monkeyp
     with pytest.raises(ConfigError, match=r"train.json row 0 .* prompt tokens; .* raise model.max_model_len"):
         driver.train(load_config("grpo_tiny", overrides))
     assert not (tmp_path / "runs").exists()
+
+
+def test_relayrl_eval_scores_the_heldout_prompts_of_a_file(tmp_path):
+    from relayrl.monitor.evaluate import eval_rows
+
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(10)]
+    path = write(tmp_path, ".jsonl", rows)
+    cfg = load_config("grpo_tiny", ["data.task=hf", f"data.path={path}", "data.heldout_fraction=0.2"])
+    held, where = eval_rows(cfg, 0)
+    assert len(held) == 2 and where == f"held-out: data.heldout_fraction=0.2 of {path}"
+    assert not {r["question"] for r in held} & {r["question"] for r in load_task(cfg.data)}
+    assert len(eval_rows(cfg, 1)[0]) == 1                       # --limit cuts it
