@@ -55,7 +55,7 @@ def _load_table(path: Path, split: str) -> Any:
         return _load_saved(path, split, datasets)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file or directory; point data.path at a local dataset")
-    builder = BUILDERS.get("".join(path.suffixes[-1:]).lower())
+    builder = BUILDERS.get(path.suffix.lower())
     if builder is None:
         raise ConfigError(f"{path}: unknown file type {path.suffix!r}; use one of {', '.join(BUILDERS)} "
                           "or a save_to_disk directory")
