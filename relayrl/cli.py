@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--config-name", "-cn", default="grpo_arith", help="recipe name (default: grpo_arith)")
     train.add_argument("--config-dir", "-cd", default=None, help=f"recipe directory (default: {RECIPES_DIR})")
     train.add_argument("--print-config", action="store_true", help="print the composed config and exit")
+    train.add_argument("--verbose", "-v", action="store_true",
+                       help="show every actor's and engine's output on the console (logging.verbose=true); "
+                            "by default it goes to <run dir>/logs/")
     train.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.lr=1e-6 run.steps=5")
     plot = sub.add_parser("plot", help="write PNG charts of a run's metrics.jsonl into <run>/plots")
     plot.add_argument("run_dir")
@@ -80,7 +83,8 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
 def _train(args: argparse.Namespace) -> int:
     from relayrl.config import load_config
 
-    cfg = load_config(args.config_name, args.overrides, args.config_dir)
+    overrides = [*args.overrides, *(["logging.verbose=true"] if args.verbose else [])]
+    cfg = load_config(args.config_name, overrides, args.config_dir)
     if args.print_config:
         from omegaconf import OmegaConf
 

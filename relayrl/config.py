@@ -384,6 +384,10 @@ class LoggingConfig:
     """wandb project."""
     console: bool = True
     """Print a progress line per step."""
+    verbose: bool = False
+    """Also show every actor's and engine's output (vLLM, Ray, transformers) on the console, as Ray
+    prints it; off: it goes only to ``<run dir>/logs/`` and the console keeps relayrl's lines, errors and
+    Ray's resource messages (``relayrl/logs.py``). ``relayrl train --verbose`` sets it."""
     samples_per_step: int = 2
     """Completions written to samples.jsonl per step."""
 

@@ -18,6 +18,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from relayrl import logs
 from relayrl.config import PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig
 
 
@@ -35,16 +36,18 @@ class Placement:
 def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: float) -> None:
     """Start (or join) Ray, bound to localhost. Logical CPUs may exceed cores: the sync loop time-shares them.
     Without ``address`` a new local Ray is started even if ``ray start`` left a cluster address behind
-    (``address="local"``): joining a cluster is always explicit (``run.ray_address``)."""
+    (``address="local"``): joining a cluster is always explicit (``run.ray_address``).
+    Worker output streams to the driver; a run's ``RunDir`` routes it into its ``logs/`` (``relayrl.logs``)."""
     if ray.is_initialized():
         return
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
-        return
-    cpus = placement.num_cpus or max(float(os.cpu_count() or 1), needed_cpus)
-    ray.init(address="local", num_cpus=int(-(-cpus // 1)), include_dashboard=False, runtime_env=env,
-             _node_ip_address="127.0.0.1", log_to_driver=True)
+    else:
+        cpus = placement.num_cpus or max(float(os.cpu_count() or 1), needed_cpus)
+        ray.init(address="local", num_cpus=int(-(-cpus // 1)), include_dashboard=False, runtime_env=env,
+                 _node_ip_address="127.0.0.1", log_to_driver=True)
+    logs.attach()       # the run's router (if one is installed) takes Ray's printer off the console
 
 
 SCORING_CPUS = 1.0

@@ -1,5 +1,7 @@
 """The run directory: status.json, resolved config, metrics.jsonl, samples.jsonl, wandb/, plots/,
-checkpoints/, logs/ (README "Run directory" lists them; ``relayrl runs`` reads status.json)."""
+checkpoints/, logs/ (README "Run directory" lists them; ``relayrl runs`` reads status.json). logs/ holds
+error.log and every actor's and engine's output (``relayrl.logs``: rollout-<pid>.log, trainer-<pid>.log,
+rewards.log, ray.log)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import os
 import re
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -15,6 +18,7 @@ from typing import Any
 
 from relayrl.config import Config, ConfigError
 from relayrl.controller.checkpoint import STALL_KEY, Checkpointer, durable_dir, fsync_path, write_durable
+from relayrl.logs import capture, crash_tail
 from relayrl.monitor.runs import read_jsonl
 
 
@@ -69,6 +73,9 @@ class RunDir:
         run = cls(cfg, path, None, rewards,
                   Checkpointer(path, cfg.run.keep_checkpoints, cfg.run.checkpoint_async))
         run.write_status("running", **status)
+        capture(path / "logs", cfg.logging.verbose)      # actor and engine output -> logs/*.log
+        print(f"relayrl: run dir {path}; actor and engine output in {path / 'logs'}"
+              f"{'' if cfg.logging.verbose else ' (--verbose: on the console too)'}", flush=True)
         run.logger = make_logger(cfg.logging, path, config_dict, cfg.run.steps)
         return run
 
@@ -81,9 +88,15 @@ class RunDir:
         fsync_path(self.path)
 
     def fail(self, exc: BaseException) -> None:
-        """Mark the run failed: the error's first line in status.json, the traceback in logs/error.log."""
+        """Mark the run failed: the error's first line in status.json, the traceback in logs/error.log
+        followed by the last lines of the processes the error names, which also go to the console (their
+        output went to logs/ only, so a crash is never silent)."""
         (self.path / "logs").mkdir(exist_ok=True)
-        (self.path / "logs" / "error.log").write_text("".join(traceback.format_exception(exc)))
+        tail = crash_tail(exc)
+        if tail:
+            print("\n".join(tail), file=sys.stderr, flush=True)
+        (self.path / "logs" / "error.log").write_text("".join(traceback.format_exception(exc)) + "".join(
+            x + "\n" for x in tail))
         self.write_status("failed", error=error_line(exc), steps_done=len(self.rewards))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

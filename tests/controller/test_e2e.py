@@ -73,3 +73,12 @@ def test_run_dir_status_plots_and_wandb_samples_table(tiny_run):
     assert len(tables) == cfg.run.steps                               # one wandb.Table of completions per step
     table = json.loads(tables[0].read_text())
     assert table["columns"][:4] == ["prompt_id", "prompt", "completion", "reward"] and len(table["data"]) == 2
+
+
+def test_actor_and_engine_output_goes_to_the_run_logs(tiny_run):
+    """One file per rollout actor, holding its vLLM engine's lines too (EngineCore is a subprocess that
+    inherits the actor's stdout and stderr); the console would have shown them without relayrl.logs."""
+    _, result = tiny_run
+    rollout = list((result.run_dir / "logs").glob("rollout-*.log"))
+    assert len(rollout) == 1
+    assert "(EngineCore pid=" in rollout[0].read_text()

@@ -1,0 +1,234 @@
+"""A quiet console: actor and engine output goes to files under ``<run dir>/logs/``.
+
+Ray's log monitor tails every worker process's stdout and stderr and streams the lines to the driver
+(vLLM's EngineCore and its workers inherit their actor's fds, so their lines arrive as the actor's);
+Ray's own handler prints them with a ``(RolloutActor pid=...)`` prefix. ``capture`` adds a
+``WorkerLogRouter`` beside it, which writes each line to a file (one per actor process, named by role
+and pid, so a restarted actor gets a new file and the dead one's stays for the post-mortem)::
+
+    RolloutActor -> rollout-<pid>.log    TrainerActor -> trainer-<pid>.log
+    RewardWorker, RewardScorer -> rewards.log    anything else (Ray tasks, raylet, Ray's driver log) -> ray.log
+
+and, unless ``logging.verbose``, takes Ray's printer off the console: there only relayrl's own lines
+(``relayrl...``), ERROR / CRITICAL lines and the raylet's and autoscaler's messages (out-of-memory
+kills, unschedulable resources) are shown. A run that fails prints the dead actor's last lines
+(``crash_tail``). Ray's log stream, dispatcher and printer are private APIs of the pinned ray==2.60.0.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+ROLES = {"RolloutActor": "rollout", "TrainerActor": "trainer",
+         "RewardWorker": "rewards", "RewardScorer": "rewards"}
+"""Actor class -> file role; roles in ``PER_PROCESS`` get one file per process, the others share one."""
+PER_PROCESS = ("rollout", "trainer")
+HANDLER = "relayrl_logs"          # our handler's name in Ray's dispatcher
+RAY_PRINTER = "ray_print_logs"    # Ray's console printer's name there
+_NEEDS_USER = re.compile(r"^\s*relayrl|\b(ERROR|CRITICAL)\b")
+
+
+class WorkerLogRouter:
+    """Ray's log-stream handler: each batch of a worker's lines into its file; the lines that need a user
+    on the console (all of them, Ray's way, when ``verbose``: Ray's printer stays on then)."""
+
+    def __init__(self, log_dir: Path, verbose: bool = False) -> None:
+        self.log_dir, self.verbose = Path(log_dir), verbose
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.files: dict[str, IO[str]] = {}
+        self.last_batch = time.monotonic()
+        self.took_printer = False       # it took Ray's printer off the console (release puts it back)
+        self._lock = threading.Lock()
+
+    def __call__(self, data: dict[str, Any]) -> None:
+        from ray._private.worker import filter_autoscaler_events
+
+        lines = list(data.get("lines") or [])
+        if data.get("pid") == "autoscaler":           # its events, as Ray prints them; not its status dumps
+            lines = list(filter_autoscaler_events(lines))
+        if not lines:
+            return
+        name = file_name(data)
+        shared = not name.startswith(PER_PROCESS)
+        tag = f"({data.get('actor_name') or data.get('task_name') or 'worker'} pid={data.get('pid')}) "
+        with self._lock:
+            out = self._file(name)
+            out.writelines(f"{tag if shared else ''}{line}\n" for line in lines)
+            out.flush()
+            self.last_batch = time.monotonic()
+        if not self.verbose:
+            self._to_console(data, lines)
+
+    def _to_console(self, data: dict[str, Any], lines: list[str]) -> None:
+        from ray._private.worker import print_to_stdstream
+
+        if data.get("pid") in ("raylet", "autoscaler"):
+            print_to_stdstream(data, ignore_prefix=False)
+            return
+        role = file_name(data).removesuffix(".log")
+        for line in lines:
+            if _NEEDS_USER.search(line):
+                print(f"({role}) {line}", file=sys.stderr if data.get("is_err") else sys.stdout, flush=True)
+
+    def _file(self, name: str) -> IO[str]:
+        if name not in self.files:
+            self.files[name] = open(self.log_dir / name, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        return self.files[name]
+
+    def write(self, name: str, text: str) -> None:
+        """One line from the driver itself (Ray's driver log records) into ``name``."""
+        with self._lock:
+            self._file(name).write(text + "\n")
+            self._file(name).flush()
+
+    def settle(self, quiet_s: float = 0.5, max_s: float = 3.0) -> None:
+        """Wait (at most ``max_s``) until no batch arrived for ``quiet_s``: the log monitor streams a dying
+        worker's last lines a moment after its death reaches the driver."""
+        deadline = time.monotonic() + max_s
+        while time.monotonic() < deadline and time.monotonic() - self.last_batch < quiet_s:
+            time.sleep(0.1)
+
+    def tail(self, pid: int, n: int = 20) -> tuple[Path, list[str]] | None:
+        """The last ``n`` lines process ``pid`` wrote, and the file they are in; None if it wrote none."""
+        for path in sorted(self.log_dir.glob("*.log")):
+            own = path.name.endswith(f"-{pid}.log")
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            mine = lines if own else [x for x in lines if f" pid={pid}) " in x]
+            if mine:
+                return path, mine[-n:]
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self.files.values():
+                f.close()
+            self.files.clear()
+
+
+def file_name(data: dict[str, Any]) -> str:
+    """``rollout-<pid>.log`` / ``trainer-<pid>.log`` / ``rewards.log`` / ``ray.log`` for a batch of lines."""
+    role = ROLES.get(str(data.get("actor_name") or "").split("(")[0], "ray")
+    return f"{role}-{data.get('pid')}.log" if role in PER_PROCESS else f"{role}.log"
+
+
+def capture(log_dir: Path, verbose: bool = False) -> WorkerLogRouter:
+    """Route this driver's Ray worker output into ``log_dir`` from now on (replacing an earlier run's
+    router); quiet console unless ``verbose``. Call before or after ``ray.init``: ``start_ray`` calls
+    ``attach`` once Ray is up."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    old = installed()
+    if old is not None:
+        old.close()
+    dispatcher.remove_handler(HANDLER)
+    router = WorkerLogRouter(log_dir, verbose)
+    router.took_printer = old is not None and old.took_printer
+    dispatcher.add_handler(HANDLER, router)
+    _filter_ray_logger(router)
+    attach()
+    return router
+
+
+def release() -> None:
+    """Undo ``capture``: no router, Ray's driver log unfiltered, Ray's printer back if its stream runs."""
+    from ray._private import worker as ray_worker
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    router = installed()
+    if router is None:
+        return
+    router.close()
+    dispatcher.remove_handler(HANDLER)
+    for handler in logging.getLogger("ray").handlers:
+        for f in [f for f in handler.filters if isinstance(f, _QuietRay)]:
+            handler.removeFilter(f)
+    if router.took_printer:
+        dispatcher.add_handler(RAY_PRINTER, functools.partial(ray_worker.print_to_stdstream, ignore_prefix=False))
+
+
+def installed() -> WorkerLogRouter | None:
+    """The router ``capture`` installed (it lives in Ray's dispatcher, the one registry of log sinks)."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    return next((h for name, h in dispatcher.handlers if name == HANDLER), None)
+
+
+def attach() -> None:
+    """Once Ray is up and a router is installed: make sure worker lines stream to this driver (a Ray
+    started with ``log_to_driver=False`` has the subscriber but no thread polling it), and put Ray's
+    printer on the console only in verbose mode."""
+    import ray
+    from ray._private import worker as ray_worker
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    router = installed()
+    if router is None or not ray.is_initialized():
+        return
+    w = ray_worker.global_worker
+    thread = getattr(w, "logger_thread", None)
+    if (thread is None or not thread.is_alive()) and hasattr(w, "gcs_log_subscriber"):
+        w.logger_thread = threading.Thread(target=w.print_logs, name=RAY_PRINTER, daemon=True)
+        w.logger_thread.start()           # ray.shutdown stops and joins it as its own
+    printing = any(name == RAY_PRINTER for name, _ in dispatcher.handlers)
+    if router.verbose and not printing and router.took_printer:
+        dispatcher.add_handler(RAY_PRINTER, functools.partial(ray_worker.print_to_stdstream, ignore_prefix=False))
+        router.took_printer = False
+    elif not router.verbose and printing:
+        dispatcher.remove_handler(RAY_PRINTER)
+        router.took_printer = True
+
+
+class _QuietRay(logging.Filter):
+    """On Ray's console handler: records below ERROR go to ``ray.log`` instead (quiet mode)."""
+
+    def __init__(self, router: WorkerLogRouter) -> None:
+        super().__init__()
+        self.router = router
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR or self.router.verbose:
+            return True
+        self.router.write("ray.log", f"(driver) {record.levelname} {record.name}: {record.getMessage()}")
+        return False
+
+
+def _filter_ray_logger(router: WorkerLogRouter) -> None:
+    for handler in logging.getLogger("ray").handlers:
+        for old in [f for f in handler.filters if isinstance(f, _QuietRay)]:
+            handler.removeFilter(old)
+        handler.addFilter(_QuietRay(router))
+
+
+def crash_tail(exc: BaseException, n: int = 20) -> list[str]:
+    """The last ``n`` lines of each process the error names (``pid`` of a Ray task error, ``pid: N`` in an
+    actor-died message, down the cause chain), from the installed router's files, with a heading each."""
+    router, pids = installed(), list(dict.fromkeys(error_pids(exc)))
+    if router is None or not pids:
+        return []
+    router.settle()
+    out: list[str] = []
+    for pid in pids:
+        found = router.tail(pid, n)
+        if found:
+            path, lines = found
+            out += [f"relayrl: last {len(lines)} lines of pid {pid} ({path}):", *(f"  {x}" for x in lines)]
+    return out
+
+
+def error_pids(exc: BaseException) -> Iterator[int]:
+    """Process ids an error and its causes name."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(getattr(exc, "pid", None), int):
+            yield exc.pid
+        yield from (int(m) for m in re.findall(r"\bpid[=:]\s*(\d+)", str(exc)))
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
