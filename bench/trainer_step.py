@@ -61,7 +61,7 @@ def loss_token_logprobs(actor: TrainerActor, groups: list[TrajectoryGroup]) -> t
     share = split_batch(build_train_batch(groups, actor.pad_token_id), 0, 1)
     values, computed = [], 0
     for mb in actor._micro_batches(share):
-        lp = actor._logprobs(actor.model, mb)
+        lp = actor.policy_step.logprobs(actor.model, mb)
         values += [lp[r][mb.loss_mask[r].bool()] for r in range(len(mb))]
         computed += mb.packed.n_tokens if mb.packed is not None else mb.input_ids.numel()
     return torch.cat(values), computed, int(share.attention_mask.sum())

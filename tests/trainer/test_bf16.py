@@ -23,9 +23,10 @@ def test_bf16_logprobs_close_to_fp32_and_really_bf16(one_rank_group, tiny_llama,
     fp32, bf16 = local_actor(tiny_llama, **mode), local_actor(tiny_llama, dtype="bf16", **mode)
     worst = 0.0
     for a, b in zip(fp32._micro_batches(share), bf16._micro_batches(share)):
-        logits, _, _ = bf16._forward(bf16.model, b)
+        logits, _, _ = bf16.policy_step.forward(bf16.model, b)
         assert logits.dtype == torch.float32                              # LM head kept in float32
-        diff = (fp32._logprobs(fp32.model, a) - bf16._logprobs(bf16.model, b)).abs() * a.loss_mask
+        lp32, lp16 = fp32.policy_step.logprobs(fp32.model, a), bf16.policy_step.logprobs(bf16.model, b)
+        diff = (lp32 - lp16).abs() * a.loss_mask
         worst = max(worst, float(diff.max()))
     assert 0.0 < worst < BF16_LOGPROB_TOL                                 # > 0: the matmuls did run in bf16
 

@@ -7,6 +7,8 @@ HF model without padding, and the padded micro-batches of ``trainer.max_tokens_p
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,6 +18,7 @@ from relayrl.trainer.actor import TrainerActor
 from relayrl.trainer.batch import build_train_batch, empty_micro_batch, split_batch
 from relayrl.trainer.logprobs import token_logprobs
 from relayrl.trainer.losses import LOSS_AGG
+from relayrl.trainer.objective import build_loss
 from relayrl.trainer.packing import (PackedRow, attention_allowed, attention_mask_4d, pack_rows, place,
                                      plan_chunks, split_to_count)
 from relayrl.trainer.precision import keep_head_fp32
@@ -89,7 +92,7 @@ def max_logprob_error(actor: TrainerActor, micro, reference_model) -> tuple[floa
     """Largest |trainer logprob - sequence-alone logprob| over every loss token, and how many were checked."""
     worst, checked = 0.0, 0
     for mb in micro:
-        lp = actor._logprobs(actor.model, mb)
+        lp = actor.policy_step.logprobs(actor.model, mb)
         for r in range(len(mb)):
             n = int(mb.attention_mask[r].sum())
             ref = alone_logprobs(reference_model, mb.input_ids[r, :n].tolist())
@@ -101,11 +104,11 @@ def max_logprob_error(actor: TrainerActor, micro, reference_model) -> tuple[floa
 
 def step_loss_and_grads(actor: TrainerActor, share: TrainBatch, agg: str):
     """The step's loss (sum of numerators / global denominator), its gradient, and the normalisers."""
-    actor.aggregate, actor.agg_kw = LOSS_AGG[agg], ({"max_len": 16} if agg == "seq-mean-token-sum-norm" else {})
+    actor.objective = build_loss(dataclasses.replace(actor.algo, loss_agg=agg, norm_len=16))
     micro = actor._micro_batches(share)
     n_tokens, denom = actor._step_totals(micro)
     actor.model.zero_grad(set_to_none=True)
-    total = sum(actor._train_micro(mb, None, None, denom)[0]["loss"] for mb in micro)
+    total = sum(actor.policy_step.train_micro(actor.model, mb, None, None, denom, 1)[0].loss for mb in micro)
     grads = {n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None}
     return float(total / denom), grads, float(n_tokens), float(denom), len(micro)
 
@@ -190,7 +193,7 @@ def test_a_causal_only_mask_would_leak_across_sequences(one_rank_group, tiny_lla
 @pytest.mark.parametrize("agg", sorted(LOSS_AGG))
 @pytest.mark.parametrize("mode", [PACKED, SHARED], ids=["packed", "shared_prefix"])
 def test_losses_gradients_and_normalisers_equal_padded(one_rank_group, tiny_llama, agg, mode):
-    """Entropy bonus and token-level IS on too, so every per-token path of ``_train_micro`` is compared."""
+    """Entropy bonus and token-level IS on too, so every per-token path of ``train_micro`` is compared."""
     algo = AlgorithmConfig(group_size=4, entropy_coef=0.01, off_policy="tis")
     share = step_share(synthetic_groups())
     padded = step_loss_and_grads(local_actor(tiny_llama, algo=algo, micro_batch_size=5, **PADDED), share, agg)
@@ -208,8 +211,8 @@ def test_empty_micro_batch_adds_nothing(one_rank_group, tiny_llama):
     share = step_share(synthetic_groups())
     mb = empty_micro_batch(share, True)
     actor.model.zero_grad(set_to_none=True)
-    stats, _ = actor._train_micro(mb, None, None, torch.tensor(10.0))
-    assert float(stats["loss"]) == 0.0 and float(mb.loss_mask.sum()) == 0.0
+    stats, _ = actor.policy_step.train_micro(actor.model, mb, None, None, torch.tensor(10.0), 1)
+    assert float(stats.loss) == 0.0 and float(mb.loss_mask.sum()) == 0.0
     assert all(float(p.grad.abs().max()) == 0.0 for p in actor.model.parameters() if p.grad is not None)
 
 

@@ -1,5 +1,6 @@
 """Shared-prefix group rows: layout by hand, and equality with the per-sequence forward for the policy's
-logprobs (the old-logprob / reference pass is the same ``_logprobs``), gradients, and the critic's values."""
+logprobs (the old-logprob / reference pass is the same ``PolicyStep.logprobs``), gradients, and the
+critic's values."""
 
 from __future__ import annotations
 

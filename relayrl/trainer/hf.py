@@ -1,0 +1,63 @@
+"""The policy as an HF causal LM: loaded into the trainer's mesh, and written back out as an HF directory.
+
+The parameter names stay exactly ``AutoModelForCausalLM``'s throughout (TP and FSDP2 replace tensors in
+place; ``keep_head_fp32`` uses hooks, not a wrapper), so what ``export`` writes loads with
+``from_pretrained`` and what the trainer syncs is what vLLM's ``load_weights`` takes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from relayrl.trainer.fsdp import shard_model
+from relayrl.trainer.precision import keep_head_fp32
+from relayrl.trainer.tp import parallelize
+
+
+def load_sharded(model_path: str, device: torch.device, mesh: DeviceMesh, dtype: str,
+                 trainable: bool) -> torch.nn.Module:
+    """The HF causal LM with float32 master weights: decoder linears split over "tp" (``tp.parallelize``,
+    when the mesh has a "tp" dimension: tp_size > 1), then sharded per decoder layer over "dp" (``fsdp.shard_model``);
+    ``dtype`` is ``model.dtype`` (the compute and wire dtype of the shards)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    keep_head_fp32(model.get_output_embeddings())        # trainer.dtype=bf16: logits stay float32
+    if "tp" in mesh.mesh_dim_names:
+        parallelize(model, mesh["tp"])
+    return shard_model(model, mesh["dp"], dtype, trainable)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full, unsharded CPU state dict of an FSDP2 module, with its HF names. Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def pad_token_id(config) -> int:
+    """The pad id of an HF config: pad, else (the first) eos, else 0."""
+    for tid in (config.pad_token_id, config.eos_token_id, 0):
+        if tid is not None:
+            return tid[0] if isinstance(tid, list) else int(tid)
+    return 0
+
+
+def export(state: dict[str, torch.Tensor], model_path: str, out_dir: str) -> str:
+    """Write ``state`` (a full HF state dict) as an HF model directory: safetensors, config, tokenizer and
+    generation config from ``model_path``. Returns ``out_dir``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(out_dir)
+    if (Path(model_path) / "generation_config.json").exists():
+        GenerationConfig.from_pretrained(model_path).save_pretrained(out_dir)
+    return str(out_dir)

@@ -1,0 +1,124 @@
+"""The algorithm's objective, resolved from ``AlgorithmConfig`` once: ``build_loss(algo)`` is the one place
+where config fields become callables with their keywords bound.
+
+    policy_loss     POLICY_LOSSES[policy_loss] with its clip (clip_eps, clip_eps_high, dual_clip_c)
+    off_policy      how tokens are weighed by w = pi_old / mu (tis, tis_sequence, decoupled) or not at all
+    aggregate       LOSS_AGG[loss_agg] (seq-mean-token-sum-norm: with max_len = norm_len)
+    kl, entropy     kl_coef * KL_ESTIMATORS[kl_estimator], entropy_coef
+    select_groups   DAPO's dynamic sampling and overlong reward shaping (``shaping.py``)
+
+The micro-batch step (``step.py``) only calls these; no other trainer file reads the algorithm's loss fields.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from relayrl.config import AlgorithmConfig
+from relayrl.trainer.batch import MicroBatch, trainable_groups
+from relayrl.trainer.losses import LOSS_AGG, POLICY_LOSSES
+from relayrl.trainer.shaping import dynamic_sampling_filter, overlong_penalty
+from relayrl.types import TrajectoryGroup
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a train step optimises, with every hyper-parameter bound (made by ``build_loss``)."""
+
+    policy_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    """(logprobs, old_logprobs, advantages, loss_mask, **off_policy) -> (per-token loss [b, T], stats)."""
+    off_policy: dict[str, float | str] | None
+    """Keywords of the importance weight ``w = pi_old / mu`` (``is_level``, ``is_cap``); None: no weight."""
+    aggregate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    """(per_token [b, T], loss_mask [b, T]) -> (numerator, denominator) of the ``LOSS_AGG`` mode."""
+    kl_coef: float
+    """Weight of the KL to the reference (0: no reference model)."""
+    kl_estimator: str
+    """``KL_ESTIMATORS`` key of that KL."""
+    entropy_coef: float
+    """Weight of the entropy bonus (0: entropy is only reported)."""
+    dynamic_sampling: bool
+    """DAPO: drop groups whose rewards don't vary."""
+    reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None
+    """DAPO's overlong penalty: completion lengths [N] -> reward terms [N]; None: off."""
+
+    def policy(self, logprobs: torch.Tensor, old: torch.Tensor,
+               mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-token policy loss [b, T] and its stats, tokens weighed by ``pi_old / mu`` if off_policy is set."""
+        behaviour = ({} if self.off_policy is None else
+                     {"behaviour_logprobs": mb.behaviour_logprobs, **self.off_policy})
+        return self.policy_loss(logprobs, old, mb.advantages, mb.loss_mask, **behaviour)
+
+    def select_groups(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """DAPO's dynamic sampling (drop groups whose rewards don't vary) and the overlong penalty's statistics
+        (the penalty itself is added in ``build_train_batch``).
+
+        The filter reads the rewards from the reward functions, before the overlong term (DAPO filters on
+        accuracy), after exclusions (``trainable_groups``). Stats: ``dapo/dropped_groups``, ``dapo/kept_groups``,
+        ``dapo/overlong_penalty`` (mean term added to the reward), ``dapo/overlong_frac`` (share penalised).
+        """
+        stats: dict[str, float] = {}
+        if self.dynamic_sampling:
+            groups, dropped = dynamic_sampling_filter(trainable_groups(groups))
+            stats |= {"dapo/dropped_groups": float(dropped), "dapo/kept_groups": float(len(groups))}
+        if self.reward_shaping is not None and groups:
+            lengths = [len(t.completion_token_ids) for g in groups for t in g.trajectories if t.excluded is None]
+            penalty = self.reward_shaping(torch.tensor(lengths))
+            stats |= {"dapo/overlong_penalty": float(penalty.mean()),
+                      "dapo/overlong_frac": float((penalty < 0).float().mean())}
+        return groups, stats
+
+
+def build_loss(algo: AlgorithmConfig) -> Objective:
+    """The ``Objective`` of ``algo``; raises on a field ``load_config`` would have filled in."""
+    return Objective(
+        policy_loss=functools.partial(POLICY_LOSSES[algo.policy_loss], **policy_loss_kwargs(algo)),
+        off_policy=off_policy_kwargs(algo),
+        aggregate=functools.partial(LOSS_AGG[algo.loss_agg], **loss_agg_kwargs(algo)),
+        kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
+        dynamic_sampling=algo.dynamic_sampling, reward_shaping=reward_shaping(algo))
+
+
+def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
+    """The hyper-parameters ``POLICY_LOSSES[algo.policy_loss]`` takes; clip_eps_high None = symmetric."""
+    if algo.policy_loss == "ppo_clip":
+        return {"clip_eps": algo.clip_eps}
+    high = algo.clip_eps if algo.clip_eps_high is None else algo.clip_eps_high
+    kw = {"clip_eps": algo.clip_eps, "clip_eps_high": high}
+    if algo.policy_loss == "dual_clip":
+        kw["dual_clip_c"] = algo.dual_clip_c
+    return kw
+
+
+def off_policy_kwargs(algo: AlgorithmConfig) -> dict[str, float | str] | None:
+    """How the policy loss weighs tokens by ``w = pi_old / mu`` (None: not at all). ``auto`` is resolved by
+    ``load_config``; left unresolved it means none. ``decoupled``: AReaL's objective, w untruncated."""
+    return {"tis": {"is_level": "token", "is_cap": algo.is_cap},
+            "tis_sequence": {"is_level": "sequence", "is_cap": algo.is_cap},
+            "decoupled": {"is_level": "token", "is_cap": math.inf}}.get(algo.off_policy)
+
+
+def loss_agg_kwargs(algo: AlgorithmConfig) -> dict[str, int]:
+    """The keywords ``LOSS_AGG[algo.loss_agg]`` takes: only seq-mean-token-sum-norm needs ``max_len``."""
+    if algo.loss_agg != "seq-mean-token-sum-norm":
+        return {}
+    if algo.norm_len is None:
+        raise ValueError("algorithm.loss_agg=seq-mean-token-sum-norm needs algorithm.norm_len; set it to "
+                         "rollout.max_tokens (load_config does this by default)")
+    return {"max_len": algo.norm_len}
+
+
+def reward_shaping(algo: AlgorithmConfig) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """DAPO's overlong penalty with its lengths bound (None when ``algorithm.overlong_buffer`` is 0)."""
+    if not algo.overlong_buffer:
+        return None
+    if algo.overlong_max_len is None:
+        raise ValueError("algorithm.overlong_buffer is set but algorithm.overlong_max_len is None; set it "
+                         "to rollout.max_tokens (load_config does this by default)")
+    return functools.partial(overlong_penalty, max_len=algo.overlong_max_len, buffer_len=algo.overlong_buffer,
+                             factor=algo.overlong_penalty)

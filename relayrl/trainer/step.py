@@ -1,0 +1,195 @@
+"""The policy's micro-batch step and the stats it reports.
+
+``PolicyStep.train_micro`` runs one micro-batch: forward (padded or packed rows, ``trainer.dtype``), the
+per-token loss the ``Objective`` (``objective.py``) defines, backward of the micro-batch's share of the
+step's loss, and the token sums of its stats as a ``StepStats``. Every ``LOSS_AGG`` mode is a ratio of sums
+(tokens, or sequences, or sequences x L), so with the denominator summed over the whole step on all ranks
+the gradient is that of the step's loss however the step is split into ranks and micro-batches (a
+sequence is never split, so per-sequence means stay local).
+
+``TokenSums`` records (``StepStats`` here, the critic's ``ValueStats``) are the stats themselves: each field
+is a 0-dim tensor summed over one rank's tokens, its metadata says how the step's value is made from it,
+so the keys ``train_step`` reports and the order they are reduced in are the fields and cannot drift apart:
+
+    sum over micro-batches and epochs, all-reduce (sum) over the dp ranks, / epochs, then
+        / the step's completion tokens        (default: token-weighted means)
+        / the step's LOSS_AGG denominator     (``PER_DENOMINATOR``: ``loss``)
+    or the max over all of them               (``MAX``: ``ratio_max``)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Self
+
+import torch
+import torch.distributed as dist
+
+from relayrl.trainer.batch import MicroBatch
+from relayrl.trainer.logprobs import logits_entropy, target_logprobs
+from relayrl.trainer.losses import entropy_bonus, kl_k3, kl_loss, masked_token_sum
+from relayrl.trainer.objective import Objective
+from relayrl.trainer.packing import attention_mask_4d, place
+from relayrl.trainer.precision import autocast
+
+PER_TOKEN, PER_DENOMINATOR, MAX = "tokens", "denominator", "max"      # how a ``TokenSums`` field is reduced
+AllReduce = Callable[..., torch.Tensor]     # (value, op) -> value reduced over the dp ranks
+Forward = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+
+
+@dataclass
+class TokenSums:
+    """Base of the step's stat records: 0-dim tensor fields, reduced as their metadata says (module doc)."""
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> Self:
+        """The accumulator a step starts from (0 is also the floor of ``MAX`` fields)."""
+        return cls(**{f.name: torch.zeros((), device=device) for f in dataclasses.fields(cls)})
+
+    def add_(self, other: Self) -> Self:
+        """Accumulate ``other`` in place: sums add, ``MAX`` fields keep the larger."""
+        for f in dataclasses.fields(self):
+            if _reduction(f) == MAX:
+                setattr(self, f.name, torch.maximum(getattr(self, f.name), getattr(other, f.name)))
+            else:
+                getattr(self, f.name).add_(getattr(other, f.name))
+        return self
+
+    def reduce(self, all_reduce: AllReduce, epochs: int, tokens: torch.Tensor,
+               denominator: torch.Tensor | None = None) -> dict[str, float]:
+        """The step's values on every rank: sums over dp ranks / epochs / tokens (or the denominator);
+        ``MAX`` fields the max over ranks. One all-reduce for all sums."""
+        fields = dataclasses.fields(self)
+        sums = [f for f in fields if _reduction(f) != MAX]
+        total = all_reduce(torch.stack([getattr(self, f.name) for f in sums]), dist.ReduceOp.SUM) / epochs
+        out = {f.name: float(v / (denominator if _reduction(f) == PER_DENOMINATOR else tokens))
+               for f, v in zip(sums, total)}
+        return out | {f.name: float(all_reduce(getattr(self, f.name), dist.ReduceOp.MAX))
+                      for f in fields if _reduction(f) == MAX}
+
+
+def reduced(how: str) -> Any:
+    """A ``TokenSums`` field reduced ``how`` (``PER_DENOMINATOR`` or ``MAX``; plain fields are ``PER_TOKEN``)."""
+    return dataclasses.field(metadata={"reduce": how})
+
+
+def _reduction(f: dataclasses.Field) -> str:
+    return f.metadata.get("reduce", PER_TOKEN)
+
+
+@dataclass
+class StepStats(TokenSums):
+    """The policy's stats of one micro-batch (or of the step so far), as ``train_step`` reports them."""
+
+    loss: torch.Tensor = reduced(PER_DENOMINATOR)
+    """LOSS_AGG numerator: the step's loss once divided by the step's denominator."""
+    clip_frac: torch.Tensor
+    """Share of tokens whose ratio the clip held."""
+    approx_kl: torch.Tensor
+    """k3 estimate of KL(pi_old || pi)."""
+    ratio_mean: torch.Tensor
+    """Mean of the ratio pi / pi_old."""
+    kl: torch.Tensor
+    """KL to the reference in the loss (0 without one; PPO reports the reward's KL instead)."""
+    entropy: torch.Tensor
+    """Entropy of the policy at the sampling temperature."""
+    behaviour_kl: torch.Tensor
+    """k3 KL(engine || trainer) before the update: ~0 on-policy; large if weight sync or sampling differ."""
+    is_weight: torch.Tensor
+    """Mean importance weight pi_old / mu after truncation (1 with off_policy none)."""
+    is_trunc_frac: torch.Tensor
+    """Share of tokens whose importance weight was truncated."""
+    ratio_max: torch.Tensor = reduced(MAX)
+    """Largest ratio pi / pi_old."""
+
+
+@dataclass(frozen=True)
+class PolicyStep:
+    """How the policy is scored and trained on one micro-batch: the objective, the sampling temperature
+    (logprobs and entropy are those of the distribution the engines sampled from) and ``trainer.dtype``."""
+
+    objective: Objective
+    temperature: float
+    dtype: str
+
+    def forward(self, model: torch.nn.Module, mb: MicroBatch) -> Forward:
+        """What the loss needs from the model: (logits [R, K, V], their targets [R, K], ``to_batch`` laying
+        per-entry values [R, K, ...] out like ``mb.loss_mask`` [b, T, ...]).
+
+        Padded rows: R = b, K = T, logits only from ``target_start`` (the LM head and the softmax over the
+        vocabulary cost as much as several layers, and prompt positions carry no loss). Packed: one row
+        with position ids per sequence and a block mask, K scored entries (``packing.py``).
+        ``trainer.dtype=bf16`` runs the model under autocast with the LM head in float32.
+        """
+        device = mb.input_ids.device
+        with autocast(device.type, self.dtype):
+            if mb.packed is None:
+                keep = torch.arange(mb.target_start, mb.input_ids.shape[1], device=device)
+                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                               logits_to_keep=keep).logits
+                return logits[:, :-1], mb.input_ids[:, mb.target_start + 1:], lambda v: v
+            row = mb.packed
+            mask = attention_mask_4d(row, model.config._attn_implementation, torch.float32)
+            logits = model(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=mask,
+                           use_cache=False, logits_to_keep=row.score_pos).logits
+            return logits, row.score_target[None], lambda v: place(v[0], row.gather)
+
+    @torch.no_grad()
+    def logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """Per-token logprobs [b, T] aligned with ``mb.loss_mask`` (no graph)."""
+        logits, targets, to_batch = self.forward(model, mb)
+        return to_batch(target_logprobs(logits, targets, self.temperature))
+
+    def train_micro(self, model: torch.nn.Module, mb: MicroBatch, old: torch.Tensor | None,
+                    ref: torch.Tensor | None, denom: torch.Tensor,
+                    dp_size: int) -> tuple[StepStats, torch.Tensor]:
+        """Forward/backward one micro-batch; returns its stat sums and the old logprobs (``old`` if given,
+        else this forward's detached logprobs: valid before any update).
+
+        per_token = policy loss [+ kl_coef * KL to ``ref``] [- entropy_coef * H]; the backward is of
+        ``LOSS_AGG numerator * dp_size / denom``: FSDP2 averages gradients over the dp ranks, the factor turns
+        that back into a sum, so the gradient is d(sum of all dp ranks' numerators / D_step). TP ranks share
+        rows and compute one loss.
+        """
+        logits, targets, to_batch = self.forward(model, mb)
+        logprobs = to_batch(target_logprobs(logits, targets, self.temperature))
+        old = logprobs.detach() if old is None else old
+        per_token, stats = self.objective.policy(logprobs, old, mb)
+        kl_sum = mb.loss_mask.new_zeros(())
+        if ref is not None:
+            kl_term, kl_stats = kl_loss(logprobs, ref, mb.loss_mask, self.objective.kl_coef,
+                                        self.objective.kl_estimator)
+            per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mb.loss_mask.sum()
+        entropy_term, entropy_sum = self._entropy(logits, to_batch, mb)
+        if entropy_term is not None:
+            per_token = per_token + entropy_term
+        numerator, _ = self.objective.aggregate(per_token, mb.loss_mask)
+        (numerator * dp_size / denom).backward()
+        return self._stats(stats, numerator, kl_sum, entropy_sum, old, mb), old
+
+    @staticmethod
+    @torch.no_grad()
+    def _stats(stats: dict[str, torch.Tensor], numerator: torch.Tensor, kl_sum: torch.Tensor,
+               entropy_sum: torch.Tensor, old: torch.Tensor, mb: MicroBatch) -> StepStats:
+        """The policy loss's means (``stats``) weighted back into token sums, with the step's other terms."""
+        ntok = mb.loss_mask.sum()
+        return StepStats(
+            loss=numerator.detach(), clip_frac=stats["clip_frac"] * ntok, approx_kl=stats["approx_kl"] * ntok,
+            ratio_mean=stats["ratio_mean"] * ntok, kl=kl_sum.detach(), entropy=entropy_sum,
+            behaviour_kl=masked_token_sum(kl_k3(mb.behaviour_logprobs, old), mb.loss_mask),
+            is_weight=stats.get("is_weight_mean", ntok.new_ones((), dtype=torch.float32)) * ntok,
+            is_trunc_frac=stats.get("is_trunc_frac", ntok.new_zeros((), dtype=torch.float32)) * ntok,
+            ratio_max=stats["ratio_max"])
+
+    def _entropy(self, logits: torch.Tensor, to_batch: Callable[[torch.Tensor], torch.Tensor],
+                 mb: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(entropy-bonus loss term [b, T] or None when entropy_coef is 0, token-summed entropy for stats);
+        ``logits`` [R, K, V] and ``to_batch`` as ``forward`` returns them."""
+        if self.objective.entropy_coef <= 0:
+            entropy = to_batch(logits_entropy(logits.detach(), self.temperature))
+            return None, masked_token_sum(entropy, mb.loss_mask)
+        scaled = to_batch(logits.float() / self.temperature)          # [b, T, V] aligned with loss_mask
+        term, stats = entropy_bonus(scaled, mb.loss_mask, self.objective.entropy_coef)
+        return term, stats["entropy"] * mb.loss_mask.sum()
