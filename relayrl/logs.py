@@ -122,7 +122,8 @@ def file_name(data: dict[str, Any]) -> str:
 def capture(log_dir: Path, verbose: bool = False) -> WorkerLogRouter:
     """Route this driver's Ray worker output into ``log_dir`` from now on (replacing an earlier run's
     router); quiet console unless ``verbose``. Call before or after ``ray.init``: ``start_ray`` calls
-    ``attach`` once Ray is up."""
+    ``attach`` once Ray is up. It stays installed after the run (output of actors still shutting down
+    belongs to it) until the next ``capture`` or ``release``."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     old = installed()
