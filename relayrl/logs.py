@@ -3,16 +3,17 @@
 Ray's log monitor tails every worker process's stdout and stderr and streams the lines to the driver
 (vLLM's EngineCore and its workers inherit their actor's fds, so their lines arrive as the actor's);
 Ray's own handler prints them with a ``(RolloutActor pid=...)`` prefix. ``capture`` adds a
-``WorkerLogRouter`` beside it, which writes each line to a file (one per actor process, named by role
-and pid, so a restarted actor gets a new file and the dead one's stays for the post-mortem)::
+``WorkerLogRouter`` beside it, which writes each line to a file (one per actor process, named by
+role and pid, so a restarted actor gets a new file and the dead one's stays for the post-mortem)::
 
-    RolloutActor -> rollout-<pid>.log    TrainerActor -> trainer-<pid>.log
-    RewardWorker, RewardScorer -> rewards.log    anything else (Ray tasks, raylet, Ray's driver log) -> ray.log
+    RolloutActor -> rollout-<pid>.log            TrainerActor -> trainer-<pid>.log
+    RewardWorker, RewardScorer -> rewards.log    the rest (Ray tasks, raylet, driver log) -> ray.log
 
 and, unless ``logging.verbose``, takes Ray's printer off the console: there only relayrl's own lines
 (``relayrl...``), ERROR / CRITICAL lines and the raylet's and autoscaler's messages (out-of-memory
 kills, unschedulable resources) are shown. A run that fails prints the dead actor's last lines
-(``crash_tail``). Ray's log stream, dispatcher and printer are private APIs of the pinned ray==2.60.0.
+(``crash_tail``). Ray's log stream, dispatcher and printer are private APIs of the pinned
+ray==2.60.0.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import IO, Any
 
 ROLES = {"RolloutActor": "rollout", "TrainerActor": "trainer",
          "RewardWorker": "rewards", "RewardScorer": "rewards"}
-"""Actor class -> file role; roles in ``PER_PROCESS`` get one file per process, the others share one."""
+"""Actor class -> file role; ``PER_PROCESS`` roles get a file per process, the others share one."""
 PER_PROCESS = ("rollout", "trainer")
 HANDLER = "relayrl_logs"          # our handler's name in Ray's dispatcher
 RAY_PRINTER = "ray_print_logs"    # Ray's console printer's name there
@@ -37,28 +38,29 @@ _NEEDS_USER = re.compile(r"^\s*relayrl|\b(ERROR|CRITICAL)\b")
 
 
 class WorkerLogRouter:
-    """Ray's log-stream handler: each batch of a worker's lines into its file; the lines that need a user
-    on the console (all of them, Ray's way, when ``verbose``: Ray's printer stays on then)."""
+    """Ray's log-stream handler: each batch of a worker's lines into its file; the lines that need a
+    user on the console (all of them, Ray's way, when ``verbose``: Ray's printer stays on then)."""
 
     def __init__(self, log_dir: Path, verbose: bool = False) -> None:
         self.log_dir, self.verbose = Path(log_dir), verbose
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.files: dict[str, IO[str]] = {}
         self.last_batch = time.monotonic()
-        self.took_printer = False       # it took Ray's printer off the console (release puts it back)
+        self.took_printer = False       # it took Ray's printer off the console (release: back)
         self._lock = threading.Lock()
 
     def __call__(self, data: dict[str, Any]) -> None:
         from ray._private.worker import filter_autoscaler_events
 
         lines = list(data.get("lines") or [])
-        if data.get("pid") == "autoscaler":           # its events, as Ray prints them; not its status dumps
+        if data.get("pid") == "autoscaler":     # its events as Ray prints them, not status dumps
             lines = list(filter_autoscaler_events(lines))
         if not lines:
             return
         name = file_name(data)
         shared = not name.startswith(PER_PROCESS)
-        tag = f"({data.get('actor_name') or data.get('task_name') or 'worker'} pid={data.get('pid')}) "
+        who = data.get("actor_name") or data.get("task_name") or "worker"
+        tag = f"({who} pid={data.get('pid')}) "
         with self._lock:
             out = self._file(name)
             out.writelines(f"{tag if shared else ''}{line}\n" for line in lines)
@@ -76,11 +78,12 @@ class WorkerLogRouter:
         role = file_name(data).removesuffix(".log")
         for line in lines:
             if _NEEDS_USER.search(line):
-                print(f"({role}) {line}", file=sys.stderr if data.get("is_err") else sys.stdout, flush=True)
+                sink = sys.stderr if data.get("is_err") else sys.stdout
+                print(f"({role}) {line}", file=sink, flush=True)
 
     def _file(self, name: str) -> IO[str]:
         if name not in self.files:
-            self.files[name] = open(self.log_dir / name, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self.files[name] = open(self.log_dir / name, "a", encoding="utf-8")   # see close()
         return self.files[name]
 
     def write(self, name: str, text: str) -> None:
@@ -90,14 +93,14 @@ class WorkerLogRouter:
             self._file(name).flush()
 
     def settle(self, quiet_s: float = 0.5, max_s: float = 3.0) -> None:
-        """Wait (at most ``max_s``) until no batch arrived for ``quiet_s``: the log monitor streams a dying
-        worker's last lines a moment after its death reaches the driver."""
+        """Wait (at most ``max_s``) until no batch arrived for ``quiet_s``: the log monitor streams
+        a dying worker's last lines a moment after its death reaches the driver."""
         deadline = time.monotonic() + max_s
         while time.monotonic() < deadline and time.monotonic() - self.last_batch < quiet_s:
             time.sleep(0.1)
 
     def tail(self, pid: int, n: int = 20) -> tuple[Path, list[str]] | None:
-        """The last ``n`` lines process ``pid`` wrote, and the file they are in; None if it wrote none."""
+        """The last ``n`` lines process ``pid`` wrote and their file; None if it wrote none."""
         for path in sorted(self.log_dir.glob("*.log")):
             own = path.name.endswith(f"-{pid}.log")
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -114,16 +117,16 @@ class WorkerLogRouter:
 
 
 def file_name(data: dict[str, Any]) -> str:
-    """``rollout-<pid>.log`` / ``trainer-<pid>.log`` / ``rewards.log`` / ``ray.log`` for a batch of lines."""
+    """``rollout-<pid>.log``, ``trainer-<pid>.log``, ``rewards.log`` or ``ray.log`` for a batch."""
     role = ROLES.get(str(data.get("actor_name") or "").split("(")[0], "ray")
     return f"{role}-{data.get('pid')}.log" if role in PER_PROCESS else f"{role}.log"
 
 
 def capture(log_dir: Path, verbose: bool = False) -> WorkerLogRouter:
-    """Route this driver's Ray worker output into ``log_dir`` from now on (replacing an earlier run's
-    router); quiet console unless ``verbose``. Call before or after ``ray.init``: ``start_ray`` calls
-    ``attach`` once Ray is up. It stays installed after the run (output of actors still shutting down
-    belongs to it) until the next ``capture`` or ``release``."""
+    """Route this driver's Ray worker output into ``log_dir`` from now on (replacing an earlier
+    run's router); quiet console unless ``verbose``. Call before or after ``ray.init``:
+    ``start_ray`` calls ``attach`` once Ray is up. It stays installed after the run (output of
+    actors still shutting down belongs to it) until the next ``capture`` or ``release``."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     old = installed()
@@ -139,8 +142,7 @@ def capture(log_dir: Path, verbose: bool = False) -> WorkerLogRouter:
 
 
 def release() -> None:
-    """Undo ``capture``: no router, Ray's driver log unfiltered, Ray's printer back if its stream runs."""
-    from ray._private import worker as ray_worker
+    """Undo ``capture``: no router, Ray's driver log unfiltered, Ray's printer back if taken."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     router = installed()
@@ -152,11 +154,11 @@ def release() -> None:
         for f in [f for f in handler.filters if isinstance(f, _QuietRay)]:
             handler.removeFilter(f)
     if router.took_printer:
-        dispatcher.add_handler(RAY_PRINTER, functools.partial(ray_worker.print_to_stdstream, ignore_prefix=False))
+        dispatcher.add_handler(RAY_PRINTER, _ray_printer())
 
 
 def installed() -> WorkerLogRouter | None:
-    """The router ``capture`` installed (it lives in Ray's dispatcher, the one registry of log sinks)."""
+    """The router ``capture`` installed (kept in Ray's dispatcher, the registry of log sinks)."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     return next((h for name, h in dispatcher.handlers if name == HANDLER), None)
@@ -167,20 +169,19 @@ def attach() -> None:
     started with ``log_to_driver=False`` has the subscriber but no thread polling it), and put Ray's
     printer on the console only in verbose mode."""
     import ray
-    from ray._private import worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     router = installed()
     if router is None or not ray.is_initialized():
         return
-    w = ray_worker.global_worker
+    w = ray._private.worker.global_worker
     thread = getattr(w, "logger_thread", None)
     if (thread is None or not thread.is_alive()) and hasattr(w, "gcs_log_subscriber"):
         w.logger_thread = threading.Thread(target=w.print_logs, name=RAY_PRINTER, daemon=True)
         w.logger_thread.start()           # ray.shutdown stops and joins it as its own
     printing = any(name == RAY_PRINTER for name, _ in dispatcher.handlers)
     if router.verbose and not printing and router.took_printer:
-        dispatcher.add_handler(RAY_PRINTER, functools.partial(ray_worker.print_to_stdstream, ignore_prefix=False))
+        dispatcher.add_handler(RAY_PRINTER, _ray_printer())
         router.took_printer = False
     elif not router.verbose and printing:
         dispatcher.remove_handler(RAY_PRINTER)
@@ -197,8 +198,16 @@ class _QuietRay(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR or self.router.verbose:
             return True
-        self.router.write("ray.log", f"(driver) {record.levelname} {record.name}: {record.getMessage()}")
+        line = f"(driver) {record.levelname} {record.name}: {record.getMessage()}"
+        self.router.write("ray.log", line)
         return False
+
+
+def _ray_printer() -> Any:
+    """Ray's console printer, as ``ray.init(log_to_driver=True)`` installs it."""
+    from ray._private import worker as ray_worker
+
+    return functools.partial(ray_worker.print_to_stdstream, ignore_prefix=False)
 
 
 def _filter_ray_logger(router: WorkerLogRouter) -> None:
@@ -209,8 +218,9 @@ def _filter_ray_logger(router: WorkerLogRouter) -> None:
 
 
 def crash_tail(exc: BaseException, n: int = 20) -> list[str]:
-    """The last ``n`` lines of each process the error names (``pid`` of a Ray task error, ``pid: N`` in an
-    actor-died message, down the cause chain), from the installed router's files, with a heading each."""
+    """The last ``n`` lines of each process the error names (``pid`` of a Ray task error, ``pid: N``
+    in an actor-died message, down the cause chain), from the installed router's files, each with a
+    heading."""
     router, pids = installed(), list(dict.fromkeys(error_pids(exc)))
     if router is None or not pids:
         return []
@@ -220,7 +230,8 @@ def crash_tail(exc: BaseException, n: int = 20) -> list[str]:
         found = router.tail(pid, n)
         if found:
             path, lines = found
-            out += [f"relayrl: last {len(lines)} lines of pid {pid} ({path}):", *(f"  {x}" for x in lines)]
+            out += [f"relayrl: last {len(lines)} lines of pid {pid} ({path}):",
+                    *(f"  {x}" for x in lines)]
     return out
 
 

@@ -1,4 +1,4 @@
-"""relayrl.logs: actor output goes to files under the run dir, the console keeps what needs a user."""
+"""relayrl.logs: actor output goes to files under the run dir; the console keeps what needs a user."""
 
 from __future__ import annotations
 
@@ -17,30 +17,30 @@ from relayrl.cli import main
 
 def batch(actor: str, pid: int, *lines: str, is_err: bool = False) -> dict:
     """One batch of a worker's lines as Ray's log stream delivers it."""
-    return {"actor_name": actor, "pid": pid, "lines": list(lines), "is_err": is_err, "ip": "127.0.0.1",
-            "localhost": "127.0.0.1", "task_name": "", "job": ""}
+    return {"actor_name": actor, "pid": pid, "lines": list(lines), "is_err": is_err, "task_name": "",
+            "ip": "127.0.0.1", "localhost": "127.0.0.1", "job": ""}
 
 
-def test_router_writes_one_file_per_actor_process_and_shows_only_what_needs_a_user(tmp_path, capsys):
+def test_router_files_each_actor_process_and_shows_only_what_needs_a_user(tmp_path, capsys):
     router = logs.WorkerLogRouter(tmp_path)
-    router(batch("RolloutActor", 11, "(EngineCore pid=12) WARNING 11-23 [vllm.py:1] Triton is not installed"))
+    warning = "(EngineCore pid=12) WARNING 11-23 [vllm.py:1] Triton is not installed"
+    error = "(EngineCore pid=12) ERROR 11-23 [core.py:9] EngineCore failed"
+    router(batch("RolloutActor", 11, warning))
     router(batch("TrainerActor", 21, "Loading weights: 100%", is_err=True))
     router(batch("RewardWorker", 31, "relayrl sandbox: no namespace isolation"))
-    router(batch("", 41, "(EngineCore pid=12) ERROR 11-23 [core.py:9] EngineCore failed", is_err=True))
+    router(batch("", 41, error, is_err=True))
     router.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.log", "rewards.log", "rollout-11.log",
-                                                          "trainer-21.log"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ray.log", "rewards.log", "rollout-11.log", "trainer-21.log"]
     assert (tmp_path / "trainer-21.log").read_text() == "Loading weights: 100%\n"
-    assert (tmp_path / "rollout-11.log").read_text() == (
-        "(EngineCore pid=12) WARNING 11-23 [vllm.py:1] Triton is not installed\n")
-    assert (tmp_path / "rewards.log").read_text() == (
-        "(RewardWorker pid=31) relayrl sandbox: no namespace isolation\n")   # shared file: lines tagged
+    assert (tmp_path / "rollout-11.log").read_text() == warning + "\n"
+    tagged = "(RewardWorker pid=31) relayrl sandbox: no namespace isolation"     # a shared file
+    assert (tmp_path / "rewards.log").read_text() == tagged + "\n"
     out, err = capsys.readouterr()
     assert out == "(rewards) relayrl sandbox: no namespace isolation\n"          # relayrl's own line
-    assert err == "(ray) (EngineCore pid=12) ERROR 11-23 [core.py:9] EngineCore failed\n"   # an error
+    assert err == f"(ray) {error}\n"                                              # an error
     assert router.tail(21) == (tmp_path / "trainer-21.log", ["Loading weights: 100%"])
-    assert router.tail(31) == (tmp_path / "rewards.log", ["(RewardWorker pid=31) relayrl sandbox: no "
-                                                          "namespace isolation"])
+    assert router.tail(31) == (tmp_path / "rewards.log", [tagged])
     assert router.tail(99) is None
 
 
@@ -50,7 +50,7 @@ def test_error_pids_follow_the_cause_chain():
 
     try:
         try:
-            raise RuntimeError("The actor died unexpectedly.\n\tclass_name: RolloutActor\n\tpid: 4242\n")
+            raise RuntimeError("The actor died unexpectedly.\n\tclass_name: X\n\tpid: 4242\n")
         except RuntimeError as inner:
             raise TaskError("rollout replica 0 died again") from inner
     except TaskError as exc:
@@ -64,7 +64,8 @@ def ray_printer(ray_session):
     from ray._private import worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
-    dispatcher.add_handler(logs.RAY_PRINTER, functools.partial(ray_worker.print_to_stdstream, ignore_prefix=False))
+    printer = functools.partial(ray_worker.print_to_stdstream, ignore_prefix=False)
+    dispatcher.add_handler(logs.RAY_PRINTER, printer)
     yield dispatcher
     logs.release()
     dispatcher.remove_handler(logs.RAY_PRINTER)
@@ -83,7 +84,8 @@ class RolloutActor:
 
 
 def wait_for_text(path: Path, text: str, timeout_s: float = 60.0) -> str:
-    """The file's text once it holds ``text`` (Ray's log monitor streams lines a moment after they are written)."""
+    """The file's text once it holds ``text`` (Ray's log monitor streams lines a moment after they
+    are written)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         content = path.read_text() if path.exists() else ""
@@ -93,12 +95,12 @@ def wait_for_text(path: Path, text: str, timeout_s: float = 60.0) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_lines(ray_printer, tmp_path,
-                                                                                     capsys):
+def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_lines(
+        ray_printer, tmp_path, capsys):
     import ray
 
     logs.capture(tmp_path, verbose=False)
-    assert logs.RAY_PRINTER not in [name for name, _ in ray_printer.handlers]   # Ray's printer is off
+    assert logs.RAY_PRINTER not in [name for name, _ in ray_printer.handlers]   # its printer is off
     actor = ray.remote(RolloutActor).options(num_cpus=0).remote()
     hello = f"hello from the actor {uuid.uuid4().hex}"
     pid = ray.get(actor.speak.remote(hello))
@@ -106,7 +108,7 @@ def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_
     last = f"last words {uuid.uuid4().hex}"
     with pytest.raises(ray.exceptions.RayActorError) as died:
         ray.get(actor.die.remote(last))
-    wait_for_text(tmp_path / f"rollout-{pid}.log", last)   # no race with the stream: the tail is tested
+    wait_for_text(tmp_path / f"rollout-{pid}.log", last)   # no race with the stream: test the tail
     tail = logs.crash_tail(died.value)
     assert tail[0] == f"relayrl: last 2 lines of pid {pid} ({tmp_path / f'rollout-{pid}.log'}):"
     assert tail[1:] == [f"  {hello}", f"  {last}"]
@@ -116,7 +118,7 @@ def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_
 
 def test_verbose_keeps_rays_printer_on_the_console(ray_printer, tmp_path):
     logs.capture(tmp_path, verbose=False)
-    logs.capture(tmp_path, verbose=True)          # a verbose run after a quiet one in the same process
+    logs.capture(tmp_path, verbose=True)          # a verbose run after a quiet one, same process
     assert logs.RAY_PRINTER in [name for name, _ in ray_printer.handlers]
     assert logs.installed().verbose
 
@@ -129,12 +131,13 @@ def test_cli_verbose_sets_logging_verbose(capsys):
 
 
 def test_rays_own_messages_stay_on_the_console(tmp_path, capsys):
-    """The raylet's lines (an out-of-memory kill, say) need a user: shown as Ray shows them, and filed."""
+    """The raylet's lines (an out-of-memory kill, say) need a user: shown as Ray shows them, filed."""
     router = logs.WorkerLogRouter(tmp_path)
-    kill = f"A worker died or was killed while executing a task by an unexpected system error {uuid.uuid4().hex}"
+    kill = f"A worker died or was killed by an unexpected system error {uuid.uuid4().hex}"
     router(batch("", "raylet", kill, is_err=True))
     router.close()
-    assert f"(raylet) {kill}" in re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().err)   # Ray's colours off
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().err)                  # Ray's colours off
+    assert f"(raylet) {kill}" in shown
     assert (tmp_path / "ray.log").read_text() == f"(worker pid=raylet) {kill}\n"
 
 
@@ -144,7 +147,8 @@ def test_a_failed_run_shows_the_dead_process_last_lines_and_files_them(tmp_path,
     router = logs.capture(tmp_path / "logs")
     try:
         router(batch("TrainerActor", 4242, "loss is nan at step 3", "Fatal Python error: Aborted"))
-        RunDir(None, tmp_path, None).fail(RuntimeError("The actor died unexpectedly.\n\tpid: 4242\n"))
+        died = RuntimeError("The actor died unexpectedly.\n\tpid: 4242\n")
+        RunDir(None, tmp_path, None).fail(died)
     finally:
         logs.release()
     heading = f"relayrl: last 2 lines of pid 4242 ({tmp_path / 'logs' / 'trainer-4242.log'}):"

@@ -74,8 +74,8 @@ class RunDir:
                   Checkpointer(path, cfg.run.keep_checkpoints, cfg.run.checkpoint_async))
         run.write_status("running", **status)
         capture(path / "logs", cfg.logging.verbose)      # actor and engine output -> logs/*.log
-        print(f"relayrl: run dir {path}; actor and engine output in {path / 'logs'}"
-              f"{'' if cfg.logging.verbose else ' (--verbose: on the console too)'}", flush=True)
+        hint = "" if cfg.logging.verbose else " (--verbose: on the console too)"
+        print(f"relayrl: run dir {path}; actor and engine output in {path / 'logs'}{hint}", flush=True)
         run.logger = make_logger(cfg.logging, path, config_dict, cfg.run.steps)
         return run
 
@@ -95,8 +95,8 @@ class RunDir:
         tail = crash_tail(exc)
         if tail:
             print("\n".join(tail), file=sys.stderr, flush=True)
-        (self.path / "logs" / "error.log").write_text("".join(traceback.format_exception(exc)) + "".join(
-            x + "\n" for x in tail))
+        text = "".join(traceback.format_exception(exc)) + "".join(x + "\n" for x in tail)
+        (self.path / "logs" / "error.log").write_text(text)
         self.write_status("failed", error=error_line(exc), steps_done=len(self.rewards))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
