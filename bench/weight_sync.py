@@ -11,8 +11,9 @@ What runs, all in this process tree on this box:
 3. overhead   the same for tiny-llama's shapes (~1.4 MB): the fixed cost of a sync.
 4. count      64 MB split into 8 .. 4096 tensors (time should not depend on the count).
 5. bytes      64 .. 512 MB in ~100 tensors (time should grow linearly: constant s/GB).
-6. vLLM       the real SmolLM2 weights into a real vLLM engine (``RolloutActor``); one engine takes
-              shm, then broadcast (the transport is picked at init). Skipped with ``--quick``.
+6. vLLM       the real SmolLM2 weights into a real vLLM engine (``RolloutActor``), once per commit path
+              (``weightsync.commit``: inplace, reload); the inplace engine takes shm, then broadcast.
+              Skipped with ``--quick``; ``--vllm-only`` runs just [1] and this.
 
 Stage times come from ``TrainerSync.sync``'s metrics. "transfer" below is *measured* as
 ``total - connect - start - commit``: everything between the start and commit round trips, i.e. the
@@ -33,7 +34,7 @@ line over 64..512 MB; s/GB alone would also count the fixed overhead ``a`` again
 
 Usage::
 
-    .venv/bin/python bench/weight_sync.py [--quick] [--syncs 5] [--tiny-syncs 10]
+    .venv/bin/python bench/weight_sync.py [--quick | --vllm-only] [--syncs 5] [--tiny-syncs 10]
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def label(backend: str, threads: int) -> str:
 
 
 def run_syncs(backend: str, threads: int, sd: dict[str, torch.Tensor], rollout: Any, syncs: int,
-              version0: int = 1, stamped: bool = True) -> list[dict[str, float]]:
+              version0: int = 1, stamped: bool = True, commit: str = "inplace") -> list[dict[str, float]]:
     """One warm-up sync (it connects) then ``syncs`` timed ones through the real ``TrainerSync``.
 
     ``stamped``: write the version into two elements first (the bench receiver checks them); off for
@@ -215,8 +216,8 @@ def run_syncs(backend: str, threads: int, sd: dict[str, torch.Tensor], rollout: 
     from relayrl.weightsync.base import StateDictSource
     from relayrl.weightsync.sync import TrainerSync
 
-    sync = TrainerSync(WeightSyncConfig(backend=backend, shm_dir="/dev/shm"), StateDictSource(sd), 0,
-                       [rollout], [1])
+    sync = TrainerSync(WeightSyncConfig(backend=backend, shm_dir="/dev/shm", commit=commit), StateDictSource(sd),
+                       0, [rollout], [1])
     rows = []
     try:
         with torch_threads(threads):
@@ -336,42 +337,67 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
     return slope, my - slope * mx
 
 
+COMMITS = ("inplace", "reload")
+"""Engine-side commit paths (``weightsync.commit``), one engine each, measured one after the other."""
+
+
 def phase_vllm(syncs: int, memcpy: float) -> None:
-    """The real SmolLM2 weights into a real vLLM engine; the same engine takes shm, then broadcast.
+    """The real SmolLM2 weights into a real vLLM engine per commit path; each engine takes shm, then broadcast
+    (the ``reload`` engine: shm only, the commit is what differs).
 
     The weights sent are the ones the engine loaded, so its prompt logprobs must not move
-    (``|dlogp|``: max change on a 40-token probe after all syncs of that row).
+    (``|dlogp|``: max change on a 40-token probe after all syncs of that row). ``commit x memcpy`` is the
+    engine-side commit's time over one single-thread memcpy of the payload (the floor of any path that
+    writes every byte once): 1.0 would be a commit that costs one copy.
     """
-    import ray
     from safetensors.torch import load_file
 
-    from relayrl.config import ModelConfig, RolloutConfig
     from relayrl.models import resolve_model
-    from relayrl.rollout import start_rollout_actor
 
     path = resolve_model("smollm2")
-    actor = start_rollout_actor(str(path), ModelConfig(path=str(path)), RolloutConfig(kv_cache_gb=0.5), seed=0)
+    sd = load_file(str(path / "model.safetensors"))
+    nbytes = nbytes_of(sd)
+    copy_s = nbytes / memcpy / 1e9
+    print(f"\n[6] vLLM end to end: SmolLM2-135M real weights, {nbytes / 1e6:.0f} MB in {len(sd)} tensors "
+          f"(one memcpy: {copy_s * 1e3:.0f} ms); warm-up 1, median of {syncs}; times in s")
+    print(f"    {'commit':<8} {'backend':<13} {'total':>6} {'start':>6} {'transfer':>8} {'(own)':>6} {'commit':>6} "
+          f"{'stall':>6} {'GB/s xfer':>9} {'x memcpy':>8} {'commit x memcpy':>15} {'|dlogp|':>8}")
+    commits = {}
+    for commit in COMMITS:
+        variants = VARIANTS if commit == "inplace" else [("shm", DEFAULT_THREADS)]
+        commits[commit] = vllm_rows(path, sd, commit, variants, syncs, memcpy, copy_s)
+    print(f"    inplace commit is {commits['reload'] / commits['inplace']:.2f}x faster than reload "
+          f"(shm, default threads, same run)")
+    del sd
+
+
+def vllm_rows(path: Any, sd: dict[str, torch.Tensor], commit: str, variants: list, syncs: int,
+              memcpy: float, copy_s: float) -> float:
+    """One engine with ``weightsync.commit=commit``; a row per (backend, threads); returns the first row's
+    median commit seconds."""
+    import ray
+
+    from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
+    from relayrl.rollout import start_rollout_actor
+
+    actor = start_rollout_actor(str(path), ModelConfig(path=str(path)), RolloutConfig(kv_cache_gb=0.5), seed=0,
+                                sync_cfg=WeightSyncConfig(commit=commit))
     try:
-        info = ray.get(actor.info.remote())
-        sd = load_file(str(path / "model.safetensors"))
-        nbytes = nbytes_of(sd)
+        ray.get(actor.info.remote())
         probe = list(range(100, 140))
         before = torch.tensor(ray.get(actor.prompt_logprobs.remote(probe)))
-        print(f"\n[6] vLLM end to end: SmolLM2-135M real weights, {nbytes / 1e6:.0f} MB in {len(sd)} tensors; "
-              f"engine start {info['start_seconds']:.1f} s; warm-up 1, median of {syncs}; times in s")
-        print(f"    {'backend':<13} {'total':>6} {'start':>6} {'transfer':>8} {'(own)':>6} {'commit':>6} "
-              f"{'stall':>6} {'GB/s xfer':>9} {'x memcpy':>8} {'GB/s total':>10} {'|dlogp|':>8}")
-        version = 1
-        for backend, threads in VARIANTS:
-            m = median(run_syncs(backend, threads, sd, actor, syncs, version, stamped=False))
+        version, first = 1, None
+        for backend, threads in variants:
+            m = median(run_syncs(backend, threads, sd, actor, syncs, version, stamped=False, commit=commit))
             version += syncs + 1
             assert ray.get(actor.weight_version.remote()) == version - 1
             drift = (torch.tensor(ray.get(actor.prompt_logprobs.remote(probe))) - before).abs().max().item()
-            gbps = nbytes / m["transfer"] / 1e9
-            print(f"    {label(backend, threads):<13} {m['total']:6.3f} {m['start']:6.3f} {m['transfer']:8.3f} "
-                  f"{m['reported']:6.3f} {m['commit']:6.3f} {m['stall']:6.3f} {gbps:9.2f} {gbps / memcpy:8.2f} "
-                  f"{nbytes / m['total'] / 1e9:10.2f} {drift:8.1e}")
-        del sd
+            gbps = nbytes_of(sd) / m["transfer"] / 1e9
+            first = m["commit"] if first is None else first
+            print(f"    {commit:<8} {label(backend, threads):<13} {m['total']:6.3f} {m['start']:6.3f} "
+                  f"{m['transfer']:8.3f} {m['reported']:6.3f} {m['commit']:6.3f} {m['stall']:6.3f} {gbps:9.2f} "
+                  f"{gbps / memcpy:8.2f} {m['commit'] / copy_s:15.2f} {drift:8.1e}")
+        return first
     finally:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
@@ -413,6 +439,7 @@ def load_note() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the vLLM phase")
+    parser.add_argument("--vllm-only", action="store_true", help="only the memcpy baseline and the vLLM phase")
     parser.add_argument("--syncs", type=int, default=5, help="timed syncs per large case (after 1 warm-up)")
     parser.add_argument("--tiny-syncs", type=int, default=10, help="timed syncs for the tiny model")
     args = parser.parse_args()
@@ -439,6 +466,9 @@ def run(args: argparse.Namespace) -> None:
           f"{load_note()} (a shared box: other work skews times)")
     print(f"\n[1] baseline, {nbytes / 1e6:.0f} MB: single-thread libc memcpy {memcpy:.2f} GB/s (best of 3); "
           f"torch copy_ ({DEFAULT_THREADS} threads) {tcopy:.2f} GB/s")
+    if args.vllm_only:
+        phase_vllm(args.syncs, memcpy)
+        return
     receiver = ray.remote(ReceiverHost).options(num_cpus=0.5).remote()
     try:
         ratios = phase_transport(receiver, args.syncs, memcpy)

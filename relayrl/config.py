@@ -320,6 +320,15 @@ class WeightSyncConfig:
     """Completions in the probe batch."""
     max_mismatch: float = 0.05
     """Fail the run when the probe's mean |logprob(engine) - logprob(trainer)| exceeds this (nats/token)."""
+    commit: str = "inplace"
+    """How an engine loads a verified version (``weightsync/commit.py``): inplace (copy into the parameters it
+    has and rebuild the CPU GEMM copies; CPU engines keep one more copy of the linear weights for it) or
+    reload (vLLM's reload_weights: re-allocates and re-processes every layer; slower, handles quantized
+    models). Only relayrl's backends (shm, broadcast) use it; vllm-native loads in place itself."""
+
+    def __post_init__(self) -> None:
+        if self.commit not in ("inplace", "reload"):
+            raise ConfigError(f"weightsync.commit={self.commit!r} is not supported; use inplace or reload")
 
 
 @dataclass

@@ -9,7 +9,8 @@ of exactly that shape, registered in vLLM's factories, so all backends - vLLM's 
     start    engine pauses (running requests freeze), drops any staged payload
     transfer trainer gathers one bucket at a time and ships it; engines receive into staging
     verify   engine checks version, layout digest and completeness; nothing loaded yet
-    commit   engine loads the staged weights (vLLM's reload_weights), then the label := version
+    commit   engine loads the staged weights (``commit.py``: in place, or vLLM's reload_weights),
+             then the label := version
     abort    on any failure or timeout: staged bytes are dropped and the engine resumes on the
              previous version, so a half-transferred model is never served
 
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch
-from torch import nn
 from vllm.distributed.weight_transfer.base import (
     TrainerWeightTransferEngine,
     WeightSource,
@@ -121,6 +121,8 @@ class RelayWeightEngine(WeightTransferEngine):
         """Commit: the only place the model's weights change."""
         if self._staged is None:
             raise RuntimeError("finish_weight_update without a verified payload; the update was aborted")
+        from relayrl.weightsync.commit import load_flat
+
         buffer, self._staged = self._staged, None
         load_flat(self.vllm_config, self.model, self.layout, buffer)
 
@@ -205,49 +207,3 @@ class StateDictSource(WeightSource):
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self.state_dict.items())
-
-
-# ---- commit: load a flat buffer into a vLLM model ------------------------------------------------
-
-def load_flat(vllm_config: Any, model: nn.Module, layout: FlatLayout, buffer: torch.Tensor) -> None:
-    """Load ``layout``'s tensors (views into ``buffer``) with vLLM's in-place ``reload_weights``.
-
-    ``reload_weights`` rather than ``model.load_weights``: the CPU backend repacks linear weights
-    after loading, and only the reload path restores the checkpoint layout first. Tied parameters
-    need one more step: a checkpoint of a tied model names the shared tensor once (embed_tokens),
-    and the reload puts lm_head's *old* tensor back, silently untying it (seen on vLLM 0.32 CPU:
-    logprobs 0.4 nats off). So aliases are recorded before the reload and re-tied after it.
-    """
-    from vllm.model_executor.model_loader.reload.inplace import reload_weights
-
-    ties = tied_parameters(model)
-    reload_weights(vllm_config, model, weights_iterator=layout.views(buffer), weights_path=None,
-                   is_checkpoint_format=True)
-    retie(ties)
-
-
-def tied_parameters(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, str]]:
-    """``(module, name, owner, owner_name)`` for every parameter that aliases an earlier module's.
-
-    The owner is the first module in registration order, which for HF-style models is the input
-    embedding (``model.embed_tokens`` is registered before ``lm_head``): the one checkpoints name.
-    """
-    owners: dict[int, tuple[nn.Module, str]] = {}
-    ties = []
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if id(param) in owners:
-                ties.append((module, name, *owners[id(param)]))
-            else:
-                owners[id(param)] = (module, name)
-    return ties
-
-
-def retie(ties: list[tuple[nn.Module, str, nn.Module, str]]) -> None:
-    """Point each alias back at its owner's (freshly loaded) parameter and redo the module's
-    post-load processing (on CPU that rebuilds the packed GEMM copy of the weight)."""
-    for module, name, owner, owner_name in ties:
-        setattr(module, name, getattr(owner, owner_name))
-        method = getattr(module, "quant_method", None)
-        if method is not None and hasattr(method, "process_weights_after_loading"):
-            method.process_weights_after_loading(module)

@@ -14,8 +14,10 @@ import hashlib
 import torch
 
 from relayrl.weightsync import register_with_vllm
+from relayrl.weightsync.commit import keep_cpu_weights_if_asked
 
 register_with_vllm()
+keep_cpu_weights_if_asked()   # before vLLM builds the model: weightsync.commit=inplace needs the CPU linears' weights
 
 
 class WeightSyncExtension:
@@ -40,7 +42,8 @@ class WeightSyncExtension:
         """sha256 of the raw bytes of every non-empty parameter, by vLLM parameter name.
 
         For tests: proves a sync is bit-exact. CPU GEMM dispatch may empty a linear layer's
-        ``weight`` (it keeps a packed copy elsewhere); those show up as absent here.
+        ``weight`` (it keeps a packed copy elsewhere; not with ``weightsync.commit=inplace``); those show
+        up as absent here.
         """
         model = self.model_runner.get_model()
         return {name: hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()

@@ -60,19 +60,31 @@ def _sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
 
 
-@pytest.mark.parametrize("wire", [torch.float32, torch.bfloat16])
-def test_round_trip_is_bit_exact_and_versioned(pusher, actor, ray_session, tiny_llama, wire):
-    """What the engine holds equals what was sent, bit for bit, and new tokens carry the version.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+"""vLLM parameter -> the checkpoint tensors it holds, stacked along dim 0 in this order."""
 
-    A bf16 payload lands in the fp32 engine as exactly the bf16 values. (The CPU backend keeps linear
-    weights only in a packed copy, so digests cover embeddings and norms; logprobs cover the rest.)
-    """
-    version = next_version(actor, ray_session)
-    weights = {k: v.to(wire) for k, v in perturbed(tiny_llama, NOISE, seed=version).items()}
-    stats = push(pusher, weights, version)
+
+def expected_digests(weights: dict[str, torch.Tensor]) -> dict[str, str]:
+    """sha256 of what every engine parameter must hold after loading ``weights`` (fp32, fused as vLLM fuses)."""
+    out = {}
+    for name, t in weights.items():
+        for fused, parts in FUSED.items():
+            if f".{parts[0]}." in name:
+                stacked = torch.cat([weights[name.replace(parts[0], p)].float() for p in parts])
+                out[name.replace(parts[0], fused)] = _sha(stacked)
+        if not any(f".{p}." in name for parts in FUSED.values() for p in parts):
+            out[name] = _sha(t.float())
+    return out
+
+
+def check_round_trip(actor, ray_session, tiny_llama, weights, version, stats) -> None:
+    """Every engine parameter holds exactly what was sent; logprobs are the reference model's; tokens carry
+    the version. (``commit=reload`` engines keep linear weights only in packed GEMM copies: those have no
+    digest, and the logprobs check them.)"""
     digests = ray_session.get(actor.param_digests.remote())
-    expected = {k: _sha(v.float()) for k, v in weights.items() if k.endswith(("embed_tokens.weight", "norm.weight"))}
-    assert len(expected) == 6 and {k: digests.get(k) for k in expected} == expected
+    expected = expected_digests(weights)
+    assert {k: v for k, v in expected.items() if k in digests} == {k: digests[k] for k in expected if k in digests}
+    assert len(set(expected) & set(digests)) >= 6        # embeddings and norms at least, whatever the path
     got = torch.tensor(ray_session.get(actor.prompt_logprobs.remote(PROBE)))
     ref = hf_logprobs(tiny_llama, PROBE, state_dict={k: v.float() for k, v in weights.items()})
     assert torch.allclose(got, ref, atol=1e-3), (got - ref).abs().max()
@@ -80,8 +92,46 @@ def test_round_trip_is_bit_exact_and_versioned(pusher, actor, ray_session, tiny_
     for t in ray_session.get(actor.generate.remote(PROMPT, 3))[0].trajectories:
         assert [(s.version, s.start, s.end) for s in t.versions] == [(version, 0, len(t.completion_token_ids))]
     assert stats["weightsync/bytes"] >= sum(v.numel() * v.element_size() for v in weights.values())
+
+
+@pytest.mark.parametrize("wire", [torch.float32, torch.bfloat16])
+def test_round_trip_is_bit_exact_and_versioned(pusher, actor, ray_session, tiny_llama, wire):
+    """What the engine holds equals what was sent, bit for bit, and new tokens carry the version.
+
+    A bf16 payload lands in the fp32 engine as exactly the bf16 values. With the default
+    ``weightsync.commit=inplace`` every parameter is compared, linear layers included (fused q/k/v and
+    gate/up as vLLM stacks them); the tests before this one already loaded a version, so this one also
+    proves a second in-place load replaces the first.
+    """
+    version = next_version(actor, ray_session)
+    weights = {k: v.to(wire) for k, v in perturbed(tiny_llama, NOISE, seed=version).items()}
+    stats = push(pusher, weights, version)
+    digests = ray_session.get(actor.param_digests.remote())
+    assert "model.layers.0.self_attn.qkv_proj.weight" in digests     # inplace keeps the linears' weights
+    check_round_trip(actor, ray_session, tiny_llama, weights, version, stats)
+    assert set(expected_digests(weights)) <= set(digests)
     print(f"\n{pusher[0].cfg.backend} {wire}: " + ", ".join(f"{k.split('/')[1]}={v * 1e3:.1f}ms"
                                                          for k, v in stats.items() if k.endswith("_s")))
+
+
+def test_reload_commit_loads_the_same_model(ray_session, tiny_llama, tmp_path):
+    """``weightsync.commit=reload`` (vLLM's reload_weights, tied lm_head re-tied after it): two versions in a
+    row land, each equal to the reference model's logprobs."""
+    handle = start_rollout_actor(str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
+                                 RolloutConfig(max_tokens=8, kv_cache_gb=0.25), seed=0,
+                                 sync_cfg=WeightSyncConfig(commit="reload"))
+    cfg = WeightSyncConfig(backend="shm", commit="reload", timeout_s=30, bucket_mb=1, shm_dir=str(tmp_path))
+    sync = TrainerSync(cfg, StateDictSource({}), rank=0, rollouts=[handle], workers=[1])
+    try:
+        assert "model.layers.0.self_attn.qkv_proj.weight" not in ray_session.get(handle.param_digests.remote())
+        for version in (1, 2):
+            weights = perturbed(tiny_llama, NOISE, seed=300 + version)
+            sync.source.state_dict = weights
+            check_round_trip(handle, ray_session, tiny_llama, weights, version, sync.sync(version))
+    finally:
+        sync.close()
+        ray_session.get(handle.shutdown.remote())
+        ray_session.kill(handle)
 
 
 class StallingSource(StateDictSource):
