@@ -102,6 +102,8 @@ class Scheduler:
         self.idle_since = time.perf_counter()
         self.bad_steps = 0                              # consecutive steps skipped for a NaN/inf gradient
         self.calls = [0] * self.n                       # generate calls scored, per replica
+        self.loop_start = time.time()                   # the system is up: startup/first_step_s counts from here
+        self.startup = dict(getattr(system, "startup", {}))   # logged once, with the first step
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -275,15 +277,30 @@ class Scheduler:
                **self.clock.metrics(self.n), "colocated/switches": float(self.clock.switches),
                **({"colocated/offload_bytes": self.clock.offloaded} if self.colocated else {}),
                **{f"accounting/{k}": float(v) for k, v in self.policy.counts.items()},
-               "rollout/restarts": float(self.system.restarts),
+               "rollout/restarts": float(self.system.restarts), **self._startup_once(),
                "_samples": rows[: self.cfg.logging.samples_per_step]}
         self.run.log(version + 1, out)
         self.clock = Clock()
+
+    def _startup_once(self) -> dict[str, float]:
+        """The system's ``startup/*`` metrics and launch -> now, on the first step this process logs."""
+        startup, self.startup = self.startup, {}
+        if not startup:
+            return {}
+        return {**startup, "startup/first_step_s": time.time() - self.loop_start,
+                "startup/to_first_step_s": time.time() - process_start_time()}
 
     def _refill_stats(self, entries: list[Entry]) -> dict[str, float]:
         if not self.policy.pc.refill:
             return {}
         return {"dapo/drawn_groups": float(sum(e.num_groups for e in entries))}
+
+
+def process_start_time() -> float:
+    """When this process was launched (Unix time): the start of ``startup/to_first_step_s``."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 def scored_entry(launch: Launch, scored: ray.ObjectRef, metrics: dict[str, Any]) -> Entry:

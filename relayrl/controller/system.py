@@ -56,6 +56,7 @@ class System:
     placement: Placement | None = None
     restarts: int = 0                    # rollout replicas replaced after they died
     procs: list[tuple[str, int]] = field(default_factory=list)   # (node ip, actor pid) per replica
+    startup: dict[str, float] = field(default_factory=dict)      # startup/* metrics, logged with the first step
 
     @classmethod
     def start(cls, cfg: Config, model_path: Path, placement: Placement, reward_fns: RewardFns,
@@ -66,6 +67,7 @@ class System:
         from relayrl.rollout import start_rollout_actor
         from relayrl.trainer.group import TrainerGroup
 
+        t0 = time.time()
         sampler = make_sampler(cfg, model_path)
         rollouts = [start_rollout_actor(str(model_path), cfg.model, cfg.rollout, cfg.run.seed + i,
                                         sync_cfg=cfg.weightsync, **opts)
@@ -77,9 +79,12 @@ class System:
         rewards = RewardPool.start(reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate,
                                    cpus=SCORING_CPUS)
         infos = ray.get([r.info.remote() for r in rollouts])                                     # engines up
+        engines_up = time.time()
         trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts, [int(i["workers"]) for i in infos])
+        startup = {"startup/engine_s": max(float(i["start_seconds"]) for i in infos),
+                   "startup/engines_up_s": engines_up - t0, "startup/actors_s": time.time() - t0}
         return cls(cfg, sampler, rollouts, trainer, rewards, model_path, placement,
-                   procs=[(i["node"], int(i["pid"])) for i in infos])
+                   procs=[(i["node"], int(i["pid"])) for i in infos], startup=startup)
 
     def dead_rollouts(self, timeout_s: float = 30.0) -> list[int]:
         """Replicas whose actor or engine no longer answers (a dead engine raises on any call)."""

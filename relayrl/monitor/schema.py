@@ -12,6 +12,7 @@ Producers keep their own short names (the trainer returns ``loss``, ``kl``, ...;
 ``when`` says in which runs a metric appears: ``always``; ``async`` (mode=async); ``colocated``;
 ``verify`` (steps where ``weightsync.verify_every`` divides the version); ``first_sync`` (the step whose
 sync sets up the transfer channel); ``drop_stale`` (buffer.drop_stale=true and something was dropped);
+``first_step`` (the first step a driver process logs: a run's step 1, or the first after a resume);
 ``gae`` (algorithm.name=gae: PPO with a critic); ``dapo`` (algorithm.dynamic_sampling or an overlong buffer);
 ``dynamic`` (algorithm.dynamic_sampling).
 """
@@ -125,6 +126,14 @@ SCHEMA: tuple[Metric, ...] = (
     M("timing/checkpoint_stall", "s", "driver held by checkpoint saves since the last step (async: the staging copy)"),
     M("timing/wait", "s", "trainer idle waiting for a full batch since the last step"),
     M("timing/step", "s", "wall seconds since the previous step was logged"),
+    # startup/* (the first step a driver process logs)
+    M("startup/engine_s", "s", "slowest rollout engine's construction (vLLM AsyncLLM start)", when="first_step"),
+    M("startup/engines_up_s", "s", "system start -> every engine answers (actors start concurrently)",
+      when="first_step"),
+    M("startup/actors_s", "s", "system start -> engines up, trainer ranks set up and connected to them",
+      when="first_step"),
+    M("startup/first_step_s", "s", "system up -> first step logged", when="first_step"),
+    M("startup/to_first_step_s", "s", "process launch -> first step logged", when="first_step"),
     # idle/*
     M("idle/rollout", "fraction", "1 - engine busy seconds / (replicas x step seconds)"),
     M("idle/trainer", "fraction", "1 - trainer busy seconds / step seconds"),
@@ -155,8 +164,8 @@ SCHEMA: tuple[Metric, ...] = (
 del M
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(m.group for m in SCHEMA))
-"""Sections in order: reward, policy, dapo, rollout, staleness, buffer, accounting, timing, idle, colocated,
-weightsync, mismatch, perf."""
+"""Sections in order: reward, policy, dapo, rollout, staleness, buffer, accounting, timing, startup, idle,
+colocated, weightsync, mismatch, perf."""
 
 RENAMES: dict[str, str] = {
     "timing/score": "timing/reward",

@@ -56,9 +56,12 @@ def test_every_schema_metric_is_logged_and_nothing_else(tiny_run):
     and every logged key is documented in relayrl/monitor/schema.py."""
     _, result = tiny_run
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"verify", "first_sync"})
+    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"verify", "first_sync", "first_step"})
     assert undocumented == [] and missing == []
     first = rows[0]
+    assert not [k for r in rows[1:] for k in r if k.startswith("startup/")], "startup/* only with the first step"
+    assert first["startup/engines_up_s"] <= first["startup/actors_s"]    # stages of one clock, in order
+    assert first["startup/to_first_step_s"] >= first["startup/actors_s"] + first["startup/first_step_s"]
     assert first["perf/tokens_per_s"] == first["rollout/tokens"] / first["timing/step"]
     assert first["policy/lr"] == 1e-3                                 # grpo_tiny's trainer.lr
 
