@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.controller.test_resume import command, prompt_log, run_to_end
+from tests.controller.resume_helpers import command, prompt_log, run_to_end
 
 pytestmark = pytest.mark.slow
 STEPS, KILLS = 6, 3
