@@ -68,6 +68,8 @@ class System:
         from relayrl.trainer.group import TrainerGroup
 
         t0 = time.time()
+        print(f"relayrl: starting {cfg.rollout.num_replicas} vLLM engine(s), {cfg.trainer.world_size} trainer rank(s) "
+              "and the reward pool", flush=True)
         sampler = make_sampler(cfg, model_path)
         rollouts = [start_rollout_actor(str(model_path), cfg.model, cfg.rollout, cfg.run.seed + i,
                                         sync_cfg=cfg.weightsync, **opts)
@@ -83,6 +85,8 @@ class System:
         trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts, [int(i["workers"]) for i in infos])
         startup = {"startup/engine_s": max(float(i["start_seconds"]) for i in infos),
                    "startup/engines_up_s": engines_up - t0, "startup/actors_s": time.time() - t0}
+        print(f"relayrl: engines up in {engines_up - t0:.0f}s, trainer ready and connected in "
+              f"{startup['startup/actors_s']:.0f}s; training", flush=True)
         return cls(cfg, sampler, rollouts, trainer, rewards, model_path, placement,
                    procs=[(i["node"], int(i["pid"])) for i in infos], startup=startup)
 
