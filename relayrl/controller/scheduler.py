@@ -287,8 +287,9 @@ class Scheduler:
         startup, self.startup = self.startup, {}
         if not startup:
             return {}
-        return {**startup, "startup/first_step_s": time.time() - self.loop_start,
-                "startup/to_first_step_s": time.time() - process_start_time()}
+        now = time.time()
+        return {**startup, "startup/first_step_s": now - self.loop_start,
+                "startup/to_first_step_s": now - process_start_time()}
 
     def _refill_stats(self, entries: list[Entry]) -> dict[str, float]:
         if not self.policy.pc.refill:
