@@ -154,6 +154,37 @@ class EnvConfig:
     """Arguments for the environment's constructor (one instance per episode)."""
 
 
+LLAMA_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP linears of Llama-style decoders (Llama, Qwen2, Mistral, SmolLM2)."""
+
+
+@dataclass
+class LoraConfig:
+    r: int = 0
+    """LoRA rank (``trainer/lora.py``, through PEFT); 0: off, every weight is trained. With r > 0 only the
+    adapters A [r, in] and B [out, r] of ``target_modules`` train (AdamW state for them alone); engines get
+    the merged weights W + alpha / r * B @ A under the base model's names."""
+    alpha: float = 16.0
+    """LoRA scale numerator: the update is alpha / r * B @ A."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input. Only 0 is accepted: the trainer runs in eval mode so that the first
+    epoch's logprobs are exactly pi_old (``trainer/actor.py``), which would leave any dropout inactive."""
+    target_modules: list[str] = field(default_factory=lambda: list(LLAMA_LINEARS))
+    """Names of the linear layers that get adapters (matched against module names by PEFT)."""
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ConfigError(f"trainer.lora.r={self.r} must be >= 0 (0: off); set e.g. trainer.lora.r=8")
+        if self.r and not self.alpha > 0:
+            raise ConfigError(f"trainer.lora.alpha={self.alpha} must be > 0; set e.g. trainer.lora.alpha=16")
+        if self.dropout != 0.0:
+            raise ConfigError(f"trainer.lora.dropout={self.dropout}: the trainer runs in eval mode (pi_old is the "
+                              "first epoch's forward), so dropout would never act; set trainer.lora.dropout=0")
+        if self.r and not self.target_modules:
+            raise ConfigError("trainer.lora.target_modules is empty; name the linears to adapt, e.g. "
+                              "trainer.lora.target_modules=[q_proj,v_proj]")
+
+
 @dataclass
 class TrainerConfig:
     world_size: int = 1
@@ -199,6 +230,8 @@ class TrainerConfig:
     dtype: str = "float32"
     """Trainer compute: float32 | bf16 (autocast: bf16 matmuls with float32 master weights, AdamW state,
     LM head, logprobs and losses; the critic stays float32). Not the weights' dtype (model.dtype)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full-weight training (``trainer.lora.r=8``); off by default (r=0)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_micro_batch < 0:
@@ -531,6 +564,7 @@ def validate(cfg: Config) -> Config:
     _validate_algorithm(cfg.algorithm)
     _validate_critic(cfg)
     _validate_tp(cfg)
+    _validate_lora(cfg)
     _validate_env(cfg)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]; set rollout.top_p=1.0")
@@ -651,6 +685,13 @@ def _validate_tp(cfg: Config) -> None:
     if cfg.rollout.tp_size > 1 and cfg.placement.mode == "colocated":
         raise ConfigError("placement=colocated shares one trainer bundle (one GPU) per rollout replica; "
                           "set rollout.tp_size=1 or placement=separate")
+
+
+def _validate_lora(cfg: Config) -> None:
+    """``trainer.lora`` adapts the policy of an FSDP-only trainer (PEFT's adapters are not split by TP here)."""
+    if cfg.trainer.lora.r and cfg.trainer.tp_size > 1:
+        raise ConfigError(f"trainer.lora.r={cfg.trainer.lora.r} runs with FSDP only (the adapters are not "
+                          "split over tp ranks); set trainer.tp_size=1 or trainer.lora.r=0")
 
 
 def _validate_env(cfg: Config) -> None:
