@@ -20,6 +20,7 @@ from relayrl.config import Config, ConfigError
 from relayrl.controller.checkpoint import STALL_KEY, Checkpointer, durable_dir, fsync_path, write_durable
 from relayrl.logs import capture, crash_tail
 from relayrl.monitor.runs import read_jsonl
+from relayrl.monitor.schema import REWARD_MEAN
 
 
 @dataclass
@@ -56,7 +57,7 @@ class RunDir:
         for name in ("metrics.jsonl", "samples.jsonl", "prompts.jsonl"):
             _truncate_steps(path / name, step)
         rows = [record for _, record in read_jsonl(path / "metrics.jsonl")]
-        return cls._open(cfg, path, [float(r.get("reward/mean", float("nan"))) for r in rows],
+        return cls._open(cfg, path, [float(r.get(REWARD_MEAN, float("nan"))) for r in rows],
                          resumed_from=step)
 
     @classmethod
@@ -110,7 +111,7 @@ class RunDir:
             self.checkpoints.poll()          # commit a step_N whose background write has finished
             metrics[STALL_KEY] = self.checkpoints.take_stall()
         metrics = to_schema(metrics, self.cfg.trainer.lr, self.cfg.rollout.num_replicas)
-        self.rewards.append(float(metrics.get("reward/mean", float("nan"))))
+        self.rewards.append(float(metrics.get(REWARD_MEAN, float("nan"))))
         self.logger.log(step, metrics)
 
     def finish(self, system: Any) -> RunResult:

@@ -48,9 +48,11 @@ import ray
 
 from relayrl.config import Config
 from relayrl.controller.buffer import Entry, staleness_histogram
+from relayrl.controller.evaluation import TrainingEval
 from relayrl.controller.policy import Launch, PolicyConfig, StepPolicy
 from relayrl.controller.system import generate_remote, is_death
-from relayrl.monitor.schema import reduction
+from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_STEP, reduction
+from relayrl.rewards.scoring import Scored
 
 
 class TrainerDied(RuntimeError):
@@ -86,7 +88,7 @@ class Clock:
         wall = max(time.perf_counter() - self.start, 1e-9)
         return {"idle/rollout": max(0.0, 1.0 - self.rollout_busy / (replicas * wall)),
                 "idle/trainer": max(0.0, 1.0 - self.trainer_busy / wall),
-                "timing/wait": self.waited, "timing/step": wall}
+                "timing/wait": self.waited, TIMING_STEP: wall}
 
 
 class Scheduler:
@@ -104,6 +106,7 @@ class Scheduler:
         self.calls = [0] * self.n                       # generate calls scored, per replica
         self.loop_start = time.time()                   # the system is up: startup/first_step_s counts from here
         self.startup = dict(getattr(system, "startup", {}))   # logged once, with the first step
+        self.evaluator = TrainingEval(cfg, system, run)     # eval.every: held-out prompts drawn once
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -118,6 +121,7 @@ class Scheduler:
     def run_steps(self) -> None:
         if self.colocated and self.cfg.placement.offload_trainer:
             self.system.trainer.offload()          # rollout goes first: the trainer waits in host memory
+        self.evaluator.before_first_step(self.policy.version)   # eval.before_first_step: step 0
         while self.policy.version < self.cfg.run.steps:
             self._launch()
             self._start_training()
@@ -193,7 +197,7 @@ class Scheduler:
         self.clock.rollout_busy += time.perf_counter() - max(flight.t0, self.clock.start)
         t0 = time.perf_counter()
         try:
-            (scored,), metrics = self.system.score([ref])
+            (scored_ref,), scored = self.system.score([ref])
         except Exception:
             if (error := generation_error(ref)) is None:
                 raise
@@ -203,8 +207,8 @@ class Scheduler:
             return
         self.idle.append(flight.launch.replica)
         self.calls[flight.launch.replica] += 1
-        metrics |= {"timing/score": time.perf_counter() - t0, "timing/generate": generate_s, "rollout/calls": 1.0}
-        self.policy.on_scored(scored_entry(flight.launch, scored, metrics))
+        scored.metrics |= {TIMING_SCORE: time.perf_counter() - t0, TIMING_GENERATE: generate_s, ROLLOUT_CALLS: 1.0}
+        self.policy.on_scored(scored_entry(flight.launch, scored_ref, scored))
 
     # ---- trainer side ----------------------------------------------------------------------------
     def _start_training(self) -> None:
@@ -231,8 +235,9 @@ class Scheduler:
         with open(self.run.path / "prompts.jsonl", "a") as f:
             f.write(json.dumps({"step": self.policy.version, "prompt_ids": trained}) + "\n")
         buffer_stats = self.policy.buffer.stats()
+        evaluated = self.evaluator.after_step(self.policy.version)   # engines hold this version now
         self._log(entries, trained_at, train_stats,
-                  {**sync_stats, **buffer_stats, "timing/train": t1 - t0, "timing/sync": t2 - t1})
+                  {**sync_stats, **buffer_stats, **evaluated, "timing/train": t1 - t0, "timing/sync": t2 - t1})
         every = self.cfg.run.checkpoint_every
         if every and self.policy.version % every == 0:
             self.checkpoint()
@@ -304,12 +309,11 @@ def process_start_time() -> float:
     return psutil.Process().create_time()
 
 
-def scored_entry(launch: Launch, scored: ray.ObjectRef, metrics: dict[str, Any]) -> Entry:
-    """The typed record the policy decides on, read once from the scorer's per-call result: the oldest
-    and newest policy version among the chunk's tokens, its groups with reward spread."""
-    return Entry(launch.seq, scored, launch.prompt_ids, int(metrics["rollout/min_version"]),
-                 int(metrics["rollout/max_version"]), metrics,
-                 useful=int(metrics.get("reward/spread_groups", 0)))
+def scored_entry(launch: Launch, ref: ray.ObjectRef, scored: Scored) -> Entry:
+    """The record the policy decides on, from the scorer's typed result for one call: the oldest and
+    newest policy version among the chunk's tokens, its groups with reward spread (metrics: logs only)."""
+    return Entry(launch.seq, ref, launch.prompt_ids, scored.min_version, scored.max_version, scored.metrics,
+                 useful=scored.useful)
 
 
 def task_error_line(replica: int, error: BaseException) -> str:

@@ -13,6 +13,9 @@ import ray
 
 from relayrl.config import Config
 from relayrl.controller.cluster import Placement, sync_config
+from relayrl.monitor.schema import (MISMATCH_MEAN_ABS, ROLLOUT_COMPLETIONS, ROLLOUT_MAX_VERSION, ROLLOUT_MIN_VERSION,
+                                    ROLLOUT_TOKENS)
+from relayrl.rewards.scoring import Scored, version_span
 
 RewardFns = list[tuple[str, Callable, float]]
 
@@ -29,13 +32,12 @@ def rollout_metrics(groups: list) -> dict[str, float]:
     trajs = [t for g in groups for t in g.trajectories]
     lengths = [len(t.completion_token_ids) for t in trajs]
     n = max(len(trajs), 1)
-    return {"rollout/completions": float(len(trajs)), "rollout/tokens": float(sum(lengths)),
+    low, high = version_span(groups)
+    return {ROLLOUT_COMPLETIONS: float(len(trajs)), ROLLOUT_TOKENS: float(sum(lengths)),
             "rollout/len_mean": sum(lengths) / n,
             "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
             "rollout/empty_frac": sum(not t.completion_text.strip() for t in trajs) / n,
-            "rollout/min_version": float(min(g.min_version for g in groups)),
-            "rollout/max_version": float(max((t.versions[-1].version for t in trajs if t.versions),
-                                             default=min(g.min_version for g in groups)))}
+            ROLLOUT_MIN_VERSION: float(low), ROLLOUT_MAX_VERSION: float(high)}
 
 
 def sample_rows(groups: list, k: int) -> list[dict]:
@@ -146,9 +148,10 @@ class System:
             kill_process_tree(self.procs[i][1])
         ray.kill(self.rollouts[i], no_restart=True)
 
-    def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], dict]:
-        """Scored-group refs (one per replica) and the step's reward + rollout metrics; raises ``RewardError``
-        (one line) when more than ``reward.max_error_rate`` of the completions could not be scored."""
+    def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], Scored]:
+        """Scored-group refs (one per replica) and their ``Scored`` (useful groups, version span, the reward
+        and rollout metrics); raises ``RewardError`` (one line) when more than ``reward.max_error_rate`` of
+        the completions could not be scored."""
         return self.rewards.score(group_refs, functools.partial(step_summary, self.cfg.logging.samples_per_step))
 
     def sync_weights(self, version: int) -> dict[str, float]:
@@ -196,9 +199,9 @@ class System:
         engine = ray.get([self.rollouts[i % len(self.rollouts)].prompt_logprobs.remote(s)
                           for i, s in enumerate(seqs)])
         stats = logprob_mismatch(engine, trainer, starts)
-        if stats["mismatch/mean_abs"] > self.cfg.weightsync.max_mismatch:
+        if stats[MISMATCH_MEAN_ABS] > self.cfg.weightsync.max_mismatch:
             raise WeightSyncError(f"after sync v{version} engine and trainer logprobs differ by "
-                                  f"{stats['mismatch/mean_abs']:.3g} nats/token (> weightsync.max_mismatch="
+                                  f"{stats[MISMATCH_MEAN_ABS]:.3g} nats/token (> weightsync.max_mismatch="
                                   f"{self.cfg.weightsync.max_mismatch:g}): the engine is not running the trainer's weights")
         return stats
 

@@ -14,7 +14,8 @@ Producers keep their own short names (the trainer returns ``loss``, ``kl``, ...;
 sync sets up the transfer channel); ``drop_stale`` (buffer.drop_stale=true and something was dropped);
 ``first_step`` (the first step a driver process logs: a run's step 1, or the first after a resume);
 ``gae`` (algorithm.name=gae: PPO with a critic); ``dapo`` (algorithm.dynamic_sampling or an overlong buffer);
-``dynamic`` (algorithm.dynamic_sampling).
+``dynamic`` (algorithm.dynamic_sampling); ``eval`` (steps that evaluate: eval.every > 0 divides the step,
+and step 0 with eval.before_first_step).
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ from typing import Any
 
 
 REDUCTIONS = ("mean", "sum", "min", "max")
+
+# Names that code in several files writes or reads: one constant each, so a rename is one edit.
+REWARD_MEAN = "reward/mean"
+REWARD_SPREAD_GROUPS = "reward/spread_groups"
+ROLLOUT_COMPLETIONS = "rollout/completions"
+ROLLOUT_TOKENS = "rollout/tokens"
+ROLLOUT_CALLS = "rollout/calls"
+ROLLOUT_MIN_VERSION = "rollout/min_version"
+ROLLOUT_MAX_VERSION = "rollout/max_version"
+TIMING_GENERATE = "timing/generate"
+TIMING_SCORE = "timing/score"
+TIMING_STEP = "timing/step"
+MISMATCH_MEAN_ABS = "mismatch/mean_abs"
 
 
 @dataclass(frozen=True)
@@ -52,11 +66,11 @@ class Metric:
 M = Metric
 SCHEMA: tuple[Metric, ...] = (
     # reward/* - the scorer (relayrl.rewards.scoring.reward_metrics), over completions not excluded
-    M("reward/mean", "reward", "mean weighted total reward of the step's completions (the headline)"),
+    M(REWARD_MEAN, "reward", "mean weighted total reward of the step's completions (the headline)"),
     M("reward/std", "reward", "population std of the total reward (per generate call, averaged)"),
     M("reward/<fn>", "reward", "mean of one reward function, over completions where it applied"),
     M("reward/pass_rate", "fraction", "completions whose primary (first) reward function gave >= 1"),
-    M("reward/spread_groups", "groups", "trainable groups whose rewards vary (what dynamic sampling keeps)", reduce="sum"),
+    M(REWARD_SPREAD_GROUPS, "groups", "trainable groups whose rewards vary (what dynamic sampling keeps)", reduce="sum"),
     M("reward/zero_std_groups", "fraction", "prompt groups whose completions all scored the same (no GRPO signal)"),
     M("reward/errors", "count", "completions excluded because a reward function failed on them", reduce="sum"),
     M("reward/error_rate", "fraction", "excluded completions / all completions"),
@@ -92,15 +106,15 @@ SCHEMA: tuple[Metric, ...] = (
     M("dapo/overlong_penalty", "reward", "mean soft overlong penalty added to the rewards", "dapo"),
     M("dapo/overlong_frac", "fraction", "completions inside the overlong buffer", "dapo"),
     # rollout/*
-    M("rollout/completions", "count", "completions generated for this step", reduce="sum"),
-    M("rollout/tokens", "tokens", "completion tokens generated for this step", reduce="sum"),
+    M(ROLLOUT_COMPLETIONS, "count", "completions generated for this step", reduce="sum"),
+    M(ROLLOUT_TOKENS, "tokens", "completion tokens generated for this step", reduce="sum"),
     M("rollout/len_mean", "tokens", "mean completion length"),
     M("rollout/truncated_frac", "fraction", "completions cut at rollout.max_tokens"),
     M("rollout/empty_frac", "fraction", "completions with no visible text (EOS first or whitespace only)"),
-    M("rollout/calls", "count", "generate calls whose groups the step took (replicas; more when DAPO refills)", reduce="sum"),
+    M(ROLLOUT_CALLS, "count", "generate calls whose groups the step took (replicas; more when DAPO refills)", reduce="sum"),
     M("rollout/tokens_per_s", "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
-    M("rollout/min_version", "version", "oldest policy version among the step's tokens", reduce="min"),
-    M("rollout/max_version", "version", "newest policy version among the step's tokens", reduce="max"),
+    M(ROLLOUT_MIN_VERSION, "version", "oldest policy version among the step's tokens", reduce="min"),
+    M(ROLLOUT_MAX_VERSION, "version", "newest policy version among the step's tokens", reduce="max"),
     M("rollout/restarts", "count", "rollout replicas replaced so far after their actor or engine died"),
     # staleness/*
     M("staleness/<d>", "count", "groups trained whose oldest token is d versions behind the trainer"),
@@ -115,7 +129,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("accounting/trained", "prompts", "prompts whose groups reached a train step so far"),
     M("accounting/dropped", "prompts", "prompts dropped so far, with the reason under buffer/dropped/*"),
     # timing/*
-    M("timing/generate", "s", "wall seconds of one generate call (mean over the step's calls)"),
+    M(TIMING_GENERATE, "s", "wall seconds of one generate call (mean over the step's calls)"),
     M("timing/reward", "s", "wall seconds to score one generate call's groups (mean)"),
     M("timing/fetch", "s", "trainer: pulling the step's trajectories from the object store"),
     M("timing/logprob", "s", "trainer: reference-model logprobs (0 when kl_coef=0)"),
@@ -125,7 +139,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("timing/sync", "s", "driver: weight sync incl. the mismatch probe"),
     M("timing/checkpoint_stall", "s", "driver held by checkpoint saves since the last step (async: the staging copy)"),
     M("timing/wait", "s", "trainer idle waiting for a full batch since the last step"),
-    M("timing/step", "s", "wall seconds since the previous step was logged"),
+    M(TIMING_STEP, "s", "wall seconds since the previous step was logged"),
     # startup/* (the first step a driver process logs)
     M("startup/engine_s", "s", "slowest rollout engine's construction (vLLM AsyncLLM start)", when="first_step"),
     M("startup/engines_up_s", "s", "system start -> every engine answers (actors start concurrently)",
@@ -153,22 +167,30 @@ SCHEMA: tuple[Metric, ...] = (
     M("weightsync/init_s", "s", "stage: transfer channel set up on the engines", "first_sync"),
     M("weightsync/connect_s", "s", "trainer-side channel set-up", "first_sync"),
     # mismatch/*
-    M("mismatch/mean_abs", "nats/token", "mean |engine - trainer| logprob after a sync", "verify"),
+    M(MISMATCH_MEAN_ABS, "nats/token", "mean |engine - trainer| logprob after a sync", "verify"),
     M("mismatch/max_abs", "nats/token", "max |engine - trainer| logprob after a sync", "verify"),
     M("mismatch/tokens", "tokens", "tokens compared by the probe", "verify"),
     # perf/*
     M("perf/completions_per_s", "1/s", "rollout/completions / timing/step: end-to-end completions per second"),
     M("perf/tokens_per_s", "tokens/s", "rollout/tokens / timing/step: end-to-end tokens per second"),
     M("perf/tokens_per_s_per_replica", "tokens/s", "perf/tokens_per_s / rollout.num_replicas"),
+    # eval/* - evaluation during training (relayrl.controller.evaluation): the step's synced weights
+    # (step 0: the initial model) on eval.train_prompts held-out prompts
+    M("eval/greedy_accuracy", "fraction", "greedy completions (temperature 0, one per prompt) that pass", "eval"),
+    M("eval/sampled_accuracy", "fraction", "sampled completions (rollout.temperature) that pass", "eval"),
+    M("eval/pass@<k>", "fraction", "prompts with a passing sample among k = eval.samples (unbiased pass@k)",
+      "eval"),
+    M("eval/mean_reward", "reward", "mean weighted total reward of the sampled completions", "eval"),
+    M("eval/time_s", "s", "wall seconds of the evaluation (the trainer waits this long)", "eval"),
 )
 del M
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(m.group for m in SCHEMA))
 """Sections in order: reward, policy, dapo, rollout, staleness, buffer, accounting, timing, startup, idle,
-colocated, weightsync, mismatch, perf."""
+colocated, weightsync, mismatch, perf, eval."""
 
 RENAMES: dict[str, str] = {
-    "timing/score": "timing/reward",
+    TIMING_SCORE: "timing/reward",
     "fetch_seconds": "timing/fetch", "logprob_seconds": "timing/logprob",
     "train_seconds": "timing/update", "step_seconds": "timing/train_actor",
 }
@@ -194,13 +216,13 @@ def to_schema(metrics: dict[str, Any], lr: float, replicas: int) -> dict[str, An
     """
     out = {canonical_name(k): v for k, v in metrics.items()}
     out.setdefault("policy/lr", lr)
-    step_s, gen_s = out.get("timing/step"), out.get("timing/generate")
-    if "rollout/tokens" in out and step_s:
-        out["perf/completions_per_s"] = out["rollout/completions"] / step_s
-        out["perf/tokens_per_s"] = out["rollout/tokens"] / step_s
+    step_s, gen_s = out.get(TIMING_STEP), out.get(TIMING_GENERATE)
+    if ROLLOUT_TOKENS in out and step_s:
+        out["perf/completions_per_s"] = out[ROLLOUT_COMPLETIONS] / step_s
+        out["perf/tokens_per_s"] = out[ROLLOUT_TOKENS] / step_s
         out["perf/tokens_per_s_per_replica"] = out["perf/tokens_per_s"] / replicas
-    if "rollout/tokens" in out and gen_s:
-        out["rollout/tokens_per_s"] = out["rollout/tokens"] / (out.get("rollout/calls", replicas) * gen_s)
+    if ROLLOUT_TOKENS in out and gen_s:
+        out["rollout/tokens_per_s"] = out[ROLLOUT_TOKENS] / (out.get(ROLLOUT_CALLS, replicas) * gen_s)
     return out
 
 

@@ -3,7 +3,7 @@
 ::
 
     driver ──group refs──▶ RewardScorer (Ray actor, owns the pool) ──Call──▶ RewardWorker × num_workers
-           ◀─scored refs + metrics─┘     timeouts: ray.kill + respawn   ◀─CallResult─┘ (async actor:
+           ◀─scored refs + Scored──┘      timeouts: ray.kill + respawn   ◀─CallResult─┘ (async actor:
                                                                            async fns concurrent,
                                                                            sync fns on one thread)
 
@@ -29,9 +29,9 @@ from typing import Any
 
 import ray
 
-from relayrl.rewards.scoring import (Batch, Call, CallResult, RewardError, RewardFns, check_error_rate, fill_rewards,
-                                     flatten, fn_metrics, invoke, is_async, plan_calls, reward_metrics,
-                                     unique_names)
+from relayrl.rewards.scoring import (Batch, Call, CallResult, RewardError, RewardFns, Scored, check_error_rate,
+                                     fill_rewards, flatten, fn_metrics, invoke, is_async, plan_calls,
+                                     reward_metrics, unique_names)
 
 
 class RewardWorker:
@@ -195,7 +195,7 @@ class RewardScorer:
         return True
 
     def score(self, summarize: Callable[[list], dict] | None, *replica_groups: list) -> tuple:
-        """Score all groups of the step in place; return them per replica, then a metric dict.
+        """Score all groups of the step in place; return them per replica, then a ``Scored``.
 
         ``summarize(groups) -> dict`` adds the caller's metrics (e.g. rollout lengths, sample rows).
         Raises ``RewardError`` when ``check_error_rate`` says the run should stop.
@@ -205,7 +205,7 @@ class RewardScorer:
         fill_rewards(flat, self.fns, calls, self.dispatcher.run(flatten(flat), calls))
         check_error_rate(flat, self.max_error_rate)
         metrics = {**reward_metrics(flat), **fn_metrics(self.fns), **(summarize(flat) if summarize else {})}
-        return (*replica_groups, metrics)
+        return (*replica_groups, Scored.of(flat, metrics))
 
     def shutdown(self) -> None:
         self.dispatcher.shutdown()
@@ -232,8 +232,8 @@ class RewardPool:
                               "check the reward functions' start() (e.g. a reward model path)") from None
         return pool
 
-    def score(self, group_refs: list, summarize: Callable[[list], dict] | None = None) -> tuple[list, dict]:
-        """Refs of the scored groups (one per input ref) and the step's metrics (fetched here: small)."""
+    def score(self, group_refs: list, summarize: Callable[[list], dict] | None = None) -> tuple[list, Scored]:
+        """Refs of the scored groups (one per input ref) and their ``Scored`` (fetched here: small)."""
         out = self.scorer.score.options(num_returns=len(group_refs) + 1).remote(summarize, *group_refs)
         out = out if isinstance(out, list) else [out]
         return out[:-1], self._get(out[-1])

@@ -31,6 +31,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from relayrl.monitor.schema import REWARD_MEAN, REWARD_SPREAD_GROUPS
+
 if TYPE_CHECKING:  # relayrl.types imports torch; reward workers should start without it
     from relayrl.types import TrajectoryGroup
 
@@ -44,6 +46,41 @@ REASONS: tuple[str, ...] = ("raised", "timeout", "worker_died", "not_a_list", "w
 
 class RewardError(RuntimeError):
     """Scoring cannot go on (too many completions failed, or none is left to train on); one line."""
+
+
+@dataclass
+class Scored:
+    """One scoring call's result as control reads it: decisions use the typed fields, ``metrics`` is
+    only logged (the scheduler never reads a metric key to decide)."""
+
+    useful: int                  # trainable groups whose rewards vary: what dynamic sampling counts
+    min_version: int             # oldest policy version among the groups' tokens
+    max_version: int             # newest one (min_version when no completion has a token)
+    metrics: dict[str, Any]      # reward metrics and the caller's summary, combined per step for logs
+
+    @classmethod
+    def of(cls, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> "Scored":
+        """The fields read off the scored ``groups`` themselves (not off ``metrics``)."""
+        low, high = version_span(groups)
+        return cls(spread_groups(groups), low, high, metrics)
+
+
+def version_span(groups: list[TrajectoryGroup]) -> tuple[int, int]:
+    """(oldest, newest) policy version among the groups' tokens; (0, 0) for no groups. A completion
+    without tokens has no span and adds nothing to the newest."""
+    if not groups:
+        return 0, 0
+    low = min(g.min_version for g in groups)
+    spans = [t.versions[-1].version for g in groups for t in g.trajectories if t.versions]
+    return int(low), int(max(spans, default=low))
+
+
+def spread_groups(groups: list[TrajectoryGroup]) -> int:
+    """Trainable groups (2+ scored completions) whose rewards vary: what DAPO's dynamic sampling keeps."""
+    from relayrl.trainer.batch import trainable_groups
+    from relayrl.trainer.shaping import dynamic_sampling_filter
+
+    return len(dynamic_sampling_filter(trainable_groups(groups))[0])
 
 
 @dataclass
@@ -279,7 +316,6 @@ def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) ->
       and what the buffer counts towards a step when it refills.
     """
     from relayrl.trainer.batch import trainable_groups
-    from relayrl.trainer.shaping import dynamic_sampling_filter
 
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
@@ -289,7 +325,7 @@ def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) ->
     metrics = {"reward/errors": float(len(trajs) - len(valid)), "reward/error_rate": 1 - len(valid) / len(trajs),
                **{f"reward/errors/{r}": float(reasons[r]) for r in REASONS},
                "reward/dropped_groups": float(len(groups) - len(trainable_groups(groups))),
-               "reward/spread_groups": float(len(dynamic_sampling_filter(trainable_groups(groups))[0]))}
+               REWARD_SPREAD_GROUPS: float(spread_groups(groups))}
     if valid:
         metrics.update(_value_metrics(groups, valid, primary))
     return metrics
@@ -298,7 +334,7 @@ def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) ->
 def _value_metrics(groups: list[TrajectoryGroup], valid: list, primary: str | None) -> dict[str, float]:
     totals = [t.reward for t in valid]
     mean = sum(totals) / len(totals)
-    metrics = {"reward/mean": mean, "reward/std": math.sqrt(sum((r - mean) ** 2 for r in totals) / len(totals))}
+    metrics = {REWARD_MEAN: mean, "reward/std": math.sqrt(sum((r - mean) ** 2 for r in totals) / len(totals))}
     names = list(valid[0].rewards)
     for name in names:
         applied = [t.rewards[name] for t in valid if t.rewards[name] is not None]

@@ -34,8 +34,9 @@ def test_raising_hanging_nan_and_wrong_length_rewards_leave_scoring_alive(pool, 
     pidfile = str(tmp_path / "hang.pid")
     prompts = ["ok", "raise", "hang", "nan", "short", "text", "none", "ok"]
     groups = [group(i, p, pidfile=pidfile) for i, p in enumerate(prompts)]
-    refs, m = pool.score([ray_session.put(groups[:4]), ray_session.put(groups[4:])],
-                         summarize=lambda gs: {"summary/groups": float(len(gs))})
+    refs, scored = pool.score([ray_session.put(groups[:4]), ray_session.put(groups[4:])],
+                              summarize=lambda gs: {"summary/groups": float(len(gs))})
+    m = scored.metrics
     assert m["reward/errors"] == 13 and m["reward/error_rate"] == pytest.approx(13 / 24)
     assert {k.split("/")[-1]: v for k, v in m.items() if k.startswith("reward/errors/")} == {
         "raised": 3, "timeout": 3, "worker_died": 0, "not_a_list": 3, "wrong_length": 3, "non_finite": 1,
@@ -49,8 +50,10 @@ def test_raising_hanging_nan_and_wrong_length_rewards_leave_scoring_alive(pool, 
     assert [t.reward for t in scored[6].trajectories] == [0.5, 0.5, 0.5]
     _assert_dead(int(open(pidfile).read()))
 
-    refs, m = pool.score([[group(i, "ok") for i in range(4)]])          # the pool still works afterwards
-    assert m["reward/errors"] == 0 and m["reward/mean"] == pytest.approx(2.5)
+    refs, scored = pool.score([[group(i, "ok") for i in range(4)]])     # the pool still works afterwards
+    assert scored.metrics["reward/errors"] == 0 and scored.metrics["reward/mean"] == pytest.approx(2.5)
+    # typed fields for control: every "ok" group's rewards vary (1.5, 2.5, 3.5); no token has a span
+    assert (scored.useful, scored.min_version, scored.max_version) == (4, 0, 0)
 
 
 def _assert_dead(pid: int) -> None:
@@ -79,7 +82,7 @@ def test_async_rewards_overlap_in_the_pool(patient_pool, tmp_path):
     slow the machine; so the test proves concurrency without comparing a duration with a number.
     """
     spans = str(tmp_path / "spans")
-    _, m = patient_pool.score([[group(i, "ok", spans=spans) for i in range(8)]])
+    m = patient_pool.score([[group(i, "ok", spans=spans) for i in range(8)]])[1].metrics
     assert m["reward/sleepy"] == 1.0 and m["reward/errors"] == 0
     calls = read_spans(spans)
     assert len(calls) == 8

@@ -7,8 +7,8 @@ import pytest
 
 from relayrl.rewards import RewardError, reward_metrics, score_groups
 from relayrl.rewards.builtin import answer_format, arith_correct
-from relayrl.rewards.scoring import check_error_rate, check_values
-from relayrl.types import Exclusion, Trajectory, TrajectoryGroup
+from relayrl.rewards.scoring import Scored, check_error_rate, check_values
+from relayrl.types import Exclusion, Trajectory, TrajectoryGroup, VersionSpan
 from tests.rewards.flaky import flaky, read_spans, sleepy
 
 
@@ -176,6 +176,19 @@ def test_reward_metrics_by_hand():
     assert m["reward/zero_std_groups"] == pytest.approx(1 / 2)     # group 1: both 1.5
     assert m["reward/errors"] == 0.0 and m["reward/error_rate"] == 0.0 and m["reward/dropped_groups"] == 0.0
     assert reward_metrics(score_groups(batch(), FNS), primary="answer_format")["reward/pass_rate"] == 0.8
+
+
+def test_scored_fields_come_from_the_groups_not_the_metrics():
+    groups = score_groups(batch(), FNS)          # group 0 totals 1.5, 0.5, 0.0 vary; group 1 all 1.5
+    groups[0].trajectories[0].versions = [VersionSpan(2, 0, 1), VersionSpan(3, 1, 1)]
+    groups[1].trajectories[0].versions = [VersionSpan(2, 0, 1)]
+    for g in groups:                             # the rest were generated at version 2 as well
+        for t in g.trajectories[1:]:
+            t.versions = [VersionSpan(2, 0, 1)]
+    scored = Scored.of(groups, {"reward/spread_groups": 99.0})
+    assert (scored.useful, scored.min_version, scored.max_version) == (1, 2, 3)
+    assert reward_metrics(groups)["reward/spread_groups"] == 1.0
+    assert (Scored.of([], {}).useful, Scored.of([], {}).min_version) == (0, 0)
 
 
 def test_total_that_overflows_to_inf_is_excluded_like_nan():
