@@ -264,17 +264,23 @@ class EvalProgress:
 
 
 def score(groups: list[Any], reward_fns: list[tuple]) -> list[dict[str, Any]]:
-    """Fill every trajectory's rewards (in place) and return one row per completion with ``passed``."""
+    """Fill every trajectory's rewards (in place, in this process) and return ``completion_rows``."""
     from relayrl.rewards.scoring import fill_rewards, flatten, plan_calls, run_local, unique_names
 
     fns = unique_names(reward_fns)
     calls = plan_calls(groups, len(fns), 1)
     fill_rewards(groups, fns, calls, run_local(fns, flatten(groups), calls))
-    primary = fns[0][0]
+    return completion_rows(groups)
+
+
+def completion_rows(groups: list[Any]) -> list[dict[str, Any]]:
+    """One row per completion of scored ``groups``, with ``passed``: not excluded and the primary reward
+    (the first function; ``fill_rewards`` keeps ``cfg.rewards`` order in ``rewards``) >= 1, the rule
+    of ``reward/pass_rate``. Shared by ``relayrl eval`` and evaluation during training."""
     return [{"prompt_id": g.prompt_id, "sample": t.sample_idx, "prompt": g.prompt, "completion": t.completion_text,
              "reward": t.reward if t.excluded is None else None, "rewards": dict(t.rewards),
              "excluded": None if t.excluded is None else t.excluded.reason,
-             "passed": t.excluded is None and (t.rewards.get(primary) or 0.0) >= 1.0}
+             "passed": t.excluded is None and (next(iter(t.rewards.values()), None) or 0.0) >= 1.0}
             for g in groups for t in g.trajectories]
 
 
@@ -290,9 +296,14 @@ def summarize(model: str, rows: list[dict[str, Any]], n: int, ks: tuple[int, ...
 
 
 def write_result(result: EvalResult, out_dir: Path) -> None:
+    summary = {k: v for k, v in dataclasses.asdict(result).items() if k != "rows"}
+    write_rows(out_dir, result.rows, summary)
+
+
+def write_rows(out_dir: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """``completions.jsonl`` (one row per line) and ``summary.json`` (with the time) in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "completions.jsonl").open("w", encoding="utf-8") as f:
-        for row in result.rows:
+        for row in rows:
             f.write(json.dumps(row) + "\n")
-    summary = {k: v for k, v in dataclasses.asdict(result).items() if k != "rows"}
     (out_dir / "summary.json").write_text(json.dumps({**summary, "time": time.time()}, indent=1) + "\n")

@@ -2,7 +2,9 @@
 
 ``reward.png`` (total ±std and each reward function), ``kl.png`` (policy/kl, approx_kl, behaviour_kl),
 ``staleness.png`` (groups trained at each version lag, stacked), ``throughput.png`` (tokens/s end to
-end and per busy engine, completions/s) and ``timing.png`` (where a step's seconds go).
+end and per busy engine, completions/s), ``timing.png`` (where a step's seconds go) and, when the run
+evaluated during training (``eval.every``), ``eval.png`` (held-out accuracy greedy and sampled, pass@k,
+mean reward; step 0 is the initial model).
 
 Uses matplotlib's object API with the Agg canvas (``Figure`` + ``FigureCanvasAgg``): no display is
 needed and no global pyplot state is touched. ``reward_curve_ascii`` gives the console a one-line
@@ -21,6 +23,9 @@ from relayrl.monitor.metrics import REWARD_KEY, is_kl_key
 from relayrl.monitor.schema import lookup
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
+EVAL_PREFIX = "eval/"
+EVAL_SKIP = ("eval/time_s",)
+"""Drawn on eval.png: every ``eval/*`` metric but the evaluation's seconds."""
 TIMING_KEYS = ("timing/step", "timing/generate", "timing/reward", "timing/train", "timing/sync", "timing/wait")
 
 
@@ -95,7 +100,7 @@ def _lines(records: list[dict[str, Any]], keys: list[str]) -> list[tuple[str, li
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:
-    """Write reward, kl, staleness, throughput and timing PNGs into ``<run_dir>/plots``.
+    """Write reward, kl, staleness, throughput, timing and eval PNGs into ``<run_dir>/plots``.
 
     A chart whose metrics never appear is skipped. Returns the paths written.
     """
@@ -107,7 +112,9 @@ def plot_run(run_dir: str | Path) -> list[Path]:
               _line_chart(records, [k for k in keys if is_kl_key(k)], out / "kl.png", "KL", "nats/token"),
               _staleness_chart(records, keys, out / "staleness.png"),
               _throughput_chart(records, out / "throughput.png"),
-              _timing_chart(records, out / "timing.png")]
+              _timing_chart(records, out / "timing.png"),
+              _line_chart(records, [k for k in keys if k.startswith(EVAL_PREFIX) and k not in EVAL_SKIP],
+                          out / "eval.png", "Held-out evaluation (step 0: initial model)", "fraction / reward")]
     return [path for path in charts if path is not None]
 
 

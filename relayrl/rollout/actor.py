@@ -103,7 +103,8 @@ class RolloutActor:
         With ``seed`` (the sampler sets it), sample ``i`` is drawn with its own generator seeded ``seed + i``
         (vLLM gives each of a request's ``n`` children ``seed + index``), independent of the engine's seed,
         its other requests and its history: a restarted replica or a resumed run samples the same tokens
-        from the same weights. Without it, the engine's random state is used."""
+        from the same weights. Without it, the engine's random state is used. A prompt's ``temperature``
+        overrides ``rollout.temperature`` for it (0: greedy; evaluation during training uses it)."""
         if group_size < 1:
             raise ValueError(f"group_size={group_size} must be >= 1; set algorithm.group_size")
         for p in prompts:
@@ -117,8 +118,8 @@ class RolloutActor:
         from vllm.sampling_params import RequestOutputKind
 
         cfg = self.rollout_cfg
-        params = SamplingParams(n=group_size, logprobs=0, temperature=cfg.temperature, top_p=cfg.top_p,
-                                max_tokens=cfg.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY,
+        params = SamplingParams(n=group_size, logprobs=0, temperature=prompt.get("temperature", cfg.temperature),
+                                top_p=cfg.top_p, max_tokens=cfg.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY,
                                 seed=prompt.get("seed"))
         t0 = time.perf_counter()
         final = await self._final_output(prompt["prompt"], params)

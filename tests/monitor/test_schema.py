@@ -7,7 +7,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
 
 def test_groups_are_the_issue_sections_in_order():
     assert GROUPS == ("reward", "policy", "dapo", "rollout", "staleness", "buffer", "accounting", "timing",
-                      "startup", "idle", "colocated", "weightsync", "mismatch", "perf")
+                      "startup", "idle", "colocated", "weightsync", "mismatch", "perf", "eval")
     names = [m.name for m in SCHEMA]
     assert len(names) == len(set(names))
     for name in ("policy/kl", "policy/entropy", "policy/clip_frac", "policy/grad_norm", "policy/lr",
