@@ -56,7 +56,8 @@ class RunDir:
         check_prompt_log(path / "prompts.jsonl", step, state["counts"]["trained"] if state else 0)
         for name in ("metrics.jsonl", "samples.jsonl", "prompts.jsonl"):
             _truncate_steps(path / name, step)
-        rows = [record for _, record in read_jsonl(path / "metrics.jsonl")]
+        rows = [record for _, record in read_jsonl(path / "metrics.jsonl")
+                if record.get("step", 0) > 0]                # step 0: the initial model's eval, no step
         return cls._open(cfg, path, [float(r.get(REWARD_MEAN, float("nan"))) for r in rows],
                          resumed_from=step)
 

@@ -125,6 +125,8 @@ class ConsoleSink:
         return progress
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if step == 0:    # not a training step: the initial model's eval/* (its evaluator prints a line)
+            return
         now = time.perf_counter()
         seconds = metrics.get(STEP_TIME_KEY, now - self._last)
         self._last = now

@@ -114,9 +114,10 @@ def run_info(run_dir: str | Path) -> RunInfo:
                if isinstance(r.get(REWARD_KEY), (int, float)) and math.isfinite(r[REWARD_KEY])]
     best = max(rewards, key=lambda sr: sr[1], default=(None, None))
     total = _steps_total(run_dir)
-    status, error = run_status(run_dir, len(records), total)
+    steps = sum(r.get("step", 0) > 0 for r in records)   # step 0: the initial model's eval (eval.every)
+    status, error = run_status(run_dir, steps, total)
     started = (run_dir / "config.yaml").stat().st_mtime if (run_dir / "config.yaml").exists() else 0.0
-    return RunInfo(run_dir, status, len(records), total, best[1], best[0],
+    return RunInfo(run_dir, status, steps, total, best[1], best[0],
                    rewards[-1][1] if rewards else None, started, error)
 
 

@@ -121,3 +121,12 @@ def test_wandb_sink_mode_is_passed_through(tmp_path, monkeypatch):
                                                                             {"a": 1})
     with pytest.raises(ValueError, match="logging.wandb=disabled"):
         WandbSink(tmp_path, "proj", "disabled")
+
+
+def test_console_skips_step_0_the_initial_models_eval():
+    """eval.before_first_step logs eval/* as step 0: no training step, so no line and no share of the ETA."""
+    out = io.StringIO()
+    sink = ConsoleSink(total_steps=4, console=Console(file=out, width=200, color_system=None))
+    sink.log(0, {"eval/greedy_accuracy": 0.5, "eval/time_s": 30.0})
+    sink.log(1, {"reward/mean": 0.25, "timing/step": 3.0})
+    assert out.getvalue() == "step 1/4 | reward 0.250 | 3.0 s/step | ETA 0:09\n"   # 3 s x 3 steps left

@@ -73,3 +73,12 @@ def test_error_line_shows_a_ray_task_errors_cause_without_colour_codes():
     assert error_line(TaskError(TypeError("ready() takes 3 positional arguments\nmore"))) == \
         "TypeError: ready() takes 3 positional arguments"
     assert error_line(ValueError("\x1b[31mbad\x1b[0m value")) == "ValueError: bad value"
+
+
+def test_step_0_eval_line_is_not_a_step(tmp_path):
+    """eval.before_first_step writes the initial model's eval/* as step 0: 3 training steps stay 3/3."""
+    run = make_run(tmp_path, "with-eval", [0.1, 0.7, 0.4])
+    lines = (run.path / "metrics.jsonl").read_text()
+    (run.path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/greedy_accuracy": 0.5}) + "\n" + lines)
+    info = run_info(run.path)
+    assert (info.steps_done, info.steps_total, info.status, info.best_reward) == (3, 3, "finished", 0.7)
