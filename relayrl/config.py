@@ -2,8 +2,9 @@
 
 The dataclasses below are the single source of truth. Recipes in ``recipes/`` hold only what
 differs from these defaults and are validated against them when composed (a wrong key or type is
-an error). ``validate`` then checks combinations that types alone cannot express. Every error is
-raised as ``ConfigError`` with one line naming the field and the fix, before any actor starts.
+an error). Each section checks its own fields when it is built (``__post_init__``); ``validate`` then
+checks the rules that span sections. Every error is raised as ``ConfigError`` with one line naming the
+field and the fix, before any actor starts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,20 @@ class ConfigError(ValueError):
     """A configuration problem, described in one line: the field, what is wrong, the fix."""
 
 
+def _positive(section: str, obj: Any, *names: str) -> None:
+    """Each field in ``names`` of ``obj`` (the ``section`` config) must be > 0."""
+    for name in names:
+        value = getattr(obj, name)
+        if not value > 0:
+            raise ConfigError(f"{section}.{name}={value} must be > 0; set {section}.{name}=<positive value>")
+
+
+def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    """``value`` of field ``key`` (dotted) must be one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not supported; use one of {', '.join(choices)}")
+
+
 @dataclass
 class ModelConfig:
     path: str = "smollm2"
@@ -31,6 +46,10 @@ class ModelConfig:
     """Weights and compute dtype for trainer and engine: float32 | bfloat16."""
     max_model_len: int = 512
     """Context length given to vLLM; prompt + max_tokens must fit in it."""
+
+    def __post_init__(self) -> None:
+        _one_of("model.dtype", self.dtype, ("float32", "bfloat16"))
+        _positive("model", self, "max_model_len")
 
 
 FILE_TASKS: tuple[str, ...] = ("jsonl", "hf")
@@ -136,6 +155,12 @@ class RolloutConfig:
     a new one started and the chunk generated again under the same seq. 0: no deadline."""
 
     def __post_init__(self) -> None:
+        _positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "kv_cache_gb")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]; set rollout.top_p=1.0")
+        if self.temperature <= 0:
+            raise ConfigError(f"rollout.temperature={self.temperature} must be > 0 for RL sampling; "
+                              "set rollout.temperature=1.0")
         if self.generate_timeout_s < 0:
             raise ConfigError(f"rollout.generate_timeout_s={self.generate_timeout_s} must be >= 0 "
                               "(0: no deadline); set rollout.generate_timeout_s=600")
@@ -152,6 +177,19 @@ class EnvConfig:
     """Most model turns per episode (each up to rollout.max_tokens tokens); environment turns go between."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Arguments for the environment's constructor (one instance per episode)."""
+
+    def __post_init__(self) -> None:
+        """``name`` must load (built-in or importable ``module:Class``)."""
+        if self.name is None:
+            return
+        if self.max_turns < 1:
+            raise ConfigError(f"env.max_turns={self.max_turns} must be >= 1; set env.max_turns=4")
+        from relayrl.envs import env_factory
+
+        try:
+            env_factory(self.name, self.kwargs)
+        except ValueError as exc:
+            raise ConfigError(f"env.name: {exc}") from None
 
 
 LLAMA_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -234,6 +272,12 @@ class TrainerConfig:
     """LoRA adapters instead of full-weight training (``trainer.lora.r=8``); off by default (r=0)."""
 
     def __post_init__(self) -> None:
+        _positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs", "num_cpus")
+        _one_of("trainer.backend", self.backend, ("auto", "gloo", "nccl"))
+        if self.world_size % self.tp_size:
+            raise ConfigError(f"trainer.world_size={self.world_size} is not divisible by trainer.tp_size="
+                              f"{self.tp_size}; set trainer.world_size to a multiple of {self.tp_size} (or lower "
+                              "trainer.tp_size)")
         if self.max_tokens_per_micro_batch < 0:
             raise ConfigError(f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be "
                               ">= 0 (0: padded micro-batches); set e.g. trainer.max_tokens_per_micro_batch=2048")
@@ -302,6 +346,51 @@ class AlgorithmConfig:
     overlong_max_len: int | None = None
     """DAPO's L_max in tokens; None: rollout.max_tokens (set by load_config)."""
 
+    def __post_init__(self) -> None:
+        for key, choices in _algorithm_choices().items():
+            _one_of(f"algorithm.{key}", getattr(self, key), choices)
+        _one_of("algorithm.off_policy", self.off_policy, ("auto", "tis", "tis_sequence", "decoupled", "none"))
+        _positive("algorithm", self, "group_size")
+        if self.name in GROUPED_ESTIMATORS and self.group_size < 2:
+            raise ConfigError(f"algorithm.group_size={self.group_size} gives {self.name} no group to compare "
+                              "against; set algorithm.group_size>=2 or algorithm.name=reinforce_pp")
+        self._check_clip()
+        self._check_ranges()
+
+    def _check_clip(self) -> None:
+        """Each policy loss's clip hyper-parameters."""
+        if self.clip_eps <= 0 or (self.clip_eps_high is not None and self.clip_eps_high <= 0):
+            raise ConfigError(f"algorithm.clip_eps={self.clip_eps} and clip_eps_high={self.clip_eps_high} must "
+                              "be > 0; set algorithm.clip_eps=0.2")
+        if self.policy_loss == "ppo_clip" and self.clip_eps_high is not None:
+            raise ConfigError("algorithm.clip_eps_high is set but ppo_clip is symmetric; "
+                              "use algorithm.policy_loss=clip_higher (or dual_clip/gspo) or unset clip_eps_high")
+        if self.policy_loss == "clip_higher" and not (self.clip_eps_high or 0) > self.clip_eps:
+            raise ConfigError(f"algorithm.policy_loss=clip_higher needs algorithm.clip_eps_high > clip_eps="
+                              f"{self.clip_eps} (got {self.clip_eps_high}); set algorithm.clip_eps_high=0.28")
+        if self.policy_loss == "dual_clip" and self.dual_clip_c <= 1:
+            raise ConfigError(f"algorithm.dual_clip_c={self.dual_clip_c} must be > 1; set algorithm.dual_clip_c=3.0")
+
+    def _check_ranges(self) -> None:
+        """Coefficients, lengths and DAPO's fields (the overlong buffer against L_max: ``validate``)."""
+        if self.norm_len is not None and self.norm_len <= 0:
+            raise ConfigError(f"algorithm.norm_len={self.norm_len} must be > 0; set it to rollout.max_tokens")
+        for key in ("kl_coef", "entropy_coef", "overlong_buffer", "overlong_penalty"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"algorithm.{key}={getattr(self, key)} must be >= 0; set algorithm.{key}=0")
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ConfigError(f"algorithm.dynamic_sampling drops groups whose rewards don't vary, and a group of "
+                              f"group_size={self.group_size} never varies; set algorithm.group_size>=2")
+        if self.max_sampling_batches < 0:
+            raise ConfigError(f"algorithm.max_sampling_batches={self.max_sampling_batches} must be >= 0 (0: no "
+                              "limit); set algorithm.max_sampling_batches=10")
+        for key in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"algorithm.{key}={getattr(self, key)} must be in [0, 1]; set algorithm.{key}=1.0")
+        if self.overlong_max_len is not None and self.overlong_max_len <= 0:
+            raise ConfigError(f"algorithm.overlong_max_len={self.overlong_max_len} must be > 0; leave it unset "
+                              "(rollout.max_tokens)")
+
 
 @dataclass
 class CriticConfig:
@@ -318,6 +407,13 @@ class CriticConfig:
     """PPO value clipping: V may move at most this far from the old value per step before its loss stops
     giving gradient (0 disables); in reward units, so scale it with the reward."""
 
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"critic.lr={self.lr} must be > 0; set critic.lr=1e-5")
+        for key in ("value_clip", "grad_clip", "weight_decay"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"critic.{key}={getattr(self, key)} must be >= 0 (0 disables); set critic.{key}=0")
+
 
 @dataclass
 class BufferConfig:
@@ -329,6 +425,10 @@ class BufferConfig:
     drop_stale: bool = False
     """Drop (and count) groups that exceed max_staleness instead of failing; admission control makes
     this a safety net, off by default."""
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ConfigError(f"buffer.max_staleness={self.max_staleness} must be >= 0 (0: on-policy)")
 
 
 @dataclass
@@ -360,6 +460,11 @@ class WeightSyncConfig:
     models). Only relayrl's backends (shm, broadcast) use it; vllm-native loads in place itself."""
 
     def __post_init__(self) -> None:
+        _one_of("weightsync.backend", self.backend, ("shm", "broadcast", "vllm-native"))
+        _one_of("weightsync.native_engine", self.native_engine, ("nccl", "ipc"))
+        _positive("weightsync", self, "timeout_s", "bucket_mb", "verify_samples", "max_mismatch")
+        if self.verify_every < 0:
+            raise ConfigError(f"weightsync.verify_every={self.verify_every} must be >= 0 (0: never)")
         if self.commit not in ("inplace", "reload"):
             raise ConfigError(f"weightsync.commit={self.commit!r} is not supported; use inplace or reload")
 
@@ -373,6 +478,9 @@ class PlacementConfig:
     offload_trainer: bool = True
     """colocated on GPUs: move the trainer's shards, grads and AdamW state to host memory while the engines
     generate (``trainer/offload.py``); on CPU there is nothing to free and it does nothing."""
+
+    def __post_init__(self) -> None:
+        _one_of("placement.mode", self.mode, ("separate", "colocated"))
 
 
 @dataclass
@@ -411,6 +519,11 @@ class RewardConfig:
     def __post_init__(self) -> None:
         from relayrl.rewards.sandbox import MODES, namespaces_available, namespaces_missing
 
+        _positive("reward", self, "timeout_s", "num_workers", "groups_per_call")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise ConfigError(f"reward.max_error_rate={self.max_error_rate} must be in [0, 1]; "
+                              "set reward.max_error_rate=0.25 (1.0 never aborts)")
+
         if self.sandbox not in MODES:
             raise ConfigError(f"reward.sandbox={self.sandbox!r} is not supported; use one of {', '.join(MODES)}")
         if self.sandbox == "required" and not namespaces_available():
@@ -432,6 +545,9 @@ class LoggingConfig:
     Ray's resource messages (``relayrl/logs.py``). ``relayrl train --verbose`` sets it."""
     samples_per_step: int = 2
     """Completions written to samples.jsonl per step."""
+
+    def __post_init__(self) -> None:
+        _one_of("logging.wandb", self.wandb, ("offline", "online", "disabled"))
 
 
 @dataclass
@@ -511,6 +627,12 @@ class RunConfig:
     """auto: continue the newest run of this name that has a complete checkpoint (fresh if none); or a
     path to a run dir or checkpoint dir. The resumed run appends to that run directory."""
 
+    def __post_init__(self) -> None:
+        _positive("run", self, "steps", "prompts_per_step")
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise ConfigError("run.checkpoint_every must be >= 0 and run.keep_checkpoints >= 1; "
+                              "e.g. run.checkpoint_every=10 run.keep_checkpoints=2")
+
 
 @dataclass
 class Config:
@@ -535,6 +657,9 @@ class Config:
     """sync: generate -> score -> train -> sync, strictly on-policy. async: rollout keeps generating while
     the trainer trains, at most buffer.max_staleness versions ahead; weights land in flight."""
 
+    def __post_init__(self) -> None:
+        _one_of("mode", self.mode, ("sync", "async"))
+
 
 def register_configs() -> None:
     """Register the schema so recipes (``defaults: [relayrl_schema, _self_]``) are checked against it."""
@@ -544,55 +669,37 @@ def register_configs() -> None:
     cs.store(group="placement", name="colocated", node=PlacementConfig(mode="colocated"))
 
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "mode": ("sync", "async"),
-    "algorithm.off_policy": ("auto", "tis", "tis_sequence", "decoupled", "none"),
-    "model.dtype": ("float32", "bfloat16"),
-    "weightsync.backend": ("shm", "broadcast", "vllm-native"),
-    "weightsync.native_engine": ("nccl", "ipc"),
-    "placement.mode": ("separate", "colocated"),
-    "logging.wandb": ("offline", "online", "disabled"),
-    "trainer.backend": ("auto", "gloo", "nccl"),
-}
-
 GROUPED_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 """Advantage estimators whose baseline comes from the other samples of the same prompt (need G >= 2)."""
 
-_POSITIVE: tuple[str, ...] = (
-    "rollout.num_replicas", "rollout.max_tokens", "rollout.num_cpus", "trainer.world_size",
-    "trainer.tp_size", "rollout.tp_size",
-    "trainer.lr", "trainer.micro_batch_size", "trainer.epochs", "trainer.num_cpus",
-    "algorithm.group_size", "run.steps", "run.prompts_per_step", "model.max_model_len",
-    "weightsync.timeout_s", "weightsync.bucket_mb", "weightsync.verify_samples", "weightsync.max_mismatch",
-    "rollout.kv_cache_gb", "reward.timeout_s", "reward.num_workers",
-    "reward.groups_per_call",
-)
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
 
 def validate(cfg: Config) -> Config:
-    """Check value ranges and combinations; raise ``ConfigError`` naming the field and the fix."""
-    for key, choices in {**_CHOICES, **_algorithm_choices()}.items():
-        if _get(cfg, key) not in choices:
-            raise ConfigError(f"{key}={_get(cfg, key)!r} is not supported; use one of {', '.join(choices)}")
-    for key in _POSITIVE:
-        if not _get(cfg, key) > 0:
-            raise ConfigError(f"{key}={_get(cfg, key)} must be > 0; set {key}=<positive value>")
-    _validate_algorithm(cfg.algorithm)
-    _validate_critic(cfg)
+    """Rules that span sections (each section checked its own fields when it was built); raise
+    ``ConfigError`` naming the field and the fix."""
     _validate_tp(cfg)
     _validate_lora(cfg)
     _validate_env(cfg)
-    if not 0.0 < cfg.rollout.top_p <= 1.0:
-        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]; set rollout.top_p=1.0")
-    if cfg.rollout.temperature <= 0:
-        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be > 0 for RL sampling; "
-                          "set rollout.temperature=1.0")
+    _validate_placement(cfg)
+    if cfg.run.prompts_per_step % cfg.rollout.num_replicas:
+        raise ConfigError(f"run.prompts_per_step={cfg.run.prompts_per_step} must be a multiple of "
+                          f"rollout.num_replicas={cfg.rollout.num_replicas} (each replica generates an equal share)")
+    if cfg.buffer.capacity is not None and cfg.buffer.capacity < cfg.run.prompts_per_step:
+        raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is below run.prompts_per_step="
+                          f"{cfg.run.prompts_per_step}: a step could never fill; raise it or set null")
+    algo = cfg.algorithm
+    if algo.overlong_buffer and algo.overlong_max_len is not None and algo.overlong_buffer > algo.overlong_max_len:
+        raise ConfigError(f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
+                          f"{algo.overlong_max_len} (rollout.max_tokens by default); set it to about a fifth of that")
+    if not cfg.rewards:
+        raise ConfigError("rewards is empty; add at least one reward, e.g. rewards=[{fn: module:function}]")
+    if cfg.eval.every and cfg.env.name:
+        raise ConfigError(f"eval.every={cfg.eval.every} scores single-turn completions, but env.name="
+                          f"{cfg.env.name} makes episodes multi-turn; set eval.every=0")
+    return cfg
+
+
+def _validate_placement(cfg: Config) -> None:
+    """Colocated rollout fits in the trainer's resources; vllm-native weight sync needs GPUs."""
     if cfg.placement.mode == "colocated":
         rollout_cpus = cfg.rollout.num_replicas * cfg.rollout.num_cpus
         trainer_cpus = cfg.trainer.world_size * cfg.trainer.num_cpus
@@ -604,28 +711,6 @@ def validate(cfg: Config) -> Config:
     if cfg.weightsync.backend == "vllm-native" and not _has_cuda():
         raise ConfigError("weightsync.backend=vllm-native runs vLLM's nccl/ipc engines, which need GPUs; "
                           "on CPU use weightsync.backend=shm (one host) or broadcast")
-    if cfg.run.prompts_per_step % cfg.rollout.num_replicas:
-        raise ConfigError(f"run.prompts_per_step={cfg.run.prompts_per_step} must be a multiple of "
-                          f"rollout.num_replicas={cfg.rollout.num_replicas} (each replica generates an equal share)")
-    if cfg.run.checkpoint_every < 0 or cfg.run.keep_checkpoints < 1:
-        raise ConfigError("run.checkpoint_every must be >= 0 and run.keep_checkpoints >= 1; "
-                          "e.g. run.checkpoint_every=10 run.keep_checkpoints=2")
-    if cfg.buffer.max_staleness < 0:
-        raise ConfigError(f"buffer.max_staleness={cfg.buffer.max_staleness} must be >= 0 (0: on-policy)")
-    if cfg.buffer.capacity is not None and cfg.buffer.capacity < cfg.run.prompts_per_step:
-        raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is below run.prompts_per_step="
-                          f"{cfg.run.prompts_per_step}: a step could never fill; raise it or set null")
-    if cfg.weightsync.verify_every < 0:
-        raise ConfigError(f"weightsync.verify_every={cfg.weightsync.verify_every} must be >= 0 (0: never)")
-    if not cfg.rewards:
-        raise ConfigError("rewards is empty; add at least one reward, e.g. rewards=[{fn: module:function}]")
-    if cfg.eval.every and cfg.env.name:
-        raise ConfigError(f"eval.every={cfg.eval.every} scores single-turn completions, but env.name="
-                          f"{cfg.env.name} makes episodes multi-turn; set eval.every=0")
-    if not 0.0 <= cfg.reward.max_error_rate <= 1.0:
-        raise ConfigError(f"reward.max_error_rate={cfg.reward.max_error_rate} must be in [0, 1]; "
-                          "set reward.max_error_rate=0.25 (1.0 never aborts)")
-    return cfg
 
 
 def _has_cuda() -> bool:
@@ -639,66 +724,15 @@ def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS, WHITEN_MODES
     from relayrl.trainer.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
 
-    return {"algorithm.name": (*ADVANTAGES, *CRITIC_ESTIMATORS), "algorithm.policy_loss": tuple(POLICY_LOSSES),
-            "algorithm.loss_agg": tuple(LOSS_AGG), "algorithm.kl_estimator": tuple(KL_ESTIMATORS),
-            "algorithm.whiten": WHITEN_MODES}
-
-
-def _validate_algorithm(algo: AlgorithmConfig) -> None:
-    """Group size for grouped estimators and each loss's hyper-parameter ranges (names: ``validate``)."""
-    if algo.name in GROUPED_ESTIMATORS and algo.group_size < 2:
-        raise ConfigError(f"algorithm.group_size={algo.group_size} gives {algo.name} no group to compare "
-                          "against; set algorithm.group_size>=2 or algorithm.name=reinforce_pp")
-    if algo.clip_eps <= 0 or (algo.clip_eps_high is not None and algo.clip_eps_high <= 0):
-        raise ConfigError(f"algorithm.clip_eps={algo.clip_eps} and clip_eps_high={algo.clip_eps_high} must be "
-                          "> 0; set algorithm.clip_eps=0.2")
-    if algo.policy_loss == "ppo_clip" and algo.clip_eps_high is not None:
-        raise ConfigError("algorithm.clip_eps_high is set but ppo_clip is symmetric; "
-                          "use algorithm.policy_loss=clip_higher (or dual_clip/gspo) or unset clip_eps_high")
-    if algo.policy_loss == "clip_higher" and not (algo.clip_eps_high or 0) > algo.clip_eps:
-        raise ConfigError(f"algorithm.policy_loss=clip_higher needs algorithm.clip_eps_high > clip_eps="
-                          f"{algo.clip_eps} (got {algo.clip_eps_high}); set algorithm.clip_eps_high=0.28")
-    if algo.policy_loss == "dual_clip" and algo.dual_clip_c <= 1:
-        raise ConfigError(f"algorithm.dual_clip_c={algo.dual_clip_c} must be > 1; set algorithm.dual_clip_c=3.0")
-    if algo.norm_len is not None and algo.norm_len <= 0:
-        raise ConfigError(f"algorithm.norm_len={algo.norm_len} must be > 0; set it to rollout.max_tokens")
-    for key in ("kl_coef", "entropy_coef", "overlong_buffer", "overlong_penalty"):
-        if getattr(algo, key) < 0:
-            raise ConfigError(f"algorithm.{key}={getattr(algo, key)} must be >= 0; set algorithm.{key}=0")
-    if algo.dynamic_sampling and algo.group_size < 2:
-        raise ConfigError(f"algorithm.dynamic_sampling drops groups whose rewards don't vary, and a group of "
-                          f"group_size={algo.group_size} never varies; set algorithm.group_size>=2")
-    if algo.max_sampling_batches < 0:
-        raise ConfigError(f"algorithm.max_sampling_batches={algo.max_sampling_batches} must be >= 0 (0: no limit); "
-                          "set algorithm.max_sampling_batches=10")
-    for key in ("gamma", "lam"):
-        if not 0.0 <= getattr(algo, key) <= 1.0:
-            raise ConfigError(f"algorithm.{key}={getattr(algo, key)} must be in [0, 1]; set algorithm.{key}=1.0")
-    if algo.overlong_max_len is not None and algo.overlong_max_len <= 0:
-        raise ConfigError(f"algorithm.overlong_max_len={algo.overlong_max_len} must be > 0; leave it unset "
-                          "(rollout.max_tokens)")
-    if algo.overlong_buffer and algo.overlong_max_len is not None and algo.overlong_buffer > algo.overlong_max_len:
-        raise ConfigError(f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
-                          f"{algo.overlong_max_len} (rollout.max_tokens by default); set it to about a fifth of that")
-
-
-def _validate_critic(cfg: Config) -> None:
-    """``critic.*`` ranges; a critic only runs with ``algorithm.name=gae``."""
-    c = cfg.critic
-    if not c.lr > 0:
-        raise ConfigError(f"critic.lr={c.lr} must be > 0; set critic.lr=1e-5")
-    for key in ("value_clip", "grad_clip", "weight_decay"):
-        if getattr(c, key) < 0:
-            raise ConfigError(f"critic.{key}={getattr(c, key)} must be >= 0 (0 disables); set critic.{key}=0")
+    return {"name": (*ADVANTAGES, *CRITIC_ESTIMATORS), "policy_loss": tuple(POLICY_LOSSES),
+            "loss_agg": tuple(LOSS_AGG), "kl_estimator": tuple(KL_ESTIMATORS), "whiten": WHITEN_MODES}
 
 
 def _validate_tp(cfg: Config) -> None:
-    """``trainer.tp_size`` divides the ranks and trains no critic; ``rollout.tp_size`` > 1 needs GPUs and
-    its own bundles. (Head counts are checked against the model in ``trainer/tp.py`` when it loads.)"""
+    """``trainer.tp_size`` trains no critic; ``rollout.tp_size`` > 1 needs GPUs and its own bundles.
+    (``TrainerConfig`` checks that tp_size divides the ranks; head counts are checked against the model in
+    ``trainer/tp.py`` when it loads.)"""
     t = cfg.trainer
-    if t.world_size % t.tp_size:
-        raise ConfigError(f"trainer.world_size={t.world_size} is not divisible by trainer.tp_size={t.tp_size}; "
-                          f"set trainer.world_size to a multiple of {t.tp_size} (or lower trainer.tp_size)")
     from relayrl.trainer.advantages import CRITIC_ESTIMATORS
 
     if t.tp_size > 1 and cfg.algorithm.name in CRITIC_ESTIMATORS:
@@ -720,21 +754,11 @@ def _validate_lora(cfg: Config) -> None:
 
 
 def _validate_env(cfg: Config) -> None:
-    """``env.name`` must load (built-in or importable ``module:Class``); ``env_reward`` needs an environment."""
+    """``env_reward`` needs an environment (``EnvConfig`` checks that ``env.name`` loads)."""
     uses_env_reward = any(spec.fn in ("env_reward", "relayrl.rewards.builtin:env_reward") for spec in cfg.rewards)
-    if cfg.env.name is None:
-        if uses_env_reward:
-            raise ConfigError("rewards use env_reward but env.name is not set; set env.name=calculator "
-                              "(or another environment) or drop the env_reward reward")
-        return
-    if cfg.env.max_turns < 1:
-        raise ConfigError(f"env.max_turns={cfg.env.max_turns} must be >= 1; set env.max_turns=4")
-    from relayrl.envs import env_factory
-
-    try:
-        env_factory(cfg.env.name, cfg.env.kwargs)
-    except ValueError as exc:
-        raise ConfigError(f"env.name: {exc}") from None
+    if cfg.env.name is None and uses_env_reward:
+        raise ConfigError("rewards use env_reward but env.name is not set; set env.name=calculator "
+                          "(or another environment) or drop the env_reward reward")
 
 
 def _fill_defaults(cfg: Config) -> Config:

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from relayrl.config import Config, ConfigError, RECIPES_DIR, load_config
+from relayrl.config import (RECIPES_DIR, AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainerConfig,
+                            WeightSyncConfig, load_config)
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
@@ -124,3 +125,18 @@ def test_ppo_and_dapo_recipes():
     assert ppo.critic.value_clip == 0.2 and load_config("ppo_arith").algorithm.name == "gae"
     assert dapo.algorithm.dynamic_sampling and dapo.algorithm.overlong_buffer == 8
     assert dapo.algorithm.overlong_max_len == dapo.rollout.max_tokens == 32
+
+
+@pytest.mark.parametrize("build, expected", [
+    (lambda: RolloutConfig(top_p=1.5), "rollout.top_p=1.5 must be in (0, 1]"),
+    (lambda: TrainerConfig(world_size=0), "trainer.world_size=0 must be > 0"),
+    (lambda: TrainerConfig(world_size=3, tp_size=2), "trainer.world_size=3 is not divisible by trainer.tp_size=2"),
+    (lambda: AlgorithmConfig(loss_agg="sum"), "algorithm.loss_agg='sum' is not supported"),
+    (lambda: WeightSyncConfig(backend="ftp"), "weightsync.backend='ftp' is not supported"),
+    (lambda: Config(mode="later"), "mode='later' is not supported; use one of sync, async"),
+])
+def test_each_section_checks_its_own_fields_when_built(build, expected):
+    """Checks live with their dataclass: building a section with a bad field fails at once, in one line."""
+    with pytest.raises(ConfigError) as err:
+        build()
+    assert expected in str(err.value) and "\n" not in str(err.value)
