@@ -93,3 +93,33 @@ def test_downsample_means_by_hand():
     assert _downsample([1, 2, 3, 4, 5, 6], 3) == [1.5, 3.5, 5.5]
     assert _downsample([1, 2, 3, 4, 5], 2) == [1.5, 4.0]      # edges 0, round(2.5)=2, 5: [1,2] [3,4,5]
     assert _downsample([1, 2], 5) == [1, 2]
+
+
+def test_eval_chart_when_the_run_evaluated_during_training(tmp_path, monkeypatch):
+    """eval.every: a step-0 line (the initial model) and eval/* on some steps -> eval.png with every eval
+    figure but its seconds, each line at the steps that have it (step 0 included)."""
+    import relayrl.monitor.plot as plot
+
+    write_run(tmp_path, steps=4)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    evals = {0: 0.25, 2: 0.5, 4: 0.75}
+    records = [{"step": 0, "wall_time": 0.0}] + [json.loads(x) for x in lines]
+    for r in records:
+        if r["step"] in evals:
+            r.update({"eval/greedy_accuracy": evals[r["step"]], "eval/sampled_accuracy": 0.3, "eval/pass@4": 0.6,
+                      "eval/mean_reward": 0.4, "eval/time_s": 3.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert [p.name for p in plot_run(tmp_path)] == ["reward.png", "kl.png", "staleness.png", "throughput.png",
+                                                     "timing.png", "eval.png"]
+    assert (tmp_path / "plots" / "eval.png").read_bytes()[:8] == PNG_MAGIC
+    drawn = {}
+
+    def record(path, title, ylabel, lines, band=None):
+        drawn[path.name] = lines
+        return path
+
+    monkeypatch.setattr(plot, "_save_chart", record)
+    plot_run(tmp_path)
+    assert drawn["eval.png"][0] == ("eval/greedy_accuracy", [0, 2, 4], [0.25, 0.5, 0.75])
+    assert [label for label, _, _ in drawn["eval.png"]] == ["eval/greedy_accuracy", "eval/sampled_accuracy",
+                                                             "eval/pass@4", "eval/mean_reward"]
