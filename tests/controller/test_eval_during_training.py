@@ -69,6 +69,99 @@ def test_eval_metrics_by_hand():
     assert all(lookup(k).when == "eval" for k in out)     # every figure is in the schema
 
 
+class _Recorder:
+    """A fake replica's ``generate``: ``.remote(prompts, n)`` records the call and returns a label."""
+
+    def __init__(self, name: str):
+        self.name, self.calls = name, []
+
+    def remote(self, prompts, n):
+        self.calls.append((prompts, n))
+        return f"{self.name}:{len(self.calls)}"
+
+
+class _Replica:
+    def __init__(self, name: str):
+        self.generate = _Recorder(name)
+
+
+class _Logger:
+    def __init__(self):
+        self.logged = []
+
+    def log(self, step, metrics):
+        self.logged.append((step, metrics))
+
+
+def _evaluator(tiny_llama, tmp_path, every=2, before=True, replicas=2):
+    """A TrainingEval on fake replicas and a fake run (the held-out draw and formatting are real)."""
+    from types import SimpleNamespace
+
+    from relayrl.controller.evaluation import TrainingEval
+
+    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", f"eval.every={every}", f"eval.samples={SAMPLES}",
+                                    f"eval.train_prompts={PROMPTS}", f"eval.before_first_step={before}"])
+    system = SimpleNamespace(model_path=tiny_llama, rollouts=[_Replica(f"r{i}") for i in range(replicas)])
+    run = SimpleNamespace(path=tmp_path, logger=_Logger())
+    return TrainingEval(cfg, system, run)
+
+
+def test_prompts_are_spread_over_replicas_greedy_unseeded_samples_seeded(tiny_llama, tmp_path):
+    from relayrl.data.sampler import prompt_seed
+
+    ev = _evaluator(tiny_llama, tmp_path)
+    greedy, sampled = ev._generate()
+    assert greedy == ["r0:1", "r1:1"] and sampled == ["r0:2", "r1:2"]      # one call each per replica
+    (g0, n_g), (s0, n_s) = ev.system.rollouts[0].generate.calls
+    (g1, _), (s1, _) = ev.system.rollouts[1].generate.calls
+    assert (n_g, n_s) == (1, SAMPLES)
+    assert sorted(p["prompt_id"] for p in g0 + g1) == list(range(PROMPTS))   # every prompt once, round-robin
+    assert [p["prompt_id"] for p in s0] == [p["prompt_id"] for p in g0] == [0, 2, 4]
+    assert all(p["temperature"] == 0.0 and p["seed"] is None for p in g0 + g1)
+    assert all("temperature" not in p and p["seed"] == prompt_seed(1, p["prompt_id"]) for p in s0 + s1)
+    assert [p["prompt"] for p in g0] == [p["prompt"] for p in s0]
+    assert ev._generate() and ev.system.rollouts[0].generate.calls[2][0] == g0   # the same prompts next time
+
+
+def test_before_first_step_logs_step_0_and_after_step_returns_due_figures(tiny_llama, tmp_path):
+    ev = _evaluator(tiny_llama, tmp_path)
+    ev.evaluate = lambda version: {"eval/greedy_accuracy": version / 10}
+    ev.before_first_step(3)                            # a resumed run: its start version is not evaluated again
+    assert ev.run.logger.logged == []
+    ev.before_first_step(0)
+    assert ev.run.logger.logged == [(0, {"eval/greedy_accuracy": 0.0})]
+    assert [ev.after_step(v) for v in (1, 2, 3, 4)] == [{}, {"eval/greedy_accuracy": 0.2}, {},
+                                                        {"eval/greedy_accuracy": 0.4}]
+    off = _evaluator(tiny_llama, tmp_path, every=0)
+    off.evaluate = lambda version: pytest.fail("eval.every=0 evaluates nothing")
+    off.before_first_step(0)
+    assert off.prompts == [] and [off.after_step(v) for v in (1, 2)] == [{}, {}]
+    no_first = _evaluator(tiny_llama, tmp_path, before=False)
+    no_first.evaluate = lambda version: {"eval/time_s": 1.0}
+    no_first.before_first_step(0)
+    assert no_first.run.logger.logged == [] and no_first.after_step(2) == {"eval/time_s": 1.0}
+
+
+def test_resume_keeps_the_step_0_eval_line_and_does_not_count_it(tmp_path):
+    """RunDir.reopen at step 2 keeps the step-0 eval line (and step 2's eval) and cuts step 3; the reward
+    list, which the end-of-run summary and status.json's steps_done come from, holds steps 1 and 2 only."""
+    from relayrl.controller.run import RunDir
+    from relayrl.monitor.runs import read_jsonl
+
+    cfg = load_config("grpo_tiny", [f"run.output_dir={tmp_path}", "logging.wandb=disabled", "logging.console=false"])
+    run = RunDir.create(cfg)
+    run.logger.close()
+    (run.path / "prompts.jsonl").write_text("".join(json.dumps({"step": s, "prompt_ids": [2 * s, 2 * s + 1]}) + "\n"
+                                                    for s in (1, 2, 3)))
+    (run.path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/greedy_accuracy": 0.25}) + "\n" + "".join(
+        json.dumps({"step": s, "reward/mean": 0.5, "eval/greedy_accuracy": 0.5}) + "\n" for s in (1, 2, 3)))
+    state = {"step": 2, "counts": {"issued": 4, "trained": 4, "dropped": 0}, "sampler": {}, "pending": []}
+    reopened = RunDir.reopen(cfg, run.path, state)
+    reopened.logger.close()
+    assert [r["step"] for _, r in read_jsonl(run.path / "metrics.jsonl")] == [0, 1, 2]
+    assert reopened.rewards == [0.5, 0.5]
+
+
 # ---- one tiny run ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def eval_run(ray_session, tiny_llama, tmp_path_factory):
