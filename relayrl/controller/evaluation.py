@@ -66,8 +66,8 @@ def eval_metrics(greedy: list[dict[str, Any]], sampled: list[dict[str, Any]], sa
     counterpart of ``reward/mean``)."""
     g = summarize("", greedy, 1, (1,))
     s = summarize("", sampled, samples, (samples,))
-    return {GREEDY_ACCURACY: g.accuracy, SAMPLED_ACCURACY: s.accuracy, PASS_AT_K.format(k=samples): s.pass_at_k[samples],
-            MEAN_REWARD: s.mean_reward, TIME_S: seconds}
+    return {GREEDY_ACCURACY: g.accuracy, SAMPLED_ACCURACY: s.accuracy,
+            PASS_AT_K.format(k=samples): s.pass_at_k[samples], MEAN_REWARD: s.mean_reward, TIME_S: seconds}
 
 
 class TrainingEval:
@@ -116,8 +116,8 @@ class TrainingEval:
         metrics = eval_metrics(greedy, sampled, self.cfg.eval.samples, time.perf_counter() - t0)
         rows = [{"decoding": "greedy", **r} for r in greedy] + [{"decoding": "sampled", **r} for r in sampled]
         write_rows(self.run.path / "eval" / f"step_{version}", rows, {"version": version, **metrics})
-        print(f"relayrl: eval of v{version}: " + " | ".join(f"{k.split('/', 1)[1]} {v:.3f}"
-                                                              for k, v in metrics.items()), flush=True)
+        figures = " | ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in metrics.items())
+        print(f"relayrl: eval of v{version}: {figures}", flush=True)
         return metrics
 
     def _generate(self) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
@@ -125,6 +125,7 @@ class TrainingEval:
         replicas = self.system.rollouts
         parts = [(r, self.prompts[i::len(replicas)]) for i, r in enumerate(replicas)]
         parts = [(r, chunk) for r, chunk in parts if chunk]
-        greedy = [r.generate.remote([{**p, "temperature": 0.0, "seed": None} for p in chunk], 1) for r, chunk in parts]
+        greedy = [r.generate.remote([{**p, "temperature": 0.0, "seed": None} for p in chunk], 1)
+                  for r, chunk in parts]
         sampled = [r.generate.remote(chunk, self.cfg.eval.samples) for r, chunk in parts]
         return greedy, sampled
