@@ -36,6 +36,7 @@ import ray
 from relayrl.config import Config
 from relayrl.data.sampler import prompt_seed
 from relayrl.monitor.evaluate import completion_rows, eval_rows, format_prompts, summarize, write_rows
+from relayrl.monitor.runs import read_jsonl
 
 GREEDY_ACCURACY = "eval/greedy_accuracy"
 SAMPLED_ACCURACY = "eval/sampled_accuracy"
@@ -95,10 +96,14 @@ class TrainingEval:
 
     def before_first_step(self, version: int) -> None:
         """Evaluate the initial weights and log them as step 0; nothing when resuming at ``version`` > 0
-        (that version's evaluation, when due, was logged with its step before the run stopped)."""
+        (that version's evaluation, when due, was logged with its step before the run stopped) or when
+        the step-0 line is there already (a restart from scratch after a trainer rank died)."""
         e = self.cfg.eval
-        if version == 0 and is_due(0, e.every, e.before_first_step):
+        if version == 0 and is_due(0, e.every, e.before_first_step) and not self._logged_step_0():
             self.run.logger.log(0, self.evaluate(0))
+
+    def _logged_step_0(self) -> bool:
+        return any(r.get("step") == 0 for _, r in read_jsonl(self.run.path / "metrics.jsonl"))
 
     def after_step(self, version: int) -> dict[str, float]:
         """``eval/*`` of the weights ``version`` the engines just committed, when due; else {}."""

@@ -130,6 +130,9 @@ def test_before_first_step_logs_step_0_and_after_step_returns_due_figures(tiny_l
     assert ev.run.logger.logged == []
     ev.before_first_step(0)
     assert ev.run.logger.logged == [(0, {"eval/greedy_accuracy": 0.0})]
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/greedy_accuracy": 0.0}) + "\n")
+    ev.before_first_step(0)                            # a restart from scratch: step 0 is logged already
+    assert len(ev.run.logger.logged) == 1
     assert [ev.after_step(v) for v in (1, 2, 3, 4)] == [{}, {"eval/greedy_accuracy": 0.2}, {},
                                                         {"eval/greedy_accuracy": 0.4}]
     off = _evaluator(tiny_llama, tmp_path, every=0)
