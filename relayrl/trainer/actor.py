@@ -43,13 +43,13 @@ import torch.distributed as dist
 
 from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from relayrl.rendezvous import client_store, master_store
-from relayrl.trainer import checkpoint
+from relayrl.trainer import checkpoint, lora
 from relayrl.trainer.advantages import CRITIC_ESTIMATORS
 from relayrl.trainer.batch import (MicroBatch, build_train_batch, empty_micro_batch, packed_micro_batch,
                                    packing_plan, row_micro_batches, split_batch, to_device)
 from relayrl.trainer.critic import Critic, GaeTargets
 from relayrl.trainer.fsdp import clip_and_step
-from relayrl.trainer.hf import export, full_state_dict, load_sharded, pad_token_id
+from relayrl.trainer.hf import export, hf_state_dict, load_sharded, pad_token_id
 from relayrl.trainer.logprobs import token_logprobs
 from relayrl.trainer.objective import build_loss
 from relayrl.trainer.packing import split_to_count
@@ -113,10 +113,16 @@ class TrainerActor:
                                                      self.mesh["dp"].size())
         torch.manual_seed(self.seed)
         load = functools.partial(load_sharded, self.model_path, self.device, self.mesh, self.model_cfg.dtype)
-        self.model = load(trainable=True)
-        self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=tuple(self.cfg.betas),
+        self.model = load(trainable=True, lora_cfg=self.cfg.lora)
+        self.uses_lora = lora.is_peft(self.model)          # the reference is then the base: adapters off, no copy
+        self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 and not self.uses_lora else None
+        trainable = [p for p in self.model.parameters() if p.requires_grad]   # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(trainable, lr=self.cfg.lr, betas=tuple(self.cfg.betas),
                                            weight_decay=self.cfg.weight_decay)
+        if self.uses_lora and self.rank == 0:
+            n_train, n_all = lora.param_counts(self.model)
+            print(f"relayrl: LoRA r={self.cfg.lora.r} alpha={self.cfg.lora.alpha:g}: trainer trains {n_train:,} of "
+                  f"{n_all:,} parameters ({100 * n_train / n_all:.2f}%); AdamW state for those only", flush=True)
         self.pad_token_id = pad_token_id(self.model.config)
         self.trained = {"policy": (self.model, self.optimizer)}      # checkpoint name -> (module, optimizer)
         if ppo:
@@ -168,12 +174,25 @@ class TrainerActor:
         ``mb.advantages``) with pi_old from one extra forward, and none to the loss.
         """
         step, old = self.policy_step, [None] * len(micro)
-        ref = [step.logprobs(self.ref_model, mb) for mb in micro] if self.ref_model is not None else None
+        ref = self._ref_logprobs(micro) if self.algo.kl_coef > 0 else None
         if self.critic is None:
             return old, ref, None
         if ref is not None:
             old = [step.logprobs(self.model, mb) for mb in micro]
         return old, None, self.critic.advantages(micro, n_tokens, old, ref)
+
+    def _ref_logprobs(self, micro: list[MicroBatch]) -> list[torch.Tensor]:
+        """Reference logprobs: the frozen copy's, or with LoRA the policy's own with its adapters bypassed
+        (the base model, which is the reference: the adapters are the only weights that train)."""
+        step = self.policy_step
+        if not self.uses_lora:
+            return [step.logprobs(self.ref_model, mb) for mb in micro]
+        with lora.adapters_off(self.model):
+            return [step.logprobs(self.model, mb) for mb in micro]
+
+    def param_counts(self) -> tuple[int, int]:
+        """(trainable, total) parameters of the policy; with LoRA, trainable counts the adapters only."""
+        return lora.param_counts(self.model)
 
     def _train_policy(self, micro: list[MicroBatch], old: list[torch.Tensor | None],
                       ref: list[torch.Tensor] | None, denom: torch.Tensor) -> tuple[StepStats, list[float]]:
@@ -252,8 +271,9 @@ class TrainerActor:
 
         FSDP2 replaces parameters in place (DTensors) without renaming modules, so the keys are exactly
         ``AutoModelForCausalLM.state_dict()``'s: what ``load_state_dict`` and vLLM's ``load_weights`` take.
+        With LoRA, the merged weights under those names (``hf_state_dict``).
         """
-        state = full_state_dict(self.model)
+        state = hf_state_dict(self.model)
         return state if self.rank == 0 else None
 
     def critic_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -268,16 +288,18 @@ class TrainerActor:
 
         The source is vLLM's ``ModuleSource`` over the FSDP model: it all-gathers one parameter at a
         time (``full_tensor``), in ``named_parameters`` order on every rank, so tied weights appear
-        once and the trainer never holds more than one bucket of gathered weights.
+        once and the trainer never holds more than one bucket of gathered weights. With LoRA the source is
+        ``MergedLoraSource``: the same gathers, each adapted weight sent merged under its base name.
         """
         from vllm.distributed.weight_transfer.base import ModuleSource
 
+        from relayrl.weightsync.lora import MergedLoraSource
         from relayrl.weightsync.sync import TrainerSync
 
         if self._sync is not None:
             self._sync.close()
-        self._sync = TrainerSync(ws_cfg, ModuleSource(self.model), self.rank, rollouts, workers,
-                                 wire_dtype=self.model_cfg.dtype)
+        source = MergedLoraSource(self.model) if self.uses_lora else ModuleSource(self.model)
+        self._sync = TrainerSync(ws_cfg, source, self.rank, rollouts, workers, wire_dtype=self.model_cfg.dtype)
 
     def sync_weights(self, version: int) -> dict[str, float] | None:
         """Send the current weights to every engine as ``version`` (collective). Rank 0 returns metrics."""

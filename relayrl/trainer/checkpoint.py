@@ -1,9 +1,10 @@
 """Sharded trainer checkpoints with torch Distributed Checkpoint (DCP), restored exactly, written async.
 
-Every rank calls ``save``/``load`` together. DCP writes each rank's shards of the model and the
-optimizer (no gather, no pickle); each rank's RNG state goes to its own small tensor file, loaded with
-``weights_only=True`` (no unpickling of arbitrary objects). Atomicity is the caller's job: write into a
-temporary directory and rename it once everything, the driver's state included, is on disk.
+Every rank calls ``save``/``load`` together. DCP writes each rank's shards of the model's trained
+weights (with LoRA only the adapters: ``TRAINED_ONLY``) and of the optimizer (no gather, no pickle);
+each rank's RNG state goes to its own small tensor file, loaded with ``weights_only=True`` (no
+unpickling of arbitrary objects). Atomicity is the caller's job: write into a temporary directory and
+rename it once everything, the driver's state included, is on disk.
 
 ``Saver`` writes asynchronously with ``dcp.async_save`` (as DataStates-LLM argues, a checkpoint need
 not stall training for its write): the call stalls only while the shards are copied into a private
@@ -23,18 +24,32 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 Parts = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
+TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
+"""Frozen weights are not saved: with ``trainer.lora`` they are the base model, loaded from ``model.path``
+again on resume, so a checkpoint holds the adapters and their AdamW state only."""
+LOAD_TRAINED = StateDictOptions(ignore_frozen_params=True, strict=False)
+"""Loading sets the trained weights and leaves the frozen ones as loaded (``strict`` would demand them);
+a trained weight missing from the checkpoint still fails, in ``dcp.load``."""
 
 
 def _modules(parts: Parts) -> dict[str, dict]:
     """``{"policy": {"model": ..., "optim": ...}, ...}``: DCP state dicts (sharded, no gather)."""
     out = {}
     for name, (model, optim) in parts.items():
-        model_sd, optim_sd = get_state_dict(model, optim)
+        model_sd, optim_sd = get_state_dict(model, optim, options=TRAINED_ONLY)
+        model_sd = {k: v for k, v in model_sd.items() if k not in _frozen(model)}
         out[name] = {"model": model_sd, "optim": optim_sd}
     return out
+
+
+def _frozen(model: torch.nn.Module) -> set[str]:
+    """State-dict keys of frozen parameters. ``ignore_frozen_params`` misses a tied alias (a LoRA model's
+    ``lm_head.weight`` is the frozen embedding under a second name), so it is dropped by identity here."""
+    return {k for k, v in model.state_dict(keep_vars=True).items()
+            if isinstance(v, torch.nn.Parameter) and not v.requires_grad}
 
 
 def init_optimizer_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
@@ -115,7 +130,8 @@ def load(path: Path, parts: Parts, rank: int) -> None:
     state = _modules(parts)
     dcp.load(state, checkpoint_id=str(path / "dcp"))
     for name, (model, optim) in parts.items():
-        set_state_dict(model, optim, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"])
+        set_state_dict(model, optim, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"],
+                       options=LOAD_TRAINED)
     rng = torch.load(path / f"rng-rank{rank}.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():

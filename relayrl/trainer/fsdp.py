@@ -16,7 +16,8 @@ def shard_model(model: torch.nn.Module, mesh, dtype: str, trainable: bool) -> to
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     model.eval()
-    model.requires_grad_(trainable)
+    if not trainable:     # trainable: the flags the caller left (every weight, or with LoRA the adapters only)
+        model.requires_grad_(False)
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():

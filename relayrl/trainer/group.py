@@ -139,6 +139,10 @@ class TrainerGroup:
         """Write an HF model directory (loadable by transformers and vLLM); returns its path."""
         return self._all("save_hf", str(out_dir))[0]
 
+    def param_counts(self) -> tuple[int, int]:
+        """(trainable, total) parameters of the policy (with ``trainer.lora``: trainable = the adapters)."""
+        return tuple(self._all("param_counts")[0])
+
     def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:
         return self._all("sequence_logprobs", list(token_ids), temperature)[0]
 

@@ -2,7 +2,8 @@
 
 The parameter names stay exactly ``AutoModelForCausalLM``'s throughout (TP and FSDP2 replace tensors in
 place; ``keep_head_fp32`` uses hooks, not a wrapper), so what ``export`` writes loads with
-``from_pretrained`` and what the trainer syncs is what vLLM's ``load_weights`` takes.
+``from_pretrained`` and what the trainer syncs is what vLLM's ``load_weights`` takes. The exception is
+LoRA (``lora.py``): PEFT renames the wrapped model, and ``hf_state_dict`` merges and renames it back.
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ from pathlib import Path
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from relayrl.config import LoraConfig
+from relayrl.trainer import lora
 from relayrl.trainer.fsdp import shard_model
 from relayrl.trainer.precision import keep_head_fp32
 from relayrl.trainer.tp import parallelize
 
 
 def load_sharded(model_path: str, device: torch.device, mesh: DeviceMesh, dtype: str,
-                 trainable: bool) -> torch.nn.Module:
+                 trainable: bool, lora_cfg: LoraConfig | None = None) -> torch.nn.Module:
     """The HF causal LM with float32 master weights: decoder linears split over "tp" (``tp.parallelize``,
-    when the mesh has a "tp" dimension: tp_size > 1), then sharded per decoder layer over "dp" (``fsdp.shard_model``);
+    when the mesh has a "tp" dimension: tp_size > 1), with ``lora_cfg.r > 0`` wrapped by PEFT (``lora.wrap``:
+    only the adapters train), then sharded per decoder layer over "dp" (``fsdp.shard_model``);
     ``dtype`` is ``model.dtype`` (the compute and wire dtype of the shards)."""
     from transformers import AutoModelForCausalLM
 
@@ -28,6 +32,8 @@ def load_sharded(model_path: str, device: torch.device, mesh: DeviceMesh, dtype:
     keep_head_fp32(model.get_output_embeddings())        # trainer.dtype=bf16: logits stay float32
     if "tp" in mesh.mesh_dim_names:
         parallelize(model, mesh["tp"])
+    if trainable and lora_cfg is not None and lora_cfg.r > 0:
+        model = lora.wrap(model, lora_cfg)
     return shard_model(model, mesh["dp"], dtype, trainable)
 
 
@@ -36,6 +42,13 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``full_state_dict`` with HF names; a LoRA model's adapters are merged into their weights
+    (``lora.merge_stream``), so the result is a plain ``AutoModelForCausalLM`` state dict. Collective."""
+    state = full_state_dict(model)
+    return dict(lora.merge_stream(state.items(), lora.scales(model))) if lora.is_peft(model) else state
 
 
 def pad_token_id(config) -> int:
