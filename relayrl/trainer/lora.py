@@ -17,6 +17,7 @@ sync's layout see exactly the base model's parameter names and shapes.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 
@@ -33,7 +34,8 @@ _PARTS = {f".lora_A.{ADAPTER}.weight": "A", f".lora_B.{ADAPTER}.weight": "B"}
 
 def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     """``model`` with LoRA adapters of rank ``cfg.r`` on ``cfg.target_modules`` (PEFT's ``get_peft_model``;
-    the base weights frozen). Raises ``ConfigError`` when no module matches or a match is not a linear."""
+    the base weights frozen). Raises ``ConfigError`` when no module matches, or a match is not a linear or
+    has a tied weight (``merge_stream`` sees a tied weight once, under its first name)."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
     from peft.tuners.lora import LoraLayer
@@ -50,6 +52,11 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     if other:
         raise ConfigError(f"trainer.lora.target_modules matches {other[0]!r}, not a linear layer; relayrl merges "
                           "LoRA into linear weights only: name linears, e.g. [q_proj,v_proj]")
+    uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    tied = [n for n, m in model.named_modules() if isinstance(m, LoraLayer) and uses[id(m.base_layer.weight)] > 1]
+    if tied:
+        raise ConfigError(f"trainer.lora.target_modules matches {hf_name(tied[0])!r}, whose weight is tied to "
+                          "another layer (the embeddings): a merge would change both; leave it out")
     return model
 
 
