@@ -109,3 +109,25 @@ def test_save_hf_writes_the_merged_model(trained):
     final = trained["uninterrupted"]
     assert all(torch.equal(v, final[k]) for k, v in model.state_dict().items())
     assert torch.allclose(_logprobs(model, PROBE), trained["probe"], atol=1e-5)
+
+
+def test_ppo_critic_trains_beside_a_lora_policy(ray_session, tiny_llama):
+    """PPO (algorithm.name=gae) with LoRA: the critic is its own full-weight model and learns; the policy
+    moves only in its adapted weights; the KL in the reward uses the base (adapters off)."""
+    from relayrl.trainer.group import TrainerGroup
+
+    base = _hf_model(tiny_llama)
+    trainer = TrainerGroup(1, str(tiny_llama), ModelConfig(path=str(tiny_llama)),
+                           TrainerConfig(lr=1e-2, micro_batch_size=4, lora=LORA),
+                           AlgorithmConfig(name="gae", group_size=3, kl_coef=0.1, kl_estimator="k1"),
+                           temperature=TEMPERATURE)
+    try:
+        refs = [ray_session.put(_synthetic_groups(vocab=base.config.vocab_size))]
+        stats = [trainer.train_step(refs) for _ in range(2)]
+        final = trainer.state_dict()
+    finally:
+        trainer.shutdown()
+    initial = base.state_dict()
+    assert all(s["value_loss"] > 0 for s in stats)
+    assert all(torch.equal(final[k], initial[k]) for k in initial if not k.endswith(ADAPTED))
+    assert any(not torch.equal(final[k], initial[k]) for k in initial if k.endswith(ADAPTED))
