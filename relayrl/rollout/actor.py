@@ -21,7 +21,7 @@ from typing import Any
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
 from relayrl.envs import env_factory
-from relayrl.rollout.episode import EpisodeRunner, vllm_sample_turn
+from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
 from relayrl.weightsync.commit import KEEP_ENV
 from relayrl.types import Trajectory, TrajectoryGroup
@@ -105,12 +105,7 @@ class RolloutActor:
         its other requests and its history: a restarted replica or a resumed run samples the same tokens
         from the same weights. Without it, the engine's random state is used. A prompt's ``temperature``
         overrides ``rollout.temperature`` for it (0: greedy; evaluation during training uses it)."""
-        if group_size < 1:
-            raise ValueError(f"group_size={group_size} must be >= 1; set algorithm.group_size")
-        for p in prompts:
-            if not {"prompt_id", "prompt"} <= p.keys():
-                raise ValueError(f"prompt {p!r} lacks 'prompt_id' or 'prompt'; pass "
-                                 "{'prompt_id': int, 'prompt': str, 'columns': dict}")
+        check_prompts(prompts, group_size)
         return list(await asyncio.gather(*(self._generate_group(p, group_size) for p in prompts)))
 
     async def _generate_group(self, prompt: dict[str, Any], group_size: int) -> TrajectoryGroup:

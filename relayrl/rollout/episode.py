@@ -135,6 +135,17 @@ async def _call_env(env: Environment, method: str, arg: Any, where: str) -> Any:
                            f"{type(exc).__name__}: {exc}") from exc
 
 
+def check_prompts(prompts: list[dict[str, Any]], group_size: int) -> None:
+    """What every generate call needs (single- and multi-turn): a group of >= 1 and prompts carrying
+    ``prompt_id`` and ``prompt``."""
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size} must be >= 1; set algorithm.group_size")
+    for p in prompts:
+        if not {"prompt_id", "prompt"} <= p.keys():
+            raise ValueError(f"prompt {p!r} lacks 'prompt_id' or 'prompt'; pass "
+                             "{'prompt_id': int, 'prompt': str, 'columns': dict}")
+
+
 class EpisodeRunner:
     """Runs episodes of an environment against one engine (``sample_turn``), ``max_turns`` model turns at most.
 
@@ -153,11 +164,7 @@ class EpisodeRunner:
     async def run_group(self, prompt: dict[str, Any], group_size: int,
                         make_env: Callable[[], Environment]) -> TrajectoryGroup:
         """``group_size`` concurrent episodes of ``{"prompt_id", "prompt", "columns"}``, a fresh env each."""
-        if group_size < 1:
-            raise ValueError(f"group_size={group_size} must be >= 1; set algorithm.group_size")
-        if not {"prompt_id", "prompt"} <= prompt.keys():
-            raise ValueError(f"prompt {prompt!r} lacks 'prompt_id' or 'prompt'; pass "
-                             "{'prompt_id': int, 'prompt': str, 'columns': dict}")
+        check_prompts([prompt], group_size)
         columns = dict(prompt.get("columns", {}))
         sample = {**columns, "prompt": prompt["prompt"]}
         results = await asyncio.gather(*(self.run_episode(make_env(), dict(sample), prompt["prompt_id"], i,
