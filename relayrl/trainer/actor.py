@@ -59,11 +59,10 @@ from relayrl.types import TrainBatch, TrajectoryGroup
 
 
 def resolve_backend(backend: str) -> str:
-    """``auto`` -> ``nccl`` when CUDA is visible, else ``gloo``; explicit names pass through."""
+    """``auto`` -> ``nccl`` when CUDA is visible, else ``gloo``; explicit names (``TrainerConfig`` checked
+    them) pass through."""
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"trainer.backend={backend!r} is not supported; use auto, gloo or nccl")
     return backend
 
 
@@ -96,9 +95,7 @@ class TrainerActor:
     def setup(self) -> None:
         """Join the process group, load and shard the policy (and the frozen reference if KL is on, the critic
         for PPO)."""
-        ppo = self.algo.name in CRITIC_ESTIMATORS
-        if ppo and self.cfg.tp_size > 1:
-            raise ValueError("PPO's critic is trained with FSDP only; set trainer.tp_size=1")
+        ppo = self.algo.name in CRITIC_ESTIMATORS    # with trainer.tp_size=1: config.validate refuses TP
         backend = resolve_backend(self.cfg.backend)
         if backend == "nccl":
             torch.cuda.set_device(self.rank % torch.cuda.device_count())

@@ -26,12 +26,10 @@ _STYLES = ("colwise", "rowwise")
 
 
 def build_mesh(device_type: str, world_size: int, tp_size: int):
-    """``tp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp") mesh."""
+    """``tp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp") mesh (``TrainerConfig``
+    checked that tp_size divides world_size)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if tp_size < 1 or world_size % tp_size:
-        raise ValueError(f"trainer.world_size={world_size} is not divisible by trainer.tp_size={tp_size}; "
-                         "set trainer.world_size to a multiple of trainer.tp_size")
     if tp_size == 1:
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
     return init_device_mesh(device_type, (world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
