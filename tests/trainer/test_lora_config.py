@@ -21,9 +21,11 @@ def test_default_is_off_and_an_override_turns_it_on():
 @pytest.mark.parametrize("overrides, match", [
     (["trainer.lora.r=-1"], r"trainer\.lora\.r=-1 must be >= 0"),
     (["trainer.lora.r=8", "trainer.lora.alpha=0"], r"trainer\.lora\.alpha=0.0 must be > 0"),
-    (["trainer.lora.r=8", "trainer.lora.dropout=0.1"], r"trainer\.lora\.dropout=0.1: .* set trainer\.lora\.dropout=0"),
+    (["trainer.lora.r=8", "trainer.lora.dropout=0.1"],
+     r"trainer\.lora\.dropout=0.1: .* set trainer\.lora\.dropout=0"),
     (["trainer.lora.r=8", "trainer.lora.target_modules=[]"], r"trainer\.lora\.target_modules is empty"),
-    (["trainer.lora.r=8", "trainer.world_size=2", "trainer.tp_size=2"], r"set trainer\.tp_size=1 or trainer\.lora\.r=0"),
+    (["trainer.lora.r=8", "trainer.world_size=2", "trainer.tp_size=2"],
+     r"set trainer\.tp_size=1 or trainer\.lora\.r=0"),
 ])
 def test_bad_lora_config_is_one_line(overrides, match):
     with pytest.raises(ConfigError, match=match) as err:

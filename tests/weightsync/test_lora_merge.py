@@ -67,7 +67,8 @@ def test_merged_source_is_the_base_layout_with_the_adapted_model(lora_pair):
     source = MergedLoraSource(peft_model)
     before = {n: p.detach().clone() for n, p in peft_model.named_parameters()}
     merged = dict(iter(source))
-    assert [(m.name, m.shape) for m in source.metadata()] == [(n, tuple(p.shape)) for n, p in base.named_parameters()]
+    base_layout = [(n, tuple(p.shape)) for n, p in base.named_parameters()]
+    assert [(m.name, m.shape) for m in source.metadata()] == base_layout
     assert list(merged) == [n for n, _ in base.named_parameters()]
     q = "model.layers.1.self_attn.q_proj"
     mod = peft_model.base_model.model.model.layers[1].self_attn.q_proj
