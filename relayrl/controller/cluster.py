@@ -19,7 +19,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relayrl import logs
-from relayrl.config import PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig
+from relayrl.config import Config, PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig, has_cuda
 
 
 @dataclass
@@ -48,6 +48,24 @@ def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: floa
         ray.init(address="local", num_cpus=int(-(-cpus // 1)), include_dashboard=False, runtime_env=env,
                  _node_ip_address="127.0.0.1", log_to_driver=True)
     logs.attach()       # the run's router (if one is installed) takes Ray's printer off the console
+
+
+def split_cores(cfg: Config, cores: int | None = None) -> Config:
+    """``cfg`` with the host's cores shared out where async overlap needs it (CPU boxes only).
+
+    ``num_threads=0`` means "every core", right for sync and colocated runs, where one phase runs at a
+    time. ``mode=async`` with separate placement generates and trains at once, so every engine and every
+    trainer rank taking all cores would oversubscribe them (each spinning OpenMP pool slows the other).
+    There, each replica and rank left at 0 gets ``cores // (replicas + ranks)`` threads (at least 1); the
+    engines bind the last cores (``rollout.actor.cpu_thread_env``), so the trainer keeps the first ones.
+    Explicit thread counts are kept."""
+    if has_cuda() or cfg.mode != "async" or cfg.placement.mode != "separate":
+        return cfg
+    actors = cfg.rollout.num_replicas + cfg.trainer.world_size
+    share = max(1, (cores or os.cpu_count() or 1) // actors)
+    rollout = cfg.rollout if cfg.rollout.num_threads else dataclasses.replace(cfg.rollout, num_threads=share)
+    trainer = cfg.trainer if cfg.trainer.num_threads else dataclasses.replace(cfg.trainer, num_threads=share)
+    return dataclasses.replace(cfg, rollout=rollout, trainer=trainer)
 
 
 SCORING_CPUS = 1.0

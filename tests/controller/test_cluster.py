@@ -1,0 +1,31 @@
+"""``split_cores``: async on a CPU box shares the cores between engines and trainer ranks; nothing else changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.config import load_config
+from relayrl.controller import cluster
+from relayrl.controller.cluster import split_cores
+
+
+def threads(overrides: list[str], cores: int) -> tuple[int, int]:
+    cfg = split_cores(load_config("grpo_arith", overrides), cores=cores)
+    return cfg.rollout.num_threads, cfg.trainer.num_threads
+
+
+@pytest.mark.parametrize("overrides, cores, expected", [
+    (["mode=async"], 2, (1, 1)),                                              # 2 cores // (1 + 1)
+    (["mode=async", "rollout.num_replicas=2", "trainer.world_size=2"], 16, (4, 4)),   # 16 // 4
+    (["mode=async", "trainer.world_size=2"], 2, (1, 1)),                     # 2 // 3 = 0 -> at least 1
+    (["mode=async", "trainer.num_threads=2"], 16, (8, 2)),                   # an explicit count is kept
+    (["mode=sync"], 2, (0, 0)),                                              # one phase at a time: every core
+    (["mode=async", "placement=colocated"], 2, (0, 0)),                      # colocated never overlaps
+])
+def test_split_cores(overrides, cores, expected):
+    assert threads(overrides, cores) == expected
+
+
+def test_split_cores_leaves_gpu_runs_alone(monkeypatch):
+    monkeypatch.setattr(cluster, "has_cuda", lambda: True)
+    assert threads(["mode=async"], 2) == (0, 0)
