@@ -140,7 +140,8 @@ class RolloutConfig:
     num_cpus: float = 1.0
     """Ray CPUs each rollout actor asks for (fractional is fine)."""
     num_threads: int = 0
-    """CPU engines only: OpenMP threads vLLM binds (0: every core; the sync loop runs one phase at a time)."""
+    """CPU engines only: OpenMP threads vLLM binds (0: every core, as the sync loop runs one phase at a time;
+    ``mode=async`` with separate placement: the cores shared out among replicas and ranks, ``cluster.split_cores``)."""
     tp_size: int = 1
     """vLLM ``tensor_parallel_size`` of each replica: GPUs per engine (the placement bundle reserves them).
     CPU engines run one worker here: keep 1."""
@@ -247,7 +248,8 @@ class TrainerConfig:
     num_cpus: float = 1.0
     """Ray CPUs each trainer rank asks for."""
     num_threads: int = 0
-    """CPU only: torch threads per rank (0: every core; the sync loop runs one phase at a time)."""
+    """CPU only: torch threads per rank (0: every core, as the sync loop runs one phase at a time; ``mode=async``
+    with separate placement: the cores shared out among replicas and ranks, ``cluster.split_cores``)."""
     max_restarts: int = 2
     """If a trainer rank dies, restart the run from its latest checkpoint (run.checkpoint_every) at most
     this many times."""

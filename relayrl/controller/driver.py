@@ -26,7 +26,7 @@ from typing import Any
 import ray
 
 from relayrl.config import Config, ConfigError
-from relayrl.controller.cluster import make_placement, needed_cpus, start_ray
+from relayrl.controller.cluster import make_placement, needed_cpus, split_cores, start_ray
 from relayrl.controller.run import RunDir, RunResult
 from relayrl.controller.scheduler import TrainerDied
 from relayrl.controller.system import System
@@ -38,6 +38,7 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     If a trainer rank dies, the whole system is torn down and started again from the run's latest
     checkpoint (from scratch if there is none yet), at most ``trainer.max_restarts`` times.
     """
+    cfg = split_cores(cfg)                              # async on CPU: engines and ranks share the cores
     reward_fns = resolve_rewards(cfg, rewards)          # import errors surface before Ray starts
     model_path = resolve_model_path(cfg)
     resume = resolve_resume(cfg)                        # (run dir, checkpoint, state) or None, before Ray starts
