@@ -84,7 +84,7 @@ class System:
                                    cpus=SCORING_CPUS)
         infos = ray.get([r.info.remote() for r in rollouts])                                     # engines up
         engines_up = time.time()
-        trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts, [int(i["workers"]) for i in infos])
+        trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts)
         startup = {"startup/engine_s": max(float(i["start_seconds"]) for i in infos),
                    "startup/engines_up_s": engines_up - t0, "startup/actors_s": time.time() - t0}
         print(f"relayrl: engines up in {engines_up - t0:.0f}s, trainer ready and connected in "
@@ -132,10 +132,9 @@ class System:
                                                self.cfg.run.seed + i + 1000 * self.restarts,
                                                sync_cfg=self.cfg.weightsync, **self.placement.rollout[i])
         infos = ray.get([r.info.remote() for r in self.rollouts])
-        workers = [int(info["workers"]) for info in infos]
         self.procs = [(info["node"], int(info["pid"])) for info in infos]
         cleanup_engine_segments()   # the dead replica's /dev/shm queue, now that its processes are gone
-        self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts, workers)
+        self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts)
         if version > 0:
             self.sync_weights(version)
 

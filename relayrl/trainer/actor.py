@@ -280,14 +280,16 @@ class TrainerActor:
         state = self.critic.state_dict()
         return state if self.rank == 0 else None
 
-    def connect_rollouts(self, ws_cfg: WeightSyncConfig, rollouts: list, workers: list[int]) -> None:
-        """Get ready to sync weights to ``rollouts`` (RolloutActor handles; ``workers[i]`` vLLM workers each).
+    def connect_rollouts(self, ws_cfg: WeightSyncConfig, rollouts: list) -> None:
+        """Get ready to sync weights to ``rollouts`` (RolloutActor handles); each engine says itself how many
+        vLLM workers it runs (``info()["workers"]``: the group ranks a sync needs).
 
         The source is vLLM's ``ModuleSource`` over the FSDP model: it all-gathers one parameter at a
         time (``full_tensor``), in ``named_parameters`` order on every rank, so tied weights appear
         once and the trainer never holds more than one bucket of gathered weights. With LoRA the source is
         ``MergedLoraSource``: the same gathers, each adapted weight sent merged under its base name.
         """
+        import ray
         from vllm.distributed.weight_transfer.base import ModuleSource
 
         from relayrl.weightsync.lora import MergedLoraSource
@@ -296,6 +298,7 @@ class TrainerActor:
         if self._sync is not None:
             self._sync.close()
         source = MergedLoraSource(self.model) if self.uses_lora else ModuleSource(self.model)
+        workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in rollouts])]
         self._sync = TrainerSync(ws_cfg, source, self.rank, rollouts, workers, wire_dtype=self.model_cfg.dtype)
 
     def sync_weights(self, version: int) -> dict[str, float] | None:

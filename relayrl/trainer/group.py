@@ -114,9 +114,9 @@ class TrainerGroup:
         """The critic's full CPU state dict (PPO only), pulled to the caller."""
         return self._all("critic_state_dict")[0]
 
-    def connect_rollouts(self, ws_cfg: WeightSyncConfig, rollouts: list, workers: list[int]) -> None:
-        """Tell every rank which engines its syncs go to (``workers[i]``: vLLM workers of replica i)."""
-        self._all("connect_rollouts", ws_cfg, list(rollouts), list(workers))
+    def connect_rollouts(self, ws_cfg: WeightSyncConfig, rollouts: list) -> None:
+        """Tell every rank which engines its syncs go to (the ranks ask the engines what else they need)."""
+        self._all("connect_rollouts", ws_cfg, list(rollouts))
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Gather and send the weights to every engine as ``version`` (a transaction); rank 0's metrics."""

@@ -25,7 +25,7 @@ def pair(ray_session, tiny_llama, tmp_path_factory):
     rollout = start_rollout_actor(str(tiny_llama), cfg.model, cfg.rollout, 0, sync_cfg=cfg.weightsync)
     trainer = TrainerGroup(1, str(tiny_llama), cfg.model, cfg.trainer, cfg.algorithm,
                            temperature=cfg.rollout.temperature)
-    trainer.connect_rollouts(cfg.weightsync, [rollout], [ray_session.get(rollout.info.remote())["workers"]])
+    trainer.connect_rollouts(cfg.weightsync, [rollout])
     yield cfg, rollout, trainer
     trainer.shutdown()
     ray_session.get(rollout.shutdown.remote())

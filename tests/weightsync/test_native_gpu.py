@@ -19,7 +19,7 @@ def test_nccl_sync_reaches_the_engine(ray_session, tiny_llama):
     rollout = start_rollout_actor(str(tiny_llama), cfg.model, cfg.rollout, 0, sync_cfg=cfg.weightsync, num_gpus=1)
     trainer = TrainerGroup(1, str(tiny_llama), cfg.model, cfg.trainer, cfg.algorithm)
     try:
-        trainer.connect_rollouts(cfg.weightsync, [rollout], [ray_session.get(rollout.info.remote())["workers"]])
+        trainer.connect_rollouts(cfg.weightsync, [rollout])
         stats = trainer.sync_weights(1)
         assert stats["weightsync/version"] == 1 and ray_session.get(rollout.weight_version.remote()) == 1
         engine = torch.tensor(ray_session.get(rollout.prompt_logprobs.remote(PROBE)))

@@ -29,7 +29,7 @@ def test_tp2_trainer_syncs_into_tp2_engine(ray_session, tiny_llama, tmp_path, ba
     try:
         workers = ray_session.get(rollout.info.remote())["workers"]
         assert workers == 2                                              # one receiver per TP worker
-        trainer.connect_rollouts(cfg.weightsync, [rollout], [workers])
+        trainer.connect_rollouts(cfg.weightsync, [rollout])
         before = torch.tensor(ray_session.get(rollout.prompt_logprobs.remote(PROBE)))
         from transformers import AutoConfig
 
