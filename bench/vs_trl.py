@@ -26,8 +26,14 @@ was logged); TRL's seconds between consecutive ``on_step_end`` calls (the first 
 ends when the first step ends. "speedup" is relayrl's advantage (>1: relayrl better). Nothing
 here is asserted: benchmarks print, tests prove math.
 
+``--variants async,bf16`` adds relayrl runs of the same job (``mode=async buffer.max_staleness=1``;
+``trainer.dtype=bf16``) and a second table against the default run: completions/s, the step at which
+each first reaches 90 % of the default run's best 3-step mean reward (parity: within 1.25x the default's
+steps), the post-sync probe's mean |engine - trainer| logprob (``mismatch/mean_abs``, every
+``weightsync.verify_every`` steps) and ``policy/behaviour_kl``. ``--no-trl`` skips the TRL side.
+
     .venv/bin/python bench/vs_trl.py [--steps 25] [--recipe grpo_arith] [--trl-set k=v ...] \\
-        [relayrl overrides ...]
+        [--variants async,bf16] [--no-trl] [relayrl overrides ...]
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 RELAYRL = ["logging.wandb=disabled", "run.save_final=false"]
@@ -58,6 +64,8 @@ class Side:
     first_step_at: float           # launch -> first step logged
     wall: float                    # launch -> process exit
     load: tuple[float, float]      # 1-min load average before and after
+    mismatch: list[float] = field(default_factory=list)       # relayrl: mismatch/mean_abs at each probe
+    behaviour_kl: list[float] = field(default_factory=list)   # relayrl: policy/behaviour_kl per step
 
 
 # ---------------------------------------------------------------- relayrl side
@@ -66,6 +74,7 @@ class Side:
 def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Side:
     """``relayrl train`` in a subprocess; its figures come from the run's ``metrics.jsonl``."""
     out = work / "relayrl"
+    work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "relayrl.cli", "train", "--config-name", recipe,
            f"run.steps={steps}", f"run.output_dir={out}", *RELAYRL, *overrides]
     load0, start = os.getloadavg()[0], time.time()
@@ -78,7 +87,9 @@ def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Si
                 rewards=[r["reward/mean"] for r in rows],
                 lengths=[r["rollout/len_mean"] for r in rows],
                 first_step_at=rows[0]["wall_time"] - start, wall=wall,
-                load=(load0, os.getloadavg()[0]))
+                load=(load0, os.getloadavg()[0]),
+                mismatch=[r["mismatch/mean_abs"] for r in rows if "mismatch/mean_abs" in r],
+                behaviour_kl=[r.get("policy/behaviour_kl", float("nan")) for r in rows])
 
 
 def _run(cmd: list[str], log: Path) -> None:
@@ -227,6 +238,48 @@ def report(relayrl: Side, trl: Side, steps: int, trl_set: list[str], overrides: 
               + f"   (1-min load {side.load[0]:.2f} before, {side.load[1]:.2f} after)")
 
 
+# ---------------------------------------------------------------- relayrl variants (--variants)
+
+VARIANTS = {"async": ["mode=async", "buffer.max_staleness=1"], "bf16": ["trainer.dtype=bf16"]}
+"""relayrl runs beside the default (sync, fp32) one, same job: async with one step of staleness, and bf16
+trainer compute (fp32 master weights; the engine keeps model.dtype)."""
+PARITY_FRACTION, PARITY_STEPS = 0.9, 1.25
+"""Learning parity: the threshold is 90 % of the sync run's best 3-step mean reward; a variant is at parity
+when it first reaches it within 1.25x the steps the sync run needed (issue 16's rule)."""
+
+
+def steps_to(rewards: list[float], threshold: float, window: int = 3) -> int | None:
+    """First step (1-based) at which the mean reward of the last ``window`` steps reaches ``threshold``."""
+    for end in range(window, len(rewards) + 1):
+        if statistics.mean(rewards[end - window:end]) >= threshold:
+            return end
+    return None
+
+
+def report_variants(base: Side, variants: dict[str, Side]) -> None:
+    """Each variant against the default run: speed, learning parity, trainer/engine logprob agreement."""
+    best = max(statistics.mean(base.rewards[i:i + 3]) for i in range(max(1, len(base.rewards) - 2)))
+    threshold = PARITY_FRACTION * best
+    base_steps = steps_to(base.rewards, threshold)
+    print(f"\nrelayrl variants against the default run (sync, fp32); parity threshold "
+          f"{threshold:.3f} = {PARITY_FRACTION} x best 3-step mean reward {best:.3f}")
+    print(f"{'run':10}{'s/step':>8}{'compl/s':>9}{'x default':>10}{'steps to thr':>13}{'parity':>8}"
+          f"{'last-5 reward':>14}{'|dlogprob| probe':>18}{'behaviour kl':>14}")
+    for name, side in {"default": base, **variants}.items():
+        a, b = summary(side), summary(base)
+        rate = a["steady completions/s (steps 2..N)"]
+        reached = steps_to(side.rewards, threshold)
+        parity = "" if name == "default" else (
+            "yes" if reached and base_steps and reached <= PARITY_STEPS * base_steps else "no")
+        probe = f"{statistics.mean(side.mismatch):.2e}" if side.mismatch else "n/a"
+        kl = statistics.mean(x for x in side.behaviour_kl if x == x) if side.behaviour_kl else float("nan")
+        last = statistics.mean(side.rewards[-5:])
+        print(f"{name:10}{a['steady s/step (median, steps 2..N)']:>8.2f}{rate:>9.2f}"
+              f"{rate / b['steady completions/s (steps 2..N)']:>9.2f}x{str(reached):>13}{parity:>8}"
+              f"{last:>14.3f}{probe:>18}{kl:>14.2e}")
+        print(f"{'':10}reward: " + " ".join(f"{x:.2f}" for x in side.rewards))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -234,6 +287,9 @@ def main() -> None:
     parser.add_argument("--recipe", default="grpo_arith")
     parser.add_argument("--trl-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a GRPOConfig field for the TRL side (printed with the table)")
+    parser.add_argument("--variants", default="", metavar="async,bf16",
+                        help="also run these relayrl variants of the job and compare them with the default run")
+    parser.add_argument("--no-trl", action="store_true", help="skip the TRL side (e.g. for --variants alone)")
     parser.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.trl_child:
@@ -241,8 +297,16 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="relayrl-vs-trl-"))
     print(f"work dir (logs): {work}", flush=True)
     relayrl = run_relayrl(args.recipe, args.steps, overrides, work)
-    trl = run_trl(args.recipe, args.steps, overrides, args.trl_set, work)
-    report(relayrl, trl, args.steps, args.trl_set, overrides)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = set(names) - set(VARIANTS)
+    if unknown:
+        sys.exit(f"--variants {','.join(sorted(unknown))}: unknown; choose from {','.join(VARIANTS)}")
+    variants = {v: run_relayrl(args.recipe, args.steps, [*overrides, *VARIANTS[v]], work / v) for v in names}
+    if not args.no_trl:
+        trl = run_trl(args.recipe, args.steps, overrides, args.trl_set, work)
+        report(relayrl, trl, args.steps, args.trl_set, overrides)
+    if variants:
+        report_variants(relayrl, variants)
 
 
 if __name__ == "__main__":
