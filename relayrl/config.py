@@ -142,6 +142,9 @@ class RolloutConfig:
     num_threads: int = 0
     """CPU engines only: OpenMP threads vLLM binds (0: every core, as the sync loop runs one phase at a time;
     ``mode=async`` with separate placement: the cores shared out among replicas and ranks, ``cluster.split_cores``)."""
+    forkserver: bool = True
+    """CPU engines only: fork vLLM's engine-core and worker processes from a server with vLLM imported once
+    (``rollout/forkserver.py``) instead of spawning two fresh interpreters; false: vLLM's own spawn."""
     tp_size: int = 1
     """vLLM ``tensor_parallel_size`` of each replica: GPUs per engine (the placement bundle reserves them).
     CPU engines run one worker here: keep 1."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
 from relayrl.envs import env_factory
+from relayrl.rollout.forkserver import use_forkserver
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
 from relayrl.weightsync.commit import KEEP_ENV
@@ -79,6 +80,8 @@ class RolloutActor:
         self.rollout_cfg = rollout_cfg
         self.sync_cfg = sync_cfg or WeightSyncConfig()
         os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))   # read by the engine's processes
+        if rollout_cfg.forkserver and not has_cuda():
+            use_forkserver()
         self.engine = AsyncLLM.from_engine_args(engine_args(model_path, model_cfg, rollout_cfg, seed, self.sync_cfg))
         self._paused = False
         self._pause_here = False
@@ -220,6 +223,10 @@ class RolloutActor:
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = await self._final_output(TokensPrompt(prompt_token_ids=list(token_ids)), params)
         return [pos[tok].logprob for tok, pos in zip(token_ids[1:], list(final.prompt_logprobs)[1:])]
+
+    async def cpu_binding(self) -> dict[str, Any]:
+        """CPU engines: the first worker's cores, torch threads and pid (``relayrl_cpu_binding``); for tests."""
+        return (await self.engine.collective_rpc("relayrl_cpu_binding"))[0]
 
     async def param_digests(self) -> dict[str, str]:
         """sha256 per engine parameter (first worker); tests use it to check syncs are bit-exact."""

@@ -10,6 +10,8 @@ process, without a plugin entry point that would need the package's install meta
 from __future__ import annotations
 
 import hashlib
+import os
+from typing import Any
 
 import torch
 
@@ -37,6 +39,12 @@ class WeightSyncExtension:
                 engine.abort_weight_update()
             engine.reset_weight_update_target()
         self._weight_update_active = False
+
+    def relayrl_cpu_binding(self) -> dict[str, Any]:
+        """The worker's cores (this thread's affinity, which the OpenMP threads it starts inherit), torch's
+        thread count and its pid. For tests: a worker forked from relayrl's forkserver is bound as a spawned
+        one is (``rollout/forkserver.py``)."""
+        return {"cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "pid": os.getpid()}
 
     def relayrl_param_digests(self) -> dict[str, str]:
         """sha256 of the raw bytes of every non-empty parameter, by vLLM parameter name.

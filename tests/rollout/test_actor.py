@@ -28,7 +28,7 @@ def actor(ray_session, tiny_llama):
     t0 = time.perf_counter()
     handle = start_rollout_actor(
         str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
-        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25), seed=0)
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, num_threads=1), seed=0)
     info = ray_session.get(handle.info.remote())
     print(f"\nengine start {info['start_seconds']:.1f}s, actor ready {time.perf_counter() - t0:.1f}s")
     yield handle
@@ -84,7 +84,8 @@ def _tokens(group) -> list[list[int]]:
 def test_seeded_prompts_sample_the_same_tokens_in_any_batch_and_engine(actor, ray_session, tiny_llama):
     """Requests seeded from (run seed, prompt id) + sample index: a prompt's G completions are the same
     alone or batched with other (seeded and unseeded) requests, and on a second engine started with another
-    engine seed (a replaced replica, a resumed run); its G sample indices draw different completions."""
+    engine seed (a replaced replica, a resumed run) and with vLLM's own spawned processes instead of the
+    forkserver's (``rollout.forkserver=false``); its G sample indices draw different completions."""
     seeded = [{**p, "seed": prompt_seed(0, p["prompt_id"])} for p in PROMPTS]
     alone = ray_session.get(actor.generate.remote(seeded[1:2], 4))[0]
     batched = ray_session.get(actor.generate.remote([seeded[2], PROMPTS[0], seeded[1]], 4))[2]
@@ -92,12 +93,28 @@ def test_seeded_prompts_sample_the_same_tokens_in_any_batch_and_engine(actor, ra
     assert len({tuple(t) for t in _tokens(alone)}) == 4
     other = start_rollout_actor(
         str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
-        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25), seed=1234)
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, forkserver=False),
+        seed=1234)
     try:
         assert _tokens(ray_session.get(other.generate.remote(seeded[1:2], 4))[0]) == _tokens(alone)
     finally:
         ray_session.get(other.shutdown.remote())
         ray_session.kill(other)
+
+
+def test_forkserver_worker_is_bound_as_vllm_binds_a_spawned_one(actor, ray_session):
+    """The engine's worker comes from relayrl's forkserver (a child of the server, itself a child of the
+    actor) and still runs where ``rollout.num_threads=1`` puts it: on the last core, one torch thread."""
+    import os
+
+    import psutil
+
+    binding = ray_session.get(actor.cpu_binding.remote())
+    assert binding["cpus"] == [os.cpu_count() - 1] and binding["threads"] == 1
+    worker = psutil.Process(binding["pid"])
+    server = worker.parent()
+    assert "multiprocessing.forkserver" in " ".join(server.cmdline())
+    assert server.parent().pid == ray_session.get(actor.info.remote())["pid"]
 
 
 def test_seeded_prompts_over_one_step_token_budget_sample_as_alone(actor, ray_session, tiny_llama):

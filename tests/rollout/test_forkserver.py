@@ -1,0 +1,52 @@
+"""``rollout.forkserver`` without an engine: what a child takes from its parent, and the cores it binds."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from relayrl.rollout import forkserver
+from relayrl.rollout.forkserver import EngineContext, omp_cpus
+
+
+@pytest.mark.parametrize("env, cpus", [
+    ({"GOMP_CPU_AFFINITY": "2 3"}, {2, 3}),                    # vLLM's GNU OpenMP form
+    ({"OMP_PLACES": "{0,1}"}, {0, 1}),                         # its generic form
+    ({"GOMP_CPU_AFFINITY": "1", "OMP_PLACES": "{0}"}, {1}),    # GNU first, as vLLM sets only one
+    ({}, set()),                                              # nothing set: leave the affinity alone
+])
+def test_omp_cpus(env, cpus):
+    assert omp_cpus(env) == cpus
+
+
+def _report(queue) -> None:
+    import torch
+
+    queue.put((os.environ.get("RELAYRL_TEST_VAR"), torch.get_num_threads(), sorted(os.sched_getaffinity(0))))
+
+
+def test_child_takes_the_environment_of_start_and_its_thread_count(monkeypatch):
+    """vLLM sets a worker's variables around ``start()``, after building the process: the child sees them,
+    and sizes torch's pool from its ``OMP_NUM_THREADS`` and binds the cores named there."""
+    ctx = EngineContext()
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_report, args=(queue,))
+    monkeypatch.setenv("RELAYRL_TEST_VAR", "set after the process was built")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("GOMP_CPU_AFFINITY", "0")
+    proc.start()
+    assert queue.get(timeout=60) == ("set after the process was built", 1, [0])
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+
+
+def test_use_forkserver_routes_vllm_process_starts_through_the_context(monkeypatch):
+    import vllm.v1.engine.utils as engine_utils
+    import vllm.v1.executor.multiproc_executor as executor
+
+    monkeypatch.setattr(engine_utils, "get_mp_context", engine_utils.get_mp_context)
+    monkeypatch.setattr(executor, "get_mp_context", executor.get_mp_context)
+    forkserver.patch_vllm()
+    assert engine_utils.get_mp_context() is forkserver.CONTEXT
+    assert executor.get_mp_context() is forkserver.CONTEXT
