@@ -30,10 +30,11 @@ here is asserted: benchmarks print, tests prove math.
 ``trainer.dtype=bf16``) and a second table against the default run: completions/s, the step at which
 each first reaches 90 % of the default run's best 3-step mean reward (parity: within 1.25x the default's
 steps), the post-sync probe's mean |engine - trainer| logprob (``mismatch/mean_abs``, every
-``weightsync.verify_every`` steps) and ``policy/behaviour_kl``. ``--no-trl`` skips the TRL side.
+``weightsync.verify_every`` steps), ``policy/behaviour_kl``, launch -> first step and ``startup/engine_s``.
+``spawn`` is the default job with ``rollout.forkserver=false`` (start-up). ``--no-trl`` skips the TRL side.
 
     .venv/bin/python bench/vs_trl.py [--steps 25] [--recipe grpo_arith] [--trl-set k=v ...] \\
-        [--variants async,bf16] [--no-trl] [relayrl overrides ...]
+        [--variants async,bf16,spawn] [--no-trl] [relayrl overrides ...]
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Side:
     load: tuple[float, float]      # 1-min load average before and after
     mismatch: list[float] = field(default_factory=list)       # relayrl: mismatch/mean_abs at each probe
     behaviour_kl: list[float] = field(default_factory=list)   # relayrl: policy/behaviour_kl per step
+    engine_s: float = float("nan")                             # relayrl: startup/engine_s
 
 
 # ---------------------------------------------------------------- relayrl side
@@ -89,7 +91,8 @@ def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Si
                 first_step_at=rows[0]["wall_time"] - start, wall=wall,
                 load=(load0, os.getloadavg()[0]),
                 mismatch=[r["mismatch/mean_abs"] for r in rows if "mismatch/mean_abs" in r],
-                behaviour_kl=[r.get("policy/behaviour_kl", float("nan")) for r in rows])
+                behaviour_kl=[r.get("policy/behaviour_kl", float("nan")) for r in rows],
+                engine_s=rows[0].get("startup/engine_s", float("nan")))
 
 
 def _run(cmd: list[str], log: Path) -> None:
@@ -240,9 +243,11 @@ def report(relayrl: Side, trl: Side, steps: int, trl_set: list[str], overrides: 
 
 # ---------------------------------------------------------------- relayrl variants (--variants)
 
-VARIANTS = {"async": ["mode=async", "buffer.max_staleness=1"], "bf16": ["trainer.dtype=bf16"]}
-"""relayrl runs beside the default (sync, fp32) one, same job: async with one step of staleness, and bf16
-trainer compute (fp32 master weights; the engine keeps model.dtype)."""
+VARIANTS = {"async": ["mode=async", "buffer.max_staleness=1"], "bf16": ["trainer.dtype=bf16"],
+            "spawn": ["rollout.forkserver=false"]}
+"""relayrl runs beside the default (sync, fp32) one, same job: async with one step of staleness, bf16
+trainer compute (fp32 master weights; the engine keeps model.dtype), and CPU engines whose processes vLLM
+spawns itself instead of relayrl's forkserver (start-up)."""
 PARITY_FRACTION, PARITY_STEPS = 0.9, 1.25
 """Learning parity: the threshold is 90 % of the sync run's best 3-step mean reward; a variant is at parity
 when it first reaches it within 1.25x the steps the sync run needed (issue 16's rule)."""
@@ -264,7 +269,7 @@ def report_variants(base: Side, variants: dict[str, Side]) -> None:
     print(f"\nrelayrl variants against the default run (sync, fp32); parity threshold "
           f"{threshold:.3f} = {PARITY_FRACTION} x best 3-step mean reward {best:.3f}")
     print(f"{'run':10}{'s/step':>8}{'compl/s':>9}{'x default':>10}{'steps to thr':>13}{'parity':>8}"
-          f"{'last-5 reward':>14}{'|dlogprob| probe':>18}{'behaviour kl':>14}")
+          f"{'last-5 reward':>14}{'|dlogprob| probe':>18}{'behaviour kl':>14}{'1st step at':>12}{'engine s':>9}")
     for name, side in {"default": base, **variants}.items():
         a, b = summary(side), summary(base)
         rate = a["steady completions/s (steps 2..N)"]
@@ -276,7 +281,7 @@ def report_variants(base: Side, variants: dict[str, Side]) -> None:
         last = statistics.mean(side.rewards[-5:])
         print(f"{name:10}{a['steady s/step (median, steps 2..N)']:>8.2f}{rate:>9.2f}"
               f"{rate / b['steady completions/s (steps 2..N)']:>9.2f}x{str(reached):>13}{parity:>8}"
-              f"{last:>14.3f}{probe:>18}{kl:>14.2e}")
+              f"{last:>14.3f}{probe:>18}{kl:>14.2e}{side.first_step_at:>12.1f}{side.engine_s:>9.1f}")
         print(f"{'':10}reward: " + " ".join(f"{x:.2f}" for x in side.rewards))
 
 
@@ -287,7 +292,7 @@ def main() -> None:
     parser.add_argument("--recipe", default="grpo_arith")
     parser.add_argument("--trl-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a GRPOConfig field for the TRL side (printed with the table)")
-    parser.add_argument("--variants", default="", metavar="async,bf16",
+    parser.add_argument("--variants", default="", metavar="async,bf16,spawn",
                         help="also run these relayrl variants of the job and compare them with the default run")
     parser.add_argument("--no-trl", action="store_true", help="skip the TRL side (e.g. for --variants alone)")
     parser.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
