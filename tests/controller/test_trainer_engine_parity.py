@@ -18,18 +18,23 @@ PROMPTS = [{"prompt_id": i, "prompt": f"What is {i} + {i + 1}?", "columns": {"an
            for i in range(4)]
 
 
-@pytest.fixture(scope="module")
-def pair(ray_session, tiny_llama, tmp_path_factory):
-    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", "trainer.lr=1e-2",
-                                    f"weightsync.shm_dir={tmp_path_factory.mktemp('shm')}"])
-    rollout = start_rollout_actor(str(tiny_llama), cfg.model, cfg.rollout, 0, sync_cfg=cfg.weightsync)
-    trainer = TrainerGroup(1, str(tiny_llama), cfg.model, cfg.trainer, cfg.algorithm,
+def engine_and_trainer(ray_session, model, shm_dir, overrides: list[str]):
+    """A rollout engine and a one-rank trainer of the tiny recipe on ``model``, connected for weight sync:
+    yields (cfg, rollout, trainer), then shuts both down (``yield from`` it in a fixture)."""
+    cfg = load_config("grpo_tiny", [f"model.path={model}", f"weightsync.shm_dir={shm_dir}", *overrides])
+    rollout = start_rollout_actor(str(model), cfg.model, cfg.rollout, 0, sync_cfg=cfg.weightsync)
+    trainer = TrainerGroup(1, str(model), cfg.model, cfg.trainer, cfg.algorithm,
                            temperature=cfg.rollout.temperature)
     trainer.connect_rollouts(cfg.weightsync, [rollout])
     yield cfg, rollout, trainer
     trainer.shutdown()
     ray_session.get(rollout.shutdown.remote())
     ray_session.kill(rollout)
+
+
+@pytest.fixture(scope="module")
+def pair(ray_session, tiny_llama, tmp_path_factory):
+    yield from engine_and_trainer(ray_session, tiny_llama, tmp_path_factory.mktemp("shm"), ["trainer.lr=1e-2"])
 
 
 def test_engine_logprobs_match_trainer_after_sync(pair, ray_session):

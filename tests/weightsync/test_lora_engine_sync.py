@@ -11,25 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayrl.config import load_config
 from relayrl.rewards import builtin, score_groups
-from relayrl.rollout import start_rollout_actor
-from relayrl.trainer.group import TrainerGroup
-from tests.controller.test_trainer_engine_parity import PROMPTS
+from tests.controller.test_trainer_engine_parity import PROMPTS, engine_and_trainer
 
 
 @pytest.fixture(scope="module")
 def pair(ray_session, tiny_llama, tmp_path_factory):
-    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", "trainer.lr=5e-2", "trainer.lora.r=8",
-                                    f"weightsync.shm_dir={tmp_path_factory.mktemp('shm')}"])
-    rollout = start_rollout_actor(str(tiny_llama), cfg.model, cfg.rollout, 0, sync_cfg=cfg.weightsync)
-    trainer = TrainerGroup(1, str(tiny_llama), cfg.model, cfg.trainer, cfg.algorithm,
-                           temperature=cfg.rollout.temperature)
-    trainer.connect_rollouts(cfg.weightsync, [rollout])
-    yield cfg, rollout, trainer
-    trainer.shutdown()
-    ray_session.get(rollout.shutdown.remote())
-    ray_session.kill(rollout)
+    yield from engine_and_trainer(ray_session, tiny_llama, tmp_path_factory.mktemp("shm"),
+                                  ["trainer.lr=5e-2", "trainer.lora.r=8"])
 
 
 def test_engine_logprobs_match_merged_lora_trainer_after_sync(pair, ray_session, tiny_llama):
