@@ -16,6 +16,7 @@ from relayrl.controller.cluster import Placement, sync_config
 from relayrl.monitor.schema import (MISMATCH_MEAN_ABS, ROLLOUT_COMPLETIONS, ROLLOUT_MAX_VERSION, ROLLOUT_MIN_VERSION,
                                     ROLLOUT_TOKENS)
 from relayrl.rewards.scoring import Scored, version_span
+from relayrl.weightsync.client import abort_update
 
 RewardFns = list[tuple[str, Callable, float]]
 
@@ -163,7 +164,7 @@ class System:
         try:
             stats = self.trainer.sync_weights(version)
         except Exception:
-            ray.get([r.abort_weight_update.remote("trainer-side sync failed") for r in self.rollouts])
+            abort_update(self.rollouts, "trainer-side sync failed", self.cfg.weightsync.timeout_s)
             raise
         versions = ray.get([r.weight_version.remote() for r in self.rollouts])
         if versions != [version] * len(versions):

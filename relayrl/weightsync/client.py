@@ -14,6 +14,18 @@ from typing import Any
 COMMIT_GRACE_S = 60.0   # commit (reload into the model) gets at least this long, whatever timeout_s is
 
 
+def abort_update(rollouts: list[Any], reason: str, timeout_s: float) -> None:
+    """Tell every replica to drop a staged payload and resume on its old weights: the one abort path, used
+    by the trainer when its transaction fails and by the driver when the trainer failed without saying so.
+    Best effort: waits at most ``max(timeout_s, COMMIT_GRACE_S)`` and raises nothing, so the sync's own
+    error is the one that surfaces; a dead replica cannot be told, and its restart is the controller's
+    business."""
+    import ray
+
+    refs = [r.abort_weight_update.remote(reason) for r in rollouts]
+    ray.wait(refs, num_returns=len(refs), timeout=max(timeout_s, COMMIT_GRACE_S))
+
+
 class WeightSyncError(RuntimeError):
     """A sync failed or timed out; engines were told to abort and keep their previous weights."""
 
@@ -64,12 +76,7 @@ class RolloutClient:
 
     # ---- relayrl's addition ----------------------------------------------------------------------
     def abort(self, reason: str) -> None:
-        """Tell every replica to drop the staged payload and resume on its old weights (best effort:
-        a dead replica cannot be told, and its restart is the controller's business)."""
-        import ray
-
-        refs = [r.abort_weight_update.remote(reason) for r in self.rollouts]
-        ray.wait(refs, num_returns=len(refs), timeout=max(self.timeout_s, COMMIT_GRACE_S))
+        abort_update(self.rollouts, reason, self.timeout_s)
 
     def _all(self, stage: str, refs: list[Any], timeout_s: float | None = None) -> list[Any]:
         """Wait for one stage on every replica until a shared deadline; name the first that fails."""
