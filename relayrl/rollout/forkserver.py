@@ -38,6 +38,7 @@ PRELOAD = ["vllm.v1.engine.core", "vllm.v1.executor.multiproc_executor", "vllm.v
 
 def _run(env: dict[str, str], target: Callable, args: tuple, kwargs: dict) -> Any:
     """The child's entry point: the parent's environment, its thread count, the shared server, then vLLM."""
+    title_ready()
     os.environ.clear()
     os.environ.update(env)
     adopt_server()
@@ -49,6 +50,17 @@ def _run(env: dict[str, str], target: Callable, args: tuple, kwargs: dict) -> An
 
         torch.set_num_threads(int(threads))
     return target(*args, **kwargs)
+
+
+def title_ready() -> None:
+    """Let ``setproctitle`` find this process's argv while ``environ`` is still where exec put it (it walks
+    back from there, once, on first use); vLLM names its processes with it (``VLLM::EngineCore``,
+    ``VLLM::Worker``: what ``ps``, operators and the chaos tests look for)."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.getproctitle()
 
 
 def omp_cpus(env: dict[str, str]) -> set[int]:

@@ -50,3 +50,21 @@ def test_use_forkserver_routes_vllm_process_starts_through_the_context(monkeypat
     forkserver.patch_vllm()
     assert engine_utils.get_mp_context() is forkserver.CONTEXT
     assert executor.get_mp_context() is forkserver.CONTEXT
+
+
+def _title(queue) -> None:
+    import setproctitle
+
+    setproctitle.setproctitle("VLLM::EngineCore")
+    queue.put(open("/proc/self/comm").read().strip())
+
+
+def test_child_can_name_itself():
+    """vLLM names its processes with setproctitle; a child that rewrote its environment first must still
+    be able to (``ps`` and the chaos tests find ``VLLM::EngineCore`` by that name)."""
+    ctx = EngineContext()
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_title, args=(queue,))
+    proc.start()
+    assert queue.get(timeout=60) == "VLLM::EngineCor"      # /proc comm keeps 15 characters
+    proc.join(timeout=60)
