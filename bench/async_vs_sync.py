@@ -49,6 +49,13 @@ def steps_to(rewards: list[float], threshold: float, window: int = 3) -> int | N
     return None
 
 
+def best_mean(rewards: list[float], window: int = 3) -> float:
+    """The best ``window``-step mean reward of a run (the parity threshold is a fraction of it); a run shorter
+    than ``window`` steps: its mean."""
+    window = min(window, len(rewards))
+    return max(statistics.mean(rewards[i - window:i]) for i in range(window, len(rewards) + 1))
+
+
 def speed(recipe: str, steps: int, overrides: list[str]) -> None:
     sync = run(recipe, steps, ["mode=sync", *overrides])
     asyn = run(recipe, steps, ["mode=async", "buffer.max_staleness=1", *overrides])
@@ -71,8 +78,7 @@ def parity(steps: int, overrides: list[str]) -> None:
     sync = [r["reward/mean"] for r in run("grpo_tiny", steps, ["mode=sync", *overrides])]
     asyn = [r["reward/mean"] for r in run("grpo_tiny", steps, ["mode=async", "buffer.max_staleness=1",
                                                                *overrides])]
-    best = max(statistics.mean(sync[i - 3:i]) for i in range(3, len(sync) + 1))
-    threshold = 0.9 * best
+    threshold = 0.9 * best_mean(sync)
     n_sync, n_async = steps_to(sync, threshold), steps_to(asyn, threshold)
     print(f"\ngrpo_tiny learning, {steps} steps each: threshold {threshold:.3f} (90% of sync's best 3-step mean)")
     print("  sync  rewards: " + " ".join(f"{x:.2f}" for x in sync))

@@ -50,6 +50,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from async_vs_sync import best_mean, steps_to   # the same parity rule as bench/async_vs_sync.py --parity
+
 RELAYRL = ["logging.wandb=disabled", "run.save_final=false"]
 """relayrl overrides beyond the recipe: no wandb, no final model (TRL saves none either)."""
 
@@ -253,17 +255,9 @@ PARITY_FRACTION, PARITY_STEPS = 0.9, 1.25
 when it first reaches it within 1.25x the steps the sync run needed (issue 16's rule)."""
 
 
-def steps_to(rewards: list[float], threshold: float, window: int = 3) -> int | None:
-    """First step (1-based) at which the mean reward of the last ``window`` steps reaches ``threshold``."""
-    for end in range(window, len(rewards) + 1):
-        if statistics.mean(rewards[end - window:end]) >= threshold:
-            return end
-    return None
-
-
 def report_variants(base: Side, variants: dict[str, Side]) -> None:
     """Each variant against the default run: speed, learning parity, trainer/engine logprob agreement."""
-    best = max(statistics.mean(base.rewards[i:i + 3]) for i in range(max(1, len(base.rewards) - 2)))
+    best = best_mean(base.rewards)
     threshold = PARITY_FRACTION * best
     base_steps = steps_to(base.rewards, threshold)
     print(f"\nrelayrl variants against the default run (sync, fp32); parity threshold "
