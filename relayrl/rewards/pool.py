@@ -234,7 +234,7 @@ class RewardPool:
         except ray.exceptions.RayActorError as exc:      # the scorer's __init__ (a reward's start()) failed
             raise RewardError(f"reward scorer did not start: {str(exc).splitlines()[0][:200]}; "
                               "check the reward functions' start() (e.g. a reward model path)") from None
-        pool._get(scorer.score.options(num_returns=1).remote(None))   # warm-up, see below
+        pool._get(scorer.score.options(num_returns=1).remote(None))   # warm-up (docstring)
         return pool
 
     def score(self, group_refs: list, summarize: Callable[[list], dict] | None = None) -> tuple[list, Scored]:
