@@ -725,6 +725,27 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+                  "MALLOC_TOP_PAD_": str(256 << 20)}
+"""glibc malloc settings for CPU engines and trainer ranks, which allocate the same large tensors again at
+every step (a trainer's vocab-wide logits and their gradients, AdamW's temporaries; an engine's GEMM copies
+at every commit). By default glibc serves blocks over its dynamic mmap threshold (at most 32 MiB) with fresh
+``mmap``s and unmaps them on free, so each re-allocation faults in fresh zeroed pages. A fixed 1 GiB
+threshold and no trimming keep freed memory in the heap for reuse (RSS stays at its peak).
+
+Measured on this 2-core box. SmolLM2 trainer step on a recorded grpo_arith batch, steady steps:
+4.9 s against 5.6 s, and 0 against 650k page faults per step. The first two steps of a real run took 11-12 s
+against 5-6 s once warm, 1.1 s of system time per second. Engine commit: the in-place copy of 538 MB took a
+steady 0.025 s against 0.03-1.4 s. ``bench/trainer_step.py`` and ``bench/weight_sync.py`` time them.
+
+Read by glibc when a process starts, so they go in each actor's runtime env (inherited by vLLM's processes)."""
+
+
+def malloc_env() -> dict[str, str]:
+    """``CPU_MALLOC_ENV`` on a CPU host; nothing on CUDA machines, where the big tensors live on the GPU."""
+    return {} if has_cuda() else dict(CPU_MALLOC_ENV)
+
+
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     """Valid names per algorithm field, read from the registries (pure torch modules, cheap to import)."""
     from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS, WHITEN_MODES

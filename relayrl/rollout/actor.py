@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any
 
-from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
+from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda, malloc_env
 from relayrl.envs import env_factory
 from relayrl.rollout.forkserver import use_forkserver
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
@@ -275,18 +275,6 @@ def cpu_thread_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": f"{cores - n}-{cores - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
-CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
-                  "MALLOC_TOP_PAD_": str(256 << 20)}
-"""glibc malloc settings for CPU engines, which re-allocate large tensors at every commit (the GEMM
-copies of the linear layers). By default glibc serves blocks over its (dynamic) mmap threshold
-with fresh ``mmap``s and unmaps them on free, so every re-allocation faults in fresh zeroed pages; a fixed
-32 MiB threshold and no trimming keep freed memory in the heap for reuse (RSS stays at its peak). Measured
-once on SmolLM2 in an in-process vLLM engine on a loaded 2-core box, copy and repack timed apart, 5 commits
-each: the in-place copy of 538 MB took 0.03-1.4 s without and a steady 0.025 s with these settings, rebuilding
-the LM head's GEMM copy 0.04-0.08 s and 0.01-0.03 s. ``bench/weight_sync.py`` times whole commits.
-Read by glibc when a process starts, so they go in the actor's runtime env (inherited by vLLM's processes)."""
-
-
 def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
                         sync_cfg: WeightSyncConfig | None = None, **options: Any) -> Any:
     """Start a ``RolloutActor`` as a Ray actor asking for ``rollout_cfg.num_cpus`` CPUs.
@@ -297,7 +285,7 @@ def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: Ro
     import ray
 
     cls = ray.remote(RolloutActor)
-    env = {**cpu_thread_env(rollout_cfg), **({} if has_cuda() else CPU_MALLOC_ENV)}
+    env = {**cpu_thread_env(rollout_cfg), **malloc_env()}
     options = {"num_cpus": rollout_cfg.num_cpus, "runtime_env": {"env_vars": env}, **options}
     return cls.options(**options).remote(
         model_path, model_cfg, rollout_cfg, seed, sync_cfg)

@@ -11,8 +11,15 @@ from typing import Any
 
 import ray
 
-from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig
+from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig, malloc_env
 from relayrl.trainer.actor import TrainerActor, resolve_backend
+
+
+def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """Ray actor ``options`` whose runtime env also sets ``env`` (the options' own variables win)."""
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**env, **runtime_env.get("env_vars", {})}
+    return {**options, "runtime_env": runtime_env}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -73,11 +80,11 @@ class TrainerGroup:
         if resolve_backend(cfg.backend) == "nccl":
             defaults["num_gpus"] = 1
         if actor_options is None or isinstance(actor_options, dict):
-            return [{**defaults, **(actor_options or {})} for _ in range(world_size)]
+            actor_options = [actor_options or {}] * world_size
         if len(actor_options) != world_size:
             raise ValueError(f"actor_options has {len(actor_options)} entries for world_size={world_size}; "
                              "pass one dict per rank or a single dict for all")
-        return [{**defaults, **opts} for opts in actor_options]
+        return [with_env({**defaults, **opts}, malloc_env()) for opts in actor_options]
 
     def ready(self) -> None:
         """Wait until every rank has joined the process group and sharded its model."""

@@ -6,12 +6,13 @@ normalisation and the padding of uneven shares are on the line when the two resu
 """
 
 import math
+import os
 import time
 
 import pytest
 import torch
 
-from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.config import CPU_MALLOC_ENV, AlgorithmConfig, ModelConfig, TrainerConfig
 from relayrl.trainer.logprobs import token_logprobs
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
@@ -175,3 +176,13 @@ def test_variant_world_size_2_matches_world_size_1(variant_runs):
         assert s2[key] == pytest.approx(s1[key], abs=1e-5, rel=1e-5), key
     for k in variant_runs["state1"]:
         torch.testing.assert_close(variant_runs["state2"][k], variant_runs["state1"][k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_ranks_start_with_the_cpu_malloc_settings(runs, ray_session):
+    """glibc reads its malloc tunables when a process starts, so they must be in each rank's environment
+    (``relayrl.config.CPU_MALLOC_ENV``: freed memory stays in the heap instead of being faulted in anew)."""
+    def environ(_actor):
+        return {k: os.environ.get(k) for k in CPU_MALLOC_ENV}
+
+    for actor in runs["trainer"].actors:
+        assert ray_session.get(actor.__ray_call__.remote(environ)) == CPU_MALLOC_ENV
