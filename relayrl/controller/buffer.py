@@ -36,6 +36,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.monitor.schema import STALENESS_MAX
+
 
 class StalenessError(RuntimeError):
     """An entry older than the bound reached ``take`` with no drop policy configured."""
@@ -181,6 +183,6 @@ def staleness_histogram(entries: list[Entry], version: int) -> dict[str, float]:
         counts[version - e.min_version] += e.num_groups
     total = sum(counts.values()) or 1
     out = {f"staleness/{d}": float(n) for d, n in sorted(counts.items())}
-    out["staleness/max"] = float(max(counts, default=0))
+    out[STALENESS_MAX] = float(max(counts, default=0))
     out["staleness/mean"] = sum(d * n for d, n in counts.items()) / total
     return out

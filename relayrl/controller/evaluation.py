@@ -37,12 +37,12 @@ from relayrl.config import Config
 from relayrl.data.sampler import prompt_seed
 from relayrl.monitor.evaluate import completion_rows, eval_rows, format_prompts, summarize, write_rows
 from relayrl.monitor.runs import read_jsonl
+from relayrl.monitor.schema import EVAL_TIME_S
 
 GREEDY_ACCURACY = "eval/greedy_accuracy"
 SAMPLED_ACCURACY = "eval/sampled_accuracy"
 PASS_AT_K = "eval/pass@{k}"
 MEAN_REWARD = "eval/mean_reward"
-TIME_S = "eval/time_s"
 
 
 def is_due(version: int, every: int, before_first_step: bool) -> bool:
@@ -68,7 +68,7 @@ def eval_metrics(greedy: list[dict[str, Any]], sampled: list[dict[str, Any]], sa
     g = summarize("", greedy, 1, (1,))
     s = summarize("", sampled, samples, (samples,))
     return {GREEDY_ACCURACY: g.accuracy, SAMPLED_ACCURACY: s.accuracy,
-            PASS_AT_K.format(k=samples): s.pass_at_k[samples], MEAN_REWARD: s.mean_reward, TIME_S: seconds}
+            PASS_AT_K.format(k=samples): s.pass_at_k[samples], MEAN_REWARD: s.mean_reward, EVAL_TIME_S: seconds}
 
 
 class TrainingEval:

@@ -51,7 +51,8 @@ from relayrl.controller.buffer import Entry, staleness_histogram
 from relayrl.controller.evaluation import TrainingEval
 from relayrl.controller.policy import Launch, PolicyConfig, StepPolicy
 from relayrl.controller.system import generate_remote, is_death
-from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_STEP, reduction
+from relayrl.monitor.schema import (ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_STEP, TIMING_SYNC, TIMING_TRAIN,
+                                    TIMING_WAIT, reduction)
 from relayrl.rewards.scoring import Scored
 
 
@@ -88,7 +89,7 @@ class Clock:
         wall = max(time.perf_counter() - self.start, 1e-9)
         return {"idle/rollout": max(0.0, 1.0 - self.rollout_busy / (replicas * wall)),
                 "idle/trainer": max(0.0, 1.0 - self.trainer_busy / wall),
-                "timing/wait": self.waited, TIMING_STEP: wall}
+                TIMING_WAIT: self.waited, TIMING_STEP: wall}
 
 
 class Scheduler:
@@ -237,7 +238,7 @@ class Scheduler:
         buffer_stats = self.policy.buffer.stats()
         evaluated = self.evaluator.after_step(self.policy.version)   # engines hold this version now
         self._log(entries, trained_at, train_stats,
-                  {**sync_stats, **buffer_stats, **evaluated, "timing/train": t1 - t0, "timing/sync": t2 - t1})
+                  {**sync_stats, **buffer_stats, **evaluated, TIMING_TRAIN: t1 - t0, TIMING_SYNC: t2 - t1})
         every = self.cfg.run.checkpoint_every
         if every and self.policy.version % every == 0:
             self.checkpoint()

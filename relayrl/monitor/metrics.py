@@ -20,14 +20,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from relayrl.config import LoggingConfig
+from relayrl.monitor.schema import (POLICY_APPROX_KL, POLICY_KL, REWARD_MEAN, REWARD_PASS_RATE, REWARD_STD,
+                                    STALENESS_MAX, TIMING_STEP)
 
-REWARD_KEY = "reward/mean"
-"""The headline metric: mean total reward of the step's completions."""
-STEP_TIME_KEY = "timing/step"
-"""Wall seconds of the step, when the loop measures it; otherwise the console sink measures it."""
-STALENESS_KEY = "staleness/max"
-"""Versions between the trainer and the oldest token it trained on this step (0: on-policy)."""
-KL_KEYS = ("policy/kl", "policy/approx_kl")
+KL_KEYS = (POLICY_KL, POLICY_APPROX_KL)
 """The KL the console shows, first present: to the reference (0 without one), else the step's own change."""
 
 
@@ -128,15 +124,15 @@ class ConsoleSink:
         if step == 0:    # not a training step: the initial model's eval/* (its evaluator prints a line)
             return
         now = time.perf_counter()
-        seconds = metrics.get(STEP_TIME_KEY, now - self._last)
+        seconds = metrics.get(TIMING_STEP, now - self._last)
         self._last = now
         self._step_seconds.append(seconds)
         self.console.print(self.format_line(step, metrics, seconds))
         if self.progress is not None:
-            reward = metrics.get(REWARD_KEY)
+            reward = metrics.get(REWARD_MEAN)
             self.progress.update(self._task, completed=step, eta=self._eta(step),
                                  reward="-" if reward is None else f"{reward:.3f}",
-                                 stale=f"{metrics.get(STALENESS_KEY, 0):.0f}")
+                                 stale=f"{metrics.get(STALENESS_MAX, 0):.0f}")
             self.progress.refresh()
 
     def _eta(self, step: int) -> str:
@@ -145,16 +141,16 @@ class ConsoleSink:
 
     def format_line(self, step: int, metrics: dict[str, float], seconds: float) -> str:
         parts = [f"[bold]step {step}/{self.total_steps}[/bold]"]
-        if REWARD_KEY in metrics:
-            std = metrics.get("reward/std")
-            parts.append(f"reward [cyan]{metrics[REWARD_KEY]:.3f}[/cyan]" + (f" ±{std:.3f}" if std is not None else ""))
-        if "reward/pass_rate" in metrics:
-            parts.append(f"pass {metrics['reward/pass_rate']:.2f}")
+        if REWARD_MEAN in metrics:
+            std = metrics.get(REWARD_STD)
+            parts.append(f"reward [cyan]{metrics[REWARD_MEAN]:.3f}[/cyan]" + (f" ±{std:.3f}" if std is not None else ""))
+        if REWARD_PASS_RATE in metrics:
+            parts.append(f"pass {metrics[REWARD_PASS_RATE]:.2f}")
         kl = next((k for k in KL_KEYS if k in metrics), None) or next((k for k in metrics if is_kl_key(k)), None)
         if kl is not None:
             parts.append(f"kl {metrics[kl]:.2e}")
-        if STALENESS_KEY in metrics:
-            parts.append(f"stale {metrics[STALENESS_KEY]:.0f}")
+        if STALENESS_MAX in metrics:
+            parts.append(f"stale {metrics[STALENESS_MAX]:.0f}")
         parts.append(f"{seconds:.1f} s/step")
         parts.append(f"ETA {self._eta(step)}")
         return " | ".join(parts)

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
-from relayrl.monitor.metrics import REWARD_KEY, is_kl_key
-from relayrl.monitor.schema import lookup
+from relayrl.monitor.metrics import is_kl_key
+from relayrl.monitor.schema import (EVAL_TIME_S, PERF_COMPLETIONS_PER_S, PERF_TOKENS_PER_S,
+                                    PERF_TOKENS_PER_S_PER_REPLICA, REWARD_FN, REWARD_MEAN, REWARD_STD,
+                                    ROLLOUT_TOKENS_PER_S, STALENESS_LAG, TIMING_GENERATE, TIMING_REWARD, TIMING_STEP,
+                                    TIMING_SYNC, TIMING_TRAIN, TIMING_WAIT, lookup)
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 EVAL_PREFIX = "eval/"
-EVAL_SKIP = ("eval/time_s",)
+EVAL_SKIP = (EVAL_TIME_S,)
 """Drawn on eval.png: every ``eval/*`` metric but the evaluation's seconds."""
-TIMING_KEYS = ("timing/step", "timing/generate", "timing/reward", "timing/train", "timing/sync", "timing/wait")
+TIMING_KEYS = (TIMING_STEP, TIMING_GENERATE, TIMING_REWARD, TIMING_TRAIN, TIMING_SYNC, TIMING_WAIT)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -94,6 +96,11 @@ def _save_stacked_legend(path: Path, title: str, ylabel: str, lines: list[tuple[
     return path
 
 
+def _family(key: str) -> str:
+    """The schema name documenting ``key``: ``reward/<fn>`` for ``reward/correct``, "" when undocumented."""
+    return getattr(lookup(key), "name", "")
+
+
 def _lines(records: list[dict[str, Any]], keys: list[str]) -> list[tuple[str, list[int], list[float]]]:
     """(key, steps, values) for each key that has at least one finite value."""
     return [line for line in ((k, *_series(records, k)) for k in keys) if line[1]]
@@ -130,13 +137,13 @@ def _timing_chart(records: list[dict[str, Any]], path: Path) -> Path | None:
 
 def _reward_chart(records: list[dict[str, Any]], keys: list[str], path: Path) -> Path | None:
     """Total mean with a ±std band, and one line per reward function (``reward/<fn>`` in the schema)."""
-    steps, means = _series(records, REWARD_KEY)
+    steps, means = _series(records, REWARD_MEAN)
     if not steps:
         return None
-    per_fn = [k for k in keys if k.startswith("reward/") and getattr(lookup(k), "name", "") == "reward/<fn>"]
+    per_fn = [k for k in keys if _family(k) == REWARD_FN]
     lines = [("reward (weighted total)", steps, means)]
     lines += [(k.split("/", 1)[1], fn_steps, values) for k, fn_steps, values in _lines(records, per_fn)]
-    std_steps, stds = _series(records, "reward/std")
+    std_steps, stds = _series(records, REWARD_STD)
     band = None
     if std_steps == steps:
         band = (steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)])
@@ -145,14 +152,14 @@ def _reward_chart(records: list[dict[str, Any]], keys: list[str], path: Path) ->
 
 def _staleness_chart(records: list[dict[str, Any]], keys: list[str], path: Path) -> Path | None:
     """Stacked bars: groups trained at each step by version lag d (``staleness/<d>``), d = 0 at the bottom."""
-    lags = sorted(int(k.split("/")[1]) for k in keys if re.fullmatch(r"staleness/\d+", k))
+    lags = sorted((int(k.split("/")[1]), k) for k in keys if _family(k) == STALENESS_LAG)
     if not lags:
         return None
     fig, ax = _axes("Staleness: groups trained per version lag", "groups")
     steps = [r["step"] for r in records]
     bottom = [0.0] * len(steps)
-    for d in lags:
-        counts = [float(r.get(f"staleness/{d}") or 0.0) for r in records]
+    for d, key in lags:
+        counts = [float(r.get(key) or 0.0) for r in records]
         ax.bar(steps, counts, bottom=bottom, label=f"{d} version{'s' if d != 1 else ''} old")
         bottom = [b + c for b, c in zip(bottom, counts)]
     return _save(fig, ax, path)
@@ -160,18 +167,18 @@ def _staleness_chart(records: list[dict[str, Any]], keys: list[str], path: Path)
 
 def _throughput_chart(records: list[dict[str, Any]], path: Path) -> Path | None:
     """Tokens/s (end to end, per replica, per busy engine) on the left axis, completions/s on the right."""
-    lines = _lines(records, ["perf/tokens_per_s", "perf/tokens_per_s_per_replica", "rollout/tokens_per_s"])
+    lines = _lines(records, [PERF_TOKENS_PER_S, PERF_TOKENS_PER_S_PER_REPLICA, ROLLOUT_TOKENS_PER_S])
     if not lines:
         return None
     fig, ax = _axes("Throughput", "tokens/s")
     for label, steps, values in lines:
         ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
-    completions = _lines(records, ["perf/completions_per_s"])
+    completions = _lines(records, [PERF_COMPLETIONS_PER_S])
     if completions:
         right = ax.twinx()
         right.set_ylabel("completions/s")
         _, steps, values = completions[0]
-        right.plot(steps, values, "k--", label="perf/completions_per_s (right axis)")
+        right.plot(steps, values, "k--", label=f"{PERF_COMPLETIONS_PER_S} (right axis)")
         right.set_ylim(bottom=0, top=max(values) * 1.6 or 1.0)
     ax.set_ylim(bottom=0, top=max(v for _, _, values in lines for v in values) * 1.6 or 1.0)   # room for the legend
     return _save(fig, ax, path, loc="upper center")

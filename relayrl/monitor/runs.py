@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relayrl.monitor.metrics import REWARD_KEY
+from relayrl.monitor.schema import REWARD_MEAN
 
 
 @dataclass
@@ -110,8 +110,8 @@ def run_status(run_dir: Path, steps_done: int, steps_total: int | None) -> tuple
 def run_info(run_dir: str | Path) -> RunInfo:
     run_dir = Path(run_dir)
     records = read_records(run_dir)
-    rewards = [(r["step"], r[REWARD_KEY]) for r in records
-               if isinstance(r.get(REWARD_KEY), (int, float)) and math.isfinite(r[REWARD_KEY])]
+    rewards = [(r["step"], r[REWARD_MEAN]) for r in records
+               if isinstance(r.get(REWARD_MEAN), (int, float)) and math.isfinite(r[REWARD_MEAN])]
     best = max(rewards, key=lambda sr: sr[1], default=(None, None))
     total = _steps_total(run_dir)
     steps = sum(r.get("step", 0) > 0 for r in records)   # step 0: the initial model's eval (eval.every)

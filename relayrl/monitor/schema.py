@@ -29,16 +29,40 @@ REDUCTIONS = ("mean", "sum", "min", "max")
 
 # Names that code in several files writes or reads: one constant each, so a rename is one edit.
 REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
+REWARD_FN = "reward/<fn>"
+REWARD_PASS_RATE = "reward/pass_rate"
 REWARD_SPREAD_GROUPS = "reward/spread_groups"
+POLICY_KL = "policy/kl"
+POLICY_APPROX_KL = "policy/approx_kl"
 ROLLOUT_COMPLETIONS = "rollout/completions"
 ROLLOUT_TOKENS = "rollout/tokens"
 ROLLOUT_CALLS = "rollout/calls"
+ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 ROLLOUT_MIN_VERSION = "rollout/min_version"
 ROLLOUT_MAX_VERSION = "rollout/max_version"
+STALENESS_LAG = "staleness/<d>"
+STALENESS_MAX = "staleness/max"
 TIMING_GENERATE = "timing/generate"
 TIMING_SCORE = "timing/score"
+TIMING_REWARD = "timing/reward"
+TIMING_TRAIN = "timing/train"
+TIMING_SYNC = "timing/sync"
+TIMING_WAIT = "timing/wait"
 TIMING_STEP = "timing/step"
+WEIGHTSYNC_VERSION = "weightsync/version"
+WEIGHTSYNC_BYTES = "weightsync/bytes"
+WEIGHTSYNC_TOTAL_S = "weightsync/total_s"
+WEIGHTSYNC_GBPS = "weightsync/gbps"
+WEIGHTSYNC_STALL_S = "weightsync/stall_s"
+WEIGHTSYNC_STAGE_S = "weightsync/{stage}_s"   # a stage's seconds: start, transfer, receive, commit, init, connect
 MISMATCH_MEAN_ABS = "mismatch/mean_abs"
+MISMATCH_MAX_ABS = "mismatch/max_abs"
+MISMATCH_TOKENS = "mismatch/tokens"
+PERF_COMPLETIONS_PER_S = "perf/completions_per_s"
+PERF_TOKENS_PER_S = "perf/tokens_per_s"
+PERF_TOKENS_PER_S_PER_REPLICA = "perf/tokens_per_s_per_replica"
+EVAL_TIME_S = "eval/time_s"
 
 
 @dataclass(frozen=True)
@@ -67,9 +91,9 @@ M = Metric
 SCHEMA: tuple[Metric, ...] = (
     # reward/* - the scorer (relayrl.rewards.scoring.reward_metrics), over completions not excluded
     M(REWARD_MEAN, "reward", "mean weighted total reward of the step's completions (the headline)"),
-    M("reward/std", "reward", "population std of the total reward (per generate call, averaged)"),
-    M("reward/<fn>", "reward", "mean of one reward function, over completions where it applied"),
-    M("reward/pass_rate", "fraction", "completions whose primary (first) reward function gave >= 1"),
+    M(REWARD_STD, "reward", "population std of the total reward (per generate call, averaged)"),
+    M(REWARD_FN, "reward", "mean of one reward function, over completions where it applied"),
+    M(REWARD_PASS_RATE, "fraction", "completions whose primary (first) reward function gave >= 1"),
     M(REWARD_SPREAD_GROUPS, "groups", "trainable groups whose rewards vary (what dynamic sampling keeps)", reduce="sum"),
     M("reward/zero_std_groups", "fraction", "prompt groups whose completions all scored the same (no GRPO signal)"),
     M("reward/errors", "count", "completions excluded because a reward function failed on them", reduce="sum"),
@@ -78,8 +102,8 @@ SCHEMA: tuple[Metric, ...] = (
     M("reward/dropped_groups", "count", "groups not trained on: fewer than 2 scored completions left", reduce="sum"),
     # policy/* - the trainer's step statistics, token-weighted means over ranks and epochs
     M("policy/loss", "loss", "policy loss (incl. KL and entropy terms) over the aggregation's denominator"),
-    M("policy/kl", "nats/token", "KL(pi || pi_ref) estimate against the frozen reference (0 when kl_coef=0)"),
-    M("policy/approx_kl", "nats/token", "k3 KL(pi_old || pi) inside the step: how far the update moved"),
+    M(POLICY_KL, "nats/token", "KL(pi || pi_ref) estimate against the frozen reference (0 when kl_coef=0)"),
+    M(POLICY_APPROX_KL, "nats/token", "k3 KL(pi_old || pi) inside the step: how far the update moved"),
     M("policy/behaviour_kl", "nats/token", "k3 KL(engine || trainer) before the update: off-policyness"),
     M("policy/entropy", "nats/token", "mean token entropy of the policy at the sampling temperature"),
     M("policy/clip_frac", "fraction", "tokens whose ratio was clipped"),
@@ -112,13 +136,13 @@ SCHEMA: tuple[Metric, ...] = (
     M("rollout/truncated_frac", "fraction", "completions cut at rollout.max_tokens"),
     M("rollout/empty_frac", "fraction", "completions with no visible text (EOS first or whitespace only)"),
     M(ROLLOUT_CALLS, "count", "generate calls whose groups the step took (replicas; more when DAPO refills)", reduce="sum"),
-    M("rollout/tokens_per_s", "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
+    M(ROLLOUT_TOKENS_PER_S, "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
     M(ROLLOUT_MIN_VERSION, "version", "oldest policy version among the step's tokens", reduce="min"),
     M(ROLLOUT_MAX_VERSION, "version", "newest policy version among the step's tokens", reduce="max"),
     M("rollout/restarts", "count", "rollout replicas replaced so far after their actor or engine died"),
     # staleness/*
-    M("staleness/<d>", "count", "groups trained whose oldest token is d versions behind the trainer"),
-    M("staleness/max", "versions", "largest d of the step (<= buffer.max_staleness)"),
+    M(STALENESS_LAG, "count", "groups trained whose oldest token is d versions behind the trainer"),
+    M(STALENESS_MAX, "versions", "largest d of the step (<= buffer.max_staleness)"),
     M("staleness/mean", "versions", "group-weighted mean d"),
     # buffer/*
     M("buffer/depth", "groups", "groups waiting in the replay buffer after the step's batch was taken"),
@@ -130,15 +154,15 @@ SCHEMA: tuple[Metric, ...] = (
     M("accounting/dropped", "prompts", "prompts dropped so far, with the reason under buffer/dropped/*"),
     # timing/*
     M(TIMING_GENERATE, "s", "wall seconds of one generate call (mean over the step's calls)"),
-    M("timing/reward", "s", "wall seconds to score one generate call's groups (mean)"),
+    M(TIMING_REWARD, "s", "wall seconds to score one generate call's groups (mean)"),
     M("timing/fetch", "s", "trainer: pulling the step's trajectories from the object store"),
     M("timing/logprob", "s", "trainer: reference-model logprobs (0 when kl_coef=0)"),
     M("timing/update", "s", "trainer: forward/backward/optimizer over all epochs"),
     M("timing/train_actor", "s", "trainer: the whole train_step inside the rank"),
-    M("timing/train", "s", "driver: train_step call to its result"),
-    M("timing/sync", "s", "driver: weight sync incl. the mismatch probe"),
+    M(TIMING_TRAIN, "s", "driver: train_step call to its result"),
+    M(TIMING_SYNC, "s", "driver: weight sync incl. the mismatch probe"),
     M("timing/checkpoint_stall", "s", "driver held by checkpoint saves since the last step (async: the staging copy)"),
-    M("timing/wait", "s", "trainer idle waiting for a full batch since the last step"),
+    M(TIMING_WAIT, "s", "trainer idle waiting for a full batch since the last step"),
     M(TIMING_STEP, "s", "wall seconds since the previous step was logged"),
     # startup/* (the first step a driver process logs)
     M("startup/engine_s", "s", "slowest rollout engine's construction (vLLM AsyncLLM start)", when="first_step"),
@@ -155,11 +179,11 @@ SCHEMA: tuple[Metric, ...] = (
     M("colocated/offload_bytes", "bytes", "trainer state moved to/from the GPU per rank at the last switch (0 on CPU)",
       "colocated"),
     # weightsync/*
-    M("weightsync/version", "version", "version the engines committed (= step)"),
-    M("weightsync/bytes", "bytes", "bytes moved per engine (wire dtype, aligned)"),
-    M("weightsync/total_s", "s", "trainer-side seconds of the whole sync"),
-    M("weightsync/gbps", "GB/s", "bytes / (transfer + commit seconds)"),
-    M("weightsync/stall_s", "s", "longest time an engine was paused for the update"),
+    M(WEIGHTSYNC_VERSION, "version", "version the engines committed (= step)"),
+    M(WEIGHTSYNC_BYTES, "bytes", "bytes moved per engine (wire dtype, aligned)"),
+    M(WEIGHTSYNC_TOTAL_S, "s", "trainer-side seconds of the whole sync"),
+    M(WEIGHTSYNC_GBPS, "GB/s", "bytes / (transfer + commit seconds)"),
+    M(WEIGHTSYNC_STALL_S, "s", "longest time an engine was paused for the update"),
     M("weightsync/start_s", "s", "stage: engines paused and update opened"),
     M("weightsync/transfer_s", "s", "stage: weights sent and staged"),
     M("weightsync/receive_s", "s", "stage: engines receive (broadcast: during transfer) and verify the payload"),
@@ -168,12 +192,12 @@ SCHEMA: tuple[Metric, ...] = (
     M("weightsync/connect_s", "s", "trainer-side channel set-up", "first_sync"),
     # mismatch/*
     M(MISMATCH_MEAN_ABS, "nats/token", "mean |engine - trainer| logprob after a sync", "verify"),
-    M("mismatch/max_abs", "nats/token", "max |engine - trainer| logprob after a sync", "verify"),
-    M("mismatch/tokens", "tokens", "tokens compared by the probe", "verify"),
+    M(MISMATCH_MAX_ABS, "nats/token", "max |engine - trainer| logprob after a sync", "verify"),
+    M(MISMATCH_TOKENS, "tokens", "tokens compared by the probe", "verify"),
     # perf/*
-    M("perf/completions_per_s", "1/s", "rollout/completions / timing/step: end-to-end completions per second"),
-    M("perf/tokens_per_s", "tokens/s", "rollout/tokens / timing/step: end-to-end tokens per second"),
-    M("perf/tokens_per_s_per_replica", "tokens/s", "perf/tokens_per_s / rollout.num_replicas"),
+    M(PERF_COMPLETIONS_PER_S, "1/s", "rollout/completions / timing/step: end-to-end completions per second"),
+    M(PERF_TOKENS_PER_S, "tokens/s", "rollout/tokens / timing/step: end-to-end tokens per second"),
+    M(PERF_TOKENS_PER_S_PER_REPLICA, "tokens/s", "perf/tokens_per_s / rollout.num_replicas"),
     # eval/* - evaluation during training (relayrl.controller.evaluation): the step's synced weights
     # (step 0: the initial model) on eval.train_prompts held-out prompts
     M("eval/greedy_accuracy", "fraction", "greedy completions (temperature 0, one per prompt) that pass", "eval"),
@@ -181,7 +205,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("eval/pass@<k>", "fraction", "prompts with a passing sample among k = eval.samples (unbiased pass@k)",
       "eval"),
     M("eval/mean_reward", "reward", "mean weighted total reward of the sampled completions", "eval"),
-    M("eval/time_s", "s", "wall seconds of the evaluation (the trainer waits this long)", "eval"),
+    M(EVAL_TIME_S, "s", "wall seconds of the evaluation (the trainer waits this long)", "eval"),
 )
 del M
 
@@ -190,7 +214,7 @@ GROUPS: tuple[str, ...] = tuple(dict.fromkeys(m.group for m in SCHEMA))
 colocated, weightsync, mismatch, perf, eval."""
 
 RENAMES: dict[str, str] = {
-    TIMING_SCORE: "timing/reward",
+    TIMING_SCORE: TIMING_REWARD,
     "fetch_seconds": "timing/fetch", "logprob_seconds": "timing/logprob",
     "train_seconds": "timing/update", "step_seconds": "timing/train_actor",
 }
@@ -218,11 +242,11 @@ def to_schema(metrics: dict[str, Any], lr: float, replicas: int) -> dict[str, An
     out.setdefault("policy/lr", lr)
     step_s, gen_s = out.get(TIMING_STEP), out.get(TIMING_GENERATE)
     if ROLLOUT_TOKENS in out and step_s:
-        out["perf/completions_per_s"] = out[ROLLOUT_COMPLETIONS] / step_s
-        out["perf/tokens_per_s"] = out[ROLLOUT_TOKENS] / step_s
-        out["perf/tokens_per_s_per_replica"] = out["perf/tokens_per_s"] / replicas
+        out[PERF_COMPLETIONS_PER_S] = out[ROLLOUT_COMPLETIONS] / step_s
+        out[PERF_TOKENS_PER_S] = out[ROLLOUT_TOKENS] / step_s
+        out[PERF_TOKENS_PER_S_PER_REPLICA] = out[PERF_TOKENS_PER_S] / replicas
     if ROLLOUT_TOKENS in out and gen_s:
-        out["rollout/tokens_per_s"] = out[ROLLOUT_TOKENS] / (out.get(ROLLOUT_CALLS, replicas) * gen_s)
+        out[ROLLOUT_TOKENS_PER_S] = out[ROLLOUT_TOKENS] / (out.get(ROLLOUT_CALLS, replicas) * gen_s)
     return out
 
 

@@ -31,7 +31,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from relayrl.monitor.schema import REWARD_MEAN, REWARD_SPREAD_GROUPS
+from relayrl.monitor.schema import REWARD_MEAN, REWARD_PASS_RATE, REWARD_SPREAD_GROUPS, REWARD_STD
 
 if TYPE_CHECKING:  # relayrl.types imports torch; reward workers should start without it
     from relayrl.types import TrajectoryGroup
@@ -334,7 +334,7 @@ def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) ->
 def _value_metrics(groups: list[TrajectoryGroup], valid: list, primary: str | None) -> dict[str, float]:
     totals = [t.reward for t in valid]
     mean = sum(totals) / len(totals)
-    metrics = {REWARD_MEAN: mean, "reward/std": math.sqrt(sum((r - mean) ** 2 for r in totals) / len(totals))}
+    metrics = {REWARD_MEAN: mean, REWARD_STD: math.sqrt(sum((r - mean) ** 2 for r in totals) / len(totals))}
     names = list(valid[0].rewards)
     for name in names:
         applied = [t.rewards[name] for t in valid if t.rewards[name] is not None]
@@ -342,7 +342,7 @@ def _value_metrics(groups: list[TrajectoryGroup], valid: list, primary: str | No
             metrics[f"reward/{name}"] = sum(applied) / len(applied)
     primary = primary or (names[0] if names else None)
     if primary is not None:
-        metrics["reward/pass_rate"] = sum((t.rewards.get(primary) or 0.0) >= 1.0 for t in valid) / len(valid)
+        metrics[REWARD_PASS_RATE] = sum((t.rewards.get(primary) or 0.0) >= 1.0 for t in valid) / len(valid)
     scored = [{t.reward for t in g.trajectories if t.excluded is None} for g in groups]
     scored = [s for s in scored if s]
     metrics["reward/zero_std_groups"] = sum(len(s) == 1 for s in scored) / max(len(scored), 1)

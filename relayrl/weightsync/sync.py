@@ -15,6 +15,8 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightSource
 
 from relayrl.config import WeightSyncConfig
+from relayrl.monitor.schema import (WEIGHTSYNC_BYTES, WEIGHTSYNC_GBPS, WEIGHTSYNC_STAGE_S, WEIGHTSYNC_STALL_S,
+                                    WEIGHTSYNC_TOTAL_S, WEIGHTSYNC_VERSION)
 from relayrl.weightsync import BACKENDS, register_with_vllm
 from relayrl.weightsync.client import RolloutClient, WeightSyncError, last_line
 
@@ -65,10 +67,10 @@ class TrainerSync:
             nbytes = float(sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in self.source.metadata()))
         seconds = self.client.seconds   # vLLM's own engines report no trainer-side transfer: use receive
         moved = seconds.get("transfer", seconds.get("receive", 0.0)) + seconds.get("commit", 0.0)
-        out = {f"weightsync/{k}_s": v for k, v in self.client.seconds.items()}
-        out.update({"weightsync/bytes": nbytes, "weightsync/total_s": total_s,
-                    "weightsync/gbps": nbytes / moved / 1e9 if moved > 0 else 0.0,
-                    "weightsync/stall_s": self.client.stall_s, "weightsync/version": float(self.client.version)})
+        out = {WEIGHTSYNC_STAGE_S.format(stage=k): v for k, v in self.client.seconds.items()}
+        out.update({WEIGHTSYNC_BYTES: nbytes, WEIGHTSYNC_TOTAL_S: total_s,
+                    WEIGHTSYNC_GBPS: nbytes / moved / 1e9 if moved > 0 else 0.0,
+                    WEIGHTSYNC_STALL_S: self.client.stall_s, WEIGHTSYNC_VERSION: float(self.client.version)})
         return out
 
     def close(self) -> None:

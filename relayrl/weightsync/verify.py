@@ -11,6 +11,8 @@ fp32 on CPU agrees to ~1e-5 nats; a missed weight shows up as 0.1-1 nats.
 
 from __future__ import annotations
 
+from relayrl.monitor.schema import MISMATCH_MAX_ABS, MISMATCH_MEAN_ABS, MISMATCH_TOKENS
+
 
 def logprob_mismatch(engine: list[list[float]], trainer: list[list[float]],
                      starts: list[int]) -> dict[str, float]:
@@ -21,6 +23,6 @@ def logprob_mismatch(engine: list[list[float]], trainer: list[list[float]],
     diffs = [abs(e - t) for eng, tr, s in zip(engine, trainer, starts, strict=True)
              for e, t in zip(eng[s:], tr[s:], strict=True)]
     if not diffs:
-        return {"mismatch/mean_abs": 0.0, "mismatch/max_abs": 0.0, "mismatch/tokens": 0.0}
-    return {"mismatch/mean_abs": sum(diffs) / len(diffs), "mismatch/max_abs": max(diffs),
-            "mismatch/tokens": float(len(diffs))}
+        return {MISMATCH_MEAN_ABS: 0.0, MISMATCH_MAX_ABS: 0.0, MISMATCH_TOKENS: 0.0}
+    return {MISMATCH_MEAN_ABS: sum(diffs) / len(diffs), MISMATCH_MAX_ABS: max(diffs),
+            MISMATCH_TOKENS: float(len(diffs))}
