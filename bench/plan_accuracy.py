@@ -1,25 +1,35 @@
 """How well ``relayrl plan`` predicts: profile one layout, predict others, run them, print side by side.
 
-On this box a device is a core: the profile run is ``placement=separate``, one rollout replica and one
-trainer rank on one thread each, ``mode=sync``. From its medians the planner predicts each target layout
-(default: the same split in async with k=1, and colocated on one core), which is then run for real; the
-profile layout runs again after them and the profile averages both runs (the box's load drifts).
-Step times are medians after the warm-up step. Target: |predicted - measured| / measured < 0.25.
+On this box a device is a core. The profile run is, by default, relayrl's CPU default: ``shared`` N:N
+(``placement=separate mode=sync``, one rollout replica and one trainer rank each on all N cores, taking
+turns). From its medians the planner predicts each target layout (default: separate 1:1 in async with
+k=1 and in sync, one thread each), which is then run for real; the profile layout runs again after them
+and the profile averages both runs (the box's load drifts). A target equal to the profile layout is
+measured by the profile runs. Step times are medians after the warm-up step. Target: |predicted -
+measured| / measured < 0.25. Last, it says which measured layout the planner ranks first and which
+measured fastest, and whether they agree (what ``relayrl plan``'s recommendation rests on).
 
     .venv/bin/python bench/plan_accuracy.py [--recipe grpo_arith] [--steps 16] \\
-        [--layouts separate:1:1:async:1 colocated:1:1:sync:0] [overrides ...]
+        [--profile-layout shared:2:2:sync:0] \\
+        [--layouts separate:1:1:async:1 separate:1:1:sync:0 shared:2:2:sync:0] [overrides ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 
-from relayrl.plan.measure import TINY_WORK, check_layouts
+from relayrl.plan.measure import TINY_WORK, Check, check_layouts
 from relayrl.plan.model import Layout
 from relayrl.plan.report import profile_lines
 
+CORES = os.cpu_count() or 1
+SHARED = f"shared:{CORES}:{CORES}:sync:0"
+
+
 def parse_layout(text: str) -> Layout:
-    """``placement:rollout:trainer:mode:k``, e.g. ``separate:1:1:async:1``."""
+    """``placement:rollout:trainer:mode:k``, e.g. ``separate:1:1:async:1`` or ``shared:2:2:sync:0``."""
     try:
         placement, r, t, mode, k = text.split(":")
         return Layout(placement, int(r), int(t), mode, int(k))
@@ -28,29 +38,48 @@ def parse_layout(text: str) -> Layout:
                          "e.g. separate:1:1:async:1") from None
 
 
+def name(layout: Layout) -> str:
+    return (f"{layout.placement} {layout.split()} {layout.mode}"
+            + (f" k={layout.k}" if layout.mode == "async" else ""))
+
+
+def verdict(checks: list[Check]) -> list[str]:
+    """The planner's first among the measured layouts against the measured fastest (a layout measured twice,
+    the profile's, counts with the mean of its runs)."""
+    by_layout: dict[Layout, list[Check]] = {}
+    for c in checks:
+        by_layout.setdefault(c.layout, []).append(c)
+    predicted = {lay: cs[0].predicted_s for lay, cs in by_layout.items()}
+    measured = {lay: statistics.fmean(c.measured_s for c in cs) for lay, cs in by_layout.items()}
+    first, fastest = min(predicted, key=predicted.get), min(measured, key=measured.get)
+    return [f"  planner ranks first: {name(first)} (predicted {predicted[first]:.3f} s, "
+            f"measured {measured[first]:.3f} s)",
+            f"  measured fastest:    {name(fastest)} ({measured[fastest]:.3f} s)",
+            f"  agree: {'yes' if first == fastest else 'NO'}"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="grpo_tiny")
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--profile-layout", default="separate:1:1:sync:0")
-    parser.add_argument("--layouts", nargs="+", default=["separate:1:1:async:1", "colocated:1:1:sync:0"])
+    parser.add_argument("--profile-layout", default=SHARED)
+    parser.add_argument("--layouts", nargs="+", default=["separate:1:1:async:1", "separate:1:1:sync:0", SHARED])
     parser.add_argument("--output-dir", default="/tmp/relayrl-bench")
     parser.add_argument("--no-bracket", action="store_true", help="profile once, before the targets")
     args, extra = parser.parse_known_args()
     extra = [*(TINY_WORK if args.recipe == "grpo_tiny" else []), *extra]
+    profiled = 1 if args.no_bracket else 2
     profile, checks = check_layouts(args.recipe, parse_layout(args.profile_layout),
                                     [parse_layout(x) for x in args.layouts], args.steps, extra, args.output_dir,
                                     bracket=not args.no_bracket)
     print("\n" + "\n".join(profile_lines(profile)))
     print(f"\n{args.recipe}, {args.steps} steps per run, medians after the warm-up step")
     print(f"  {'layout':<34} {'predicted s':>11} {'measured s':>10} {'error':>7}")
-    profiled = len(checks) - len(args.layouts)
     for i, c in enumerate(checks):
-        lay = c.layout
-        name = f"{lay.placement} {lay.split()} {lay.mode}" + (f" k={lay.k}" if lay.mode == "async" else "")
         tag = (f" (profiled, {('before', 'after')[i]})" if i < profiled else
                ("  PASS" if c.error < 0.25 else "  MISS"))
-        print(f"  {name:<34} {c.predicted_s:>11.3f} {c.measured_s:>10.3f} {c.error:>7.1%}{tag}")
+        print(f"  {name(c.layout):<34} {c.predicted_s:>11.3f} {c.measured_s:>10.3f} {c.error:>7.1%}{tag}")
+    print("\n".join(["", *verdict(checks)]))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relayrl.monitor.runs import read_records
+from relayrl.monitor.schema import TIMING_STEP
 from relayrl.plan.model import Layout, Profile, overrides, predict
 
 TINY_WORK = ["run.prompts_per_step=4", "algorithm.group_size=8"]
@@ -44,7 +45,7 @@ def run_layout(recipe: str, layout: Layout, steps: int, extra: list[str], output
 
 def median_step(run_dir: str | Path, skip: int = 1) -> float:
     """Median ``timing/step`` after the first ``skip`` steps (what the profile's own medians compare with)."""
-    return statistics.median(r["timing/step"] for r in read_records(run_dir)[skip:])
+    return statistics.median(r[TIMING_STEP] for r in read_records(run_dir)[skip:])
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,9 @@ def check_layouts(recipe: str, profile_layout: Layout, targets: list[Layout], st
     target layout. ``bracket``: profile again after the targets and use both profile runs (their costs
     averaged), so that a machine whose load drifts during the check (this shared box: 2x within minutes)
     is profiled at the targets' mean time. The profile runs are the first checks: their errors show the drift
-    (one profile run reproduces its own median exactly)."""
+    (one profile run reproduces its own median exactly). A target equal to the profile layout is not run again."""
     cores = os.cpu_count()
+    targets = [layout for layout in targets if layout != profile_layout]     # the profile runs measure it
     runs = [run_layout(recipe, profile_layout, steps, extra, output_dir)]
     measured = [(layout, run_layout(recipe, layout, steps, extra, output_dir)) for layout in targets]
     if bracket:

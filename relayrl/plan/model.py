@@ -6,7 +6,9 @@ trainer devices t, mode, k). With ``tokens`` completion tokens per step, the pha
 
 ::
 
-    Tg(r) = gen_call_s + gen_dev_s_per_token * tokens / r              generation (data parallel)
+    Tg(r) = gen_call_s + gen_dev_s_per_token * tokens / r              generation, r one-device replicas
+    Tg(N) = gen_call_s + gen_dev_s_per_token * tokens / (N * g)        shared: one replica on N threads,
+                                                                        g = gen_efficiency
     Tr    = reward_s                                                    scoring (CPU workers)
     Tt(t) = train_fixed_s + train_dev_s_per_token * tokens / (t * e(t)) training, e(1) = 1, e(t>1) = train_efficiency
     Ts    = sync_fixed_s + sync_bytes / sync_bytes_per_s                weight sync
@@ -19,6 +21,7 @@ and the step is
     separate, sync  (or k = 0):  step = Tg(r) + Tr + Tt(t) + Ts + O
     separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s, train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
     colocated (sync), N devices: step = Tg(N) + Tr + Tt(N) + Ts + 2 * switch_s + O
+    shared (CPU, sync), N cores: step = Tg(N) + Tr + Tt(N) + Ts + O   (Tg with g, Tt with e(N))
 
     s = 1 on GPUs;  s = (2r + t) / (r + t) when devices are CPU cores;  or ``overlap_slowdown`` if given
 
@@ -32,6 +35,18 @@ why the profile must measure them rather than assume them away. In async mode th
 while the trainer trains (admission control lets it run k >= 1 versions ahead), so the slower of the two
 paths sets the pace; each sync pauses the engines for ``stall_s``. Colocated placement time-shares all
 N devices: phases run one after the other, plus two hand-overs (engines sleep, trainer wakes, and back).
+
+Shared is relayrl's default on a CPU box: ``placement=separate mode=sync`` with one replica and one rank
+whose ``num_threads=0`` each take every core. Sync mode runs one side at a time, so each has all N cores
+while it works and nothing is put to sleep (no switch). It exists only for CPU profiles: two GPU processes
+cannot take turns on one device without colocated's sleep/wake. N threads in one process do not scale
+perfectly: training uses the same e(N) as N ranks (the SmolLM2 update was seen ~1.6x faster on 2 threads
+than on 1 on the 2-core box, e = 0.8; give ``train_efficiency`` when it matters), and generation a factor
+g = ``gen_efficiency`` (0.8 assumed unless given: the update's 2-thread figure, as vLLM's CPU decode runs
+the same kind of GEMM kernels). N one-thread replicas, in contrast, are data parallel and keep g = 1. A
+profile of a shared run turns its measured Tg into one device's cost as Tg * N * g / tokens (and the
+update as update * N * e(N) / tokens), so a shared run and a one-thread run of the same work give the same
+per-device costs.
 
 The overlap slowdown s: GPUs don't share their devices, so s = 1 there. On a CPU box a vLLM engine runs
 its scheduler (EngineCore) as one more busy process beside its worker thread, so r one-thread replicas keep
@@ -49,6 +64,8 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.monitor.runs import read_records
+from relayrl.monitor.schema import (ROLLOUT_COMPLETIONS, ROLLOUT_TOKENS, TIMING_GENERATE, TIMING_REWARD, TIMING_STEP,
+                                    TIMING_SYNC, TIMING_TRAIN, WEIGHTSYNC_BYTES, WEIGHTSYNC_GBPS, WEIGHTSYNC_STALL_S)
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,7 @@ class Profile:
     overhead_s: float = 0.0            # O: per step, what the phase timers miss (driver calls, logging)
     switch_s: float = 0.0              # colocated: one hand-over between rollout and trainer
     train_efficiency: float = 0.9      # e(t > 1): multi-rank training throughput per rank, relative to 1 rank
+    gen_efficiency: float = 0.8        # g: one replica's throughput per thread on N > 1 threads, relative to 1
     overlap_slowdown: float | None = None   # s: Tg and Tt's per-token part run this much slower while they
                                             # overlap; None: (2r + t) / (r + t) if cpu, else 1
     cpu: bool = False                  # devices are CPU cores of one host (profiled with --cores)
@@ -79,9 +97,10 @@ class Profile:
         """Ts = sync_fixed_s + sync_bytes / sync_bytes_per_s."""
         return self.sync_fixed_s + self.sync_bytes / self.sync_bytes_per_s
 
-    def gen_s(self, devices: int) -> float:
-        """Tg(r) = gen_call_s + gen_dev_s_per_token * tokens / r."""
-        return self.gen_call_s + self.gen_dev_s_per_token * self.tokens / devices
+    def gen_s(self, devices: int, threads: int = 1) -> float:
+        """Tg = gen_call_s + gen_dev_s_per_token * tokens / (devices * g(threads)): ``devices`` device-threads
+        in all, ``threads`` of them per replica (1: r data-parallel replicas; N: one shared replica)."""
+        return self.gen_call_s + self.gen_dev_s_per_token * self.tokens / (devices * gen_efficiency(self, threads))
 
     def train_s(self, devices: int) -> float:
         """Tt(t) = train_fixed_s + train_dev_s_per_token * tokens / (t * e(t))."""
@@ -104,31 +123,33 @@ class Profile:
 
     @classmethod
     def from_run(cls, path: str | Path, cores: int | None = None, skip: int = 1,
-                 train_efficiency: float = 0.9) -> "Profile":
+                 train_efficiency: float = 0.9, gen_efficiency: float = 0.8) -> "Profile":
         """Profile of one run directory (see ``from_runs``)."""
-        return cls.from_runs([path], cores, skip, train_efficiency)
+        return cls.from_runs([path], cores, skip, train_efficiency, gen_efficiency)
 
     @classmethod
     def from_runs(cls, paths: list[str | Path], cores: int | None = None, skip: int = 1,
-                  train_efficiency: float = 0.9) -> "Profile":
+                  train_efficiency: float = 0.9, gen_efficiency: float = 0.8) -> "Profile":
         """Costs measured in run directories (metrics.jsonl + config.yaml), medians over steps after the
         first ``skip`` (warm-up: engine and allocator first use). ``cores``: this is a CPU box with that
         many cores, so a replica or rank with ``num_threads=0`` used all of them (its device count).
-        ``train_efficiency``: e(t) assumed for the run's own t ranks when t > 1 (to get one rank's cost).
+        ``train_efficiency``: e(t) assumed for the run's own t device-threads when t > 1, and
+        ``gen_efficiency``: g assumed for a replica of more than one thread (both to get one device's cost).
 
         One run: per-call generation cost cannot be told from per-token cost, so ``gen_call_s`` = 0 (all of
         Tg divides by replicas). Several runs whose tokens per rollout device differ >= 1.5x: ``gen_call_s`` and
-        ``gen_dev_s_per_token`` are fitted by least squares on Tg = a + b * tokens / r. The other costs are
-        averaged over the runs."""
+        ``gen_dev_s_per_token`` are fitted by least squares on Tg = a + b * tokens / (r * g). The other costs
+        are averaged over the runs. g is given, not fitted: with two runs, a per-call cost and a thread
+        scaling below g look alike (a shared run and a one-thread run: the fit puts the difference into a)."""
         if not paths:
             raise ValueError("no run directories given; pass at least one runs/<id>")
-        samples = [_run_sample(Path(p), cores, skip, train_efficiency) for p in paths]
-        x = [s["tokens"] / s["r"] for s in samples]
+        samples = [_run_sample(Path(p), cores, skip, train_efficiency, gen_efficiency) for p in paths]
+        x = [s["tokens"] / s["gen_devices"] for s in samples]
         y = [s["gen"] for s in samples]
         gen_call, gen_tok = _fit_line(x, y)
         avg = {k: statistics.fmean(s[k] for s in samples) for k in _AVERAGED}
         return cls(gen_call_s=gen_call, gen_dev_s_per_token=gen_tok, train_efficiency=train_efficiency,
-                   cpu=cores is not None, source=", ".join(str(p) for p in paths),
+                   gen_efficiency=gen_efficiency, cpu=cores is not None, source=", ".join(str(p) for p in paths),
                    prompts_per_step=samples[0]["prompts_per_step"], **avg)
 
 
@@ -137,8 +158,13 @@ _AVERAGED = ("tokens", "completions", "train_dev_s_per_token", "reward_s", "trai
 
 
 def efficiency(profile: Profile, devices: int) -> float:
-    """e(t): 1 for one rank (no collectives), ``train_efficiency`` for more."""
+    """e(t): 1 for one device, ``train_efficiency`` for more (ranks' collectives, or one rank's threads)."""
     return 1.0 if devices == 1 else profile.train_efficiency
+
+
+def gen_efficiency(profile: Profile, threads: int) -> float:
+    """g: 1 for a one-thread replica, ``gen_efficiency`` for a replica on more threads."""
+    return 1.0 if threads == 1 else profile.gen_efficiency
 
 
 FIT_SPREAD = 1.5
@@ -180,31 +206,40 @@ def run_devices(cfg: dict[str, Any], cores: int | None) -> tuple[int, int]:
     return r * r_threads, t * t_threads
 
 
-def _run_sample(path: Path, cores: int | None, skip: int, train_efficiency: float) -> dict[str, float]:
-    """One run's medians turned into the profile's per-token and fixed costs."""
+def _run_sample(path: Path, cores: int | None, skip: int, train_efficiency: float,
+                gen_efficiency: float) -> dict[str, float]:
+    """One run's medians turned into the profile's per-token and fixed costs: one device's, whether the run
+    had one-thread replicas and ranks or a replica and a rank on every core (``num_threads=0``)."""
     cfg, rows = _read_run(path)
     rows = rows[skip:]
-    need = ("timing/generate", "timing/train", "timing/update", "timing/sync", "timing/step", "rollout/tokens")
+    need = (TIMING_GENERATE, TIMING_TRAIN, "timing/update", TIMING_SYNC, TIMING_STEP, ROLLOUT_TOKENS)
     if not rows or any(k not in rows[0] for k in need):
         raise ValueError(f"{path}/metrics.jsonl has no steps after the {skip} warm-up step(s) with "
                          f"{', '.join(need)}; profile a run of at least {skip + 3} steps")
     med = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in {*need, *_OPTIONAL}}
     r, t = run_devices(cfg, cores)
-    tokens = med["rollout/tokens"]
+    g = 1.0 if replica_threads(cfg, cores) == 1 else gen_efficiency
+    tokens = med[ROLLOUT_TOKENS]
     update = med["timing/update"] + med["timing/logprob"]
     e = 1.0 if t == 1 else train_efficiency
-    bw = med["weightsync/gbps"] * 1e9 or 1e9
-    return {"tokens": tokens, "completions": med["rollout/completions"], "r": r,
-            "prompts_per_step": int(cfg["run"]["prompts_per_step"]), "gen": med["timing/generate"],
-            "train_dev_s_per_token": update * t * e / tokens, "reward_s": med["timing/reward"],
-            "train_fixed_s": max(0.0, med["timing/train"] - update), "sync_bytes": med["weightsync/bytes"],
+    bw = med[WEIGHTSYNC_GBPS] * 1e9 or 1e9
+    return {"tokens": tokens, "completions": med[ROLLOUT_COMPLETIONS], "gen_devices": r * g,
+            "prompts_per_step": int(cfg["run"]["prompts_per_step"]), "gen": med[TIMING_GENERATE],
+            "train_dev_s_per_token": update * t * e / tokens, "reward_s": med[TIMING_REWARD],
+            "train_fixed_s": max(0.0, med[TIMING_TRAIN] - update), "sync_bytes": med[WEIGHTSYNC_BYTES],
             "sync_bytes_per_s": bw,
-            "sync_fixed_s": max(0.0, med["timing/sync"] - med["weightsync/bytes"] / bw),
-            "stall_s": med["weightsync/stall_s"], "overhead_s": _overhead(cfg, rows)}
+            "sync_fixed_s": max(0.0, med[TIMING_SYNC] - med[WEIGHTSYNC_BYTES] / bw),
+            "stall_s": med[WEIGHTSYNC_STALL_S], "overhead_s": _overhead(cfg, rows)}
 
 
-_OPTIONAL = ("timing/logprob", "timing/reward", "rollout/completions", "weightsync/bytes", "weightsync/gbps",
-             "weightsync/stall_s")
+def replica_threads(cfg: dict[str, Any], cores: int | None) -> int:
+    """Threads of each rollout replica of a run's config: 1 on GPUs (a device is a GPU, tensor parallel
+    ranks are devices), else ``rollout.num_threads`` (0: every core)."""
+    return 1 if cores is None else int(cfg["rollout"].get("num_threads") or cores)
+
+
+_OPTIONAL = ("timing/logprob", TIMING_REWARD, ROLLOUT_COMPLETIONS, WEIGHTSYNC_BYTES, WEIGHTSYNC_GBPS,
+             WEIGHTSYNC_STALL_S)
 
 
 def _overhead(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> float:
@@ -217,19 +252,23 @@ def _overhead(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> float:
     is_async = cfg.get("mode") == "async" and int(cfg.get("buffer", {}).get("max_staleness", 0)) >= 1
 
     def one(row: dict[str, Any]) -> float:
-        rollout = row["timing/generate"] + row.get("timing/reward", 0.0)
-        trainer = row["timing/train"] + row["timing/sync"]
-        path = max(rollout + row.get("weightsync/stall_s", 0.0), trainer) if is_async else rollout + trainer
-        return row["timing/step"] - path
+        rollout = row[TIMING_GENERATE] + row.get(TIMING_REWARD, 0.0)
+        trainer = row[TIMING_TRAIN] + row[TIMING_SYNC]
+        path = max(rollout + row.get(WEIGHTSYNC_STALL_S, 0.0), trainer) if is_async else rollout + trainer
+        return row[TIMING_STEP] - path
 
     return max(0.0, statistics.median(one(r) for r in rows))
 
 
+PLACEMENTS = ("separate", "colocated", "shared")
+"""A layout's placements; shared is the config's ``placement=separate`` with every core on each side."""
+
+
 @dataclass(frozen=True)
 class Layout:
-    placement: str          # separate | colocated
-    rollout_devices: int    # r: one replica per device
-    trainer_devices: int    # t: trainer ranks (FSDP2)
+    placement: str          # separate | colocated | shared (CPU: one replica and one rank, each on all N cores)
+    rollout_devices: int    # r: one replica per device (shared: N threads of the one replica)
+    trainer_devices: int    # t: trainer ranks (FSDP2) (shared: N threads of the one rank)
     mode: str = "sync"      # sync | async
     k: int = 0              # buffer.max_staleness (async)
 
@@ -237,6 +276,11 @@ class Layout:
     def overlaps(self) -> bool:
         """Rollout and training run at the same time: separate placement, async, k >= 1."""
         return self.placement == "separate" and self.mode == "async" and self.k >= 1
+
+    @property
+    def threads(self) -> int:
+        """Threads of each replica and rank: all N when shared, else one device each."""
+        return self.rollout_devices if self.placement == "shared" else 1
 
     def split(self) -> str:
         return f"{self.rollout_devices}:{self.trainer_devices}"
@@ -257,8 +301,11 @@ class Prediction:
 def predict(profile: Profile, layout: Layout) -> Prediction:
     """Step time, throughput, bottleneck and idle fractions of ``layout`` (laws: module docstring)."""
     _check_layout(layout)
+    if layout.placement == "shared" and not profile.cpu:
+        raise ValueError(f"layout {layout}: shared placement time-shares CPU cores; this profile's devices "
+                         "are GPUs (profile with --cores, or use colocated)")
     colocated = layout.placement == "colocated"
-    tg = profile.gen_s(layout.rollout_devices)
+    tg = profile.gen_s(layout.rollout_devices, layout.threads)
     tt = profile.train_s(layout.trainer_devices)
     ph = {"generate": tg, "reward": profile.reward_s, "train": tt, "sync": profile.sync_s(),
           "overhead": profile.overhead_s, "switch": 2 * profile.switch_s if colocated else 0.0}
@@ -290,15 +337,19 @@ def overlap_slowdown(profile: Profile, layout: Layout) -> float:
 
 
 def _check_layout(layout: Layout) -> None:
-    if layout.placement not in ("separate", "colocated") or layout.mode not in ("sync", "async"):
-        raise ValueError(f"layout {layout}: placement must be separate|colocated and mode sync|async")
+    if layout.placement not in PLACEMENTS or layout.mode not in ("sync", "async"):
+        raise ValueError(f"layout {layout}: placement must be {'|'.join(PLACEMENTS)} and mode sync|async")
     if layout.rollout_devices < 1 or layout.trainer_devices < 1 or layout.k < 0:
         raise ValueError(f"layout {layout}: needs >= 1 rollout and trainer device and k >= 0")
+    if layout.placement == "shared" and (layout.mode != "sync" or layout.rollout_devices != layout.trainer_devices):
+        raise ValueError(f"layout {layout}: shared runs sync with the replica and the rank on the same N cores "
+                         "(rollout devices = trainer devices)")
 
 
-def layouts(devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,)) -> list[Layout]:
-    """Every layout of ``devices`` devices: separate r:(N-r) for r = 1..N-1 in sync and async (each k), and
-    colocated on all N (sync: colocated never generates and trains at once, so async gains nothing there).
+def layouts(devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,), cpu: bool = False) -> list[Layout]:
+    """Every layout of ``devices`` devices: separate r:(N-r) for r = 1..N-1 in sync and async (each k),
+    colocated on all N (sync: colocated never generates and trains at once, so async gains nothing there),
+    and when devices are CPU cores (``cpu``) shared on all N (one replica: it divides any prompt count).
     Replica counts that do not divide ``prompts_per_step`` are left out (the config rejects them)."""
     if devices < 1:
         raise ValueError(f"devices={devices} must be >= 1")
@@ -310,12 +361,14 @@ def layouts(devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,)) -> 
         out += [Layout("separate", r, devices - r, "async", k) for k in ks if k >= 1]
     if prompts_per_step % devices == 0:
         out.append(Layout("colocated", devices, devices, "sync", 0))
+    if cpu:
+        out.append(Layout("shared", devices, devices, "sync", 0))
     return out
 
 
 def rank(profile: Profile, devices: int, ks: tuple[int, ...] = (1,)) -> list[Prediction]:
     """Predictions for every layout of ``devices`` devices, fastest first (ties: smaller k, i.e. fresher data)."""
-    preds = [predict(profile, lay) for lay in layouts(devices, profile.prompts_per_step, ks)]
+    preds = [predict(profile, lay) for lay in layouts(devices, profile.prompts_per_step, ks, profile.cpu)]
     if not preds:
         raise ValueError(f"no layout of {devices} devices divides run.prompts_per_step={profile.prompts_per_step}; "
                          "use more devices or a prompts_per_step divisible by the replica count")
@@ -324,7 +377,13 @@ def rank(profile: Profile, devices: int, ks: tuple[int, ...] = (1,)) -> list[Pre
 
 def overrides(layout: Layout, cpu: bool = False) -> list[str]:
     """Recipe overrides that run ``layout``. ``cpu``: devices are cores, so every replica and rank is pinned to
-    one thread and asks Ray for one CPU."""
+    one thread and asks Ray for one CPU; shared (always CPU) is one replica and one rank of N threads each
+    (on an N-core box the same as the default ``num_threads=0``; explicit, so that a plan for fewer cores
+    than the box has runs on that many)."""
+    if layout.placement == "shared":
+        n = layout.threads
+        return ["placement=separate", "rollout.num_replicas=1", "trainer.world_size=1", "mode=sync",
+                "rollout.num_cpus=1", f"rollout.num_threads={n}", "trainer.num_cpus=1", f"trainer.num_threads={n}"]
     out = [f"placement={layout.placement}", f"rollout.num_replicas={layout.rollout_devices}",
            f"trainer.world_size={layout.trainer_devices}", f"mode={layout.mode}"]
     if layout.mode == "async":

@@ -21,7 +21,8 @@ def load_profile(runs: list[str], profile_file: str | None, sets: list[str], cor
         profile = Profile.from_dict(data, source=profile_file)
     else:
         given = _parse_sets(sets)
-        profile = Profile.from_runs(runs, cores, train_efficiency=given.get("train_efficiency", 0.9))
+        profile = Profile.from_runs(runs, cores, train_efficiency=given.get("train_efficiency", 0.9),
+                                    gen_efficiency=given.get("gen_efficiency", 0.8))
     return dataclasses.replace(profile, **_parse_sets(sets)) if sets else profile
 
 
@@ -51,7 +52,8 @@ def profile_lines(profile: Profile) -> list[str]:
             f"  per step: {p.tokens:.0f} tokens, {p.completions:.0f} completions, {p.prompts_per_step} prompts",
             f"  generate {p.gen_dev_s_per_token * 1e3:.3f} device-ms/token + {p.gen_call_s:.3f} s/call | "
             f"train {p.train_dev_s_per_token * 1e3:.3f} device-ms/token + {p.train_fixed_s:.3f} s "
-            f"(e={p.train_efficiency:g} beyond 1 rank) | reward {p.reward_s:.3f} s",
+            f"(e={p.train_efficiency:g} beyond 1 device) | reward {p.reward_s:.3f} s"
+            + (f" | g={p.gen_efficiency:g} for a replica on more threads" if p.cpu else ""),
             f"  sync {p.sync_bytes / 1e6:.1f} MB at {p.sync_bytes_per_s / 1e9:.3f} GB/s + {p.sync_fixed_s:.3f} s "
             f"(stall {p.stall_s:.3f} s) | overhead {p.overhead_s:.3f} s/step | switch {p.switch_s:.3f} s | "
             f"overlap slowdown " + ("(2r+t)/(r+t), CPU cores" if p.overlap_slowdown is None and p.cpu else
@@ -59,11 +61,14 @@ def profile_lines(profile: Profile) -> list[str]:
 
 
 def plan_table(preds: list[Prediction]) -> Any:
-    """A rich Table, fastest layout first."""
+    """A rich Table, fastest layout first; a caption says what shared means when it is listed."""
     from rich.table import Table
 
+    shared = any(p.layout.placement == "shared" for p in preds)
+    caption = ("shared N:N = relayrl's CPU default: placement=separate mode=sync, the replica and the rank "
+               "each on all N cores, taking turns" if shared else None)
     table = Table("#", "placement", "rollout:trainer", "mode", "step s", "completions/s", "tokens/s",
-                  "bottleneck", "idle rollout", "idle trainer")
+                  "bottleneck", "idle rollout", "idle trainer", caption=caption)
     for i, p in enumerate(preds, 1):
         lay = p.layout
         mode = f"async k={lay.k}" if lay.mode == "async" else "sync"

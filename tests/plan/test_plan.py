@@ -108,7 +108,77 @@ def test_profile_from_run_by_hand(tmp_path):
     assert (p.sync_fixed_s, p.stall_s, p.overhead_s, p.gen_call_s) == pytest.approx((0.1, 0.05, 0.1, 0.0))
     assert predict(p, Layout("separate", 2, 2)).step_s == pytest.approx(2.3)   # reproduces its own median step
     cpu = Profile.from_run(fake_run(tmp_path / "b", threads=0), cores=2)         # 0 threads = both cores
-    assert cpu.gen_dev_s_per_token == pytest.approx(1.0 * 4 / 200)
+    assert cpu.gen_dev_s_per_token == pytest.approx(1.0 * 4 * 0.8 / 200)        # 2 x 2 threads, g = 0.8
+
+
+def test_a_shared_run_and_a_one_thread_run_give_the_same_device_costs(tmp_path):
+    # The CPU default (one replica, one rank, num_threads=0 on 2 cores) counts 2 devices a side:
+    # gen_dev = Tg x 2 x g / tokens = 1.0 x 2 x 0.8 / 200 = 0.008; train_dev = 0.7 x 2 x e / 200 = 0.0063.
+    shared = Profile.from_run(fake_run(tmp_path / "s", replicas=1, world_size=1, threads=0), cores=2)
+    assert shared.gen_dev_s_per_token == pytest.approx(0.008)
+    assert shared.train_dev_s_per_token == pytest.approx(0.0063)
+    assert predict(shared, Layout("shared", 2, 2)).step_s == pytest.approx(2.3)   # its own median step
+    # The same work on one thread a side: Tg(1) = 0.008 x 200 = 1.6 s, update 1.16 + logprob 0.1 =
+    # 0.0063 x 200 = 1.26 s (train 1.26 + 0.1 fixed = 1.36 s): the same per-device costs come out.
+    one = fake_run(tmp_path / "o", replicas=1, world_size=1, threads=1, gen=(1.6, 1.6, 1.6))
+    rows = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
+    for row in rows[1:]:
+        row.update({"timing/update": 1.26 - 0.1, "timing/train": 1.36})
+    (one / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    single = Profile.from_run(one, cores=2)
+    assert single.gen_dev_s_per_token == pytest.approx(0.008)
+    assert single.train_dev_s_per_token == pytest.approx(0.0063)
+
+
+# P on CPU cores: the shared layout, one replica and one rank on all N cores, g = 0.8 and e = 0.9.
+PC = Profile(**{**P.to_dict(), "cpu": True})
+
+
+def test_shared_layout_by_hand():
+    # Tg = 0.2 + 0.02 * 100 / (2 * 0.8) = 1.45;  Tt(2) = 0.5 + 3 / 1.8 = 2.1667;  no switch
+    p = predict(PC, Layout("shared", 2, 2))
+    assert p.step_s == pytest.approx(1.45 + 0.1 + (0.5 + 3 / 1.8) + 0.6 + 0.2)   # 4.5167
+    assert p.phases["switch"] == 0.0 and p.bottleneck == "train"
+    # 4 cores: Tg = 0.2 + 2 / 3.2 = 0.825;  Tt(4) = 0.5 + 3 / 3.6 = 1.3333
+    assert predict(PC, Layout("shared", 4, 4)).step_s == pytest.approx(0.825 + 0.1 + 0.5 + 3 / 3.6 + 0.6 + 0.2)
+    # one core: one thread each, g = e = 1, the same as separate 1:1 sync's sum: 6.6
+    assert predict(PC, Layout("shared", 1, 1)).step_s == pytest.approx(6.6)
+    # colocated 2:2 is 2 one-thread replicas (g = 1: Tg = 1.2) plus two switches: 4.7667
+    assert predict(PC, Layout("colocated", 2, 2)).step_s == pytest.approx(4.7667, abs=1e-4)
+
+
+def test_shared_layout_exists_only_on_cpu_profiles():
+    assert all(lay.placement != "shared" for lay in layouts(4, 4))
+    assert layouts(4, 4, cpu=True)[-1] == Layout("shared", 4, 4, "sync", 0)
+    assert layouts(3, 3, cpu=True)[-1] == Layout("shared", 3, 3)     # one replica divides any prompt count
+    assert all(p.layout.placement != "shared" for p in rank(P, 4))
+    assert [p.layout for p in rank(PC, 4) if p.layout.placement == "shared"] == [Layout("shared", 4, 4)]
+    with pytest.raises(ValueError, match="shared placement time-shares CPU cores"):
+        predict(P, Layout("shared", 2, 2))
+    with pytest.raises(ValueError, match="rollout devices = trainer devices"):
+        predict(PC, Layout("shared", 1, 2))
+    with pytest.raises(ValueError, match="shared runs sync"):
+        predict(PC, Layout("shared", 2, 2, "async", 1))
+
+
+def test_shared_overrides_are_the_cpu_default():
+    assert overrides(Layout("shared", 2, 2), cpu=True) == [
+        "placement=separate", "rollout.num_replicas=1", "trainer.world_size=1", "mode=sync",
+        "rollout.num_cpus=1", "rollout.num_threads=2", "trainer.num_cpus=1", "trainer.num_threads=2"]
+
+
+def test_shared_ranks_above_async_on_a_profile_like_the_measured_one(tmp_path):
+    """grpo_arith on the 2-core box: the default (shared 2:2) measured 5.29 completions/s, async 1:1
+    (one core a side) 4.51. A profile of a shared run like fake_run's: gen_dev 0.008, train_dev 0.0063."""
+    profile = Profile.from_run(fake_run(tmp_path / "s", replicas=1, world_size=1, threads=0), cores=2)
+    preds = {(p.layout.placement, p.layout.mode): p.step_s for p in rank(profile, 2)}
+    # shared: 1.0 + 0.1 + 0.8 + 0.3 + 0.1 = 2.3
+    assert preds["shared", "sync"] == pytest.approx(2.3)
+    # async 1:1, s = 1.5: max(1.5 x 1.6 + 0.1 + 0.05, 0.1 + 1.5 x 1.26 + 0.3) + 0.1 = max(2.55, 2.29) + 0.1
+    assert preds["separate", "async"] == pytest.approx(2.65)
+    # sync 1:1: 1.6 + 0.1 + 1.36 + 0.3 + 0.1 = 3.46
+    assert preds["separate", "sync"] == pytest.approx(3.46)
+    assert preds["shared", "sync"] < preds["separate", "async"] < preds["separate", "sync"]
 
 
 def test_two_runs_fit_the_per_call_generation_cost(tmp_path):
