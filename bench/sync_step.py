@@ -65,7 +65,7 @@ def run_baseline(steps: int, model_name: str, prompts_per_step: int = 4, group: 
     for _ in range(steps):
         t0 = time.perf_counter()
         batch = sampler.next_batch()
-        enc = tok([p["prompt"] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok([p.prompt for p in batch], return_tensors="pt", padding=True, add_special_tokens=False)
         model.eval()
         with torch.no_grad():
             seqs = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
@@ -74,7 +74,7 @@ def run_baseline(steps: int, model_name: str, prompts_per_step: int = 4, group: 
         t1 = time.perf_counter()
         P = enc["input_ids"].shape[1]
         texts = tok.batch_decode(seqs[:, P:], skip_special_tokens=True)
-        answers = [p["columns"]["answer"] for p in batch for _ in range(group)]
+        answers = [p.columns["answer"] for p in batch for _ in range(group)]
         rewards = torch.tensor(last_number_correct([], texts, answer=answers))
         adv = grpo_advantages(rewards, torch.arange(len(batch)).repeat_interleave(group))
         t2 = time.perf_counter()

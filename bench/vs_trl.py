@@ -186,7 +186,7 @@ def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
                             chat_formatter(tokenizer, cfg.data.chat_template),
                             sampling_seed=cfg.run.seed)
     batches = [sampler.next_batch() for _ in range(steps)]
-    return [{**p["columns"], "prompt": p["prompt"]} for batch in batches for p in batch]
+    return [{**p.columns, "prompt": p.prompt} for batch in batches for p in batch]
 
 
 def parse_sets(pairs: list[str]) -> dict:

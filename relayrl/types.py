@@ -1,6 +1,7 @@
 """Typed records that travel between actors (as Ray object refs), never dicts of tensors.
 
 Shapes are written in comments: ``[T]`` is completion length, ``[B, L]`` batch x padded length.
+The rollout's input record, ``Prompt``, lives in ``relayrl.data.sampler`` (torch-free, beside its maker).
 """
 
 from __future__ import annotations

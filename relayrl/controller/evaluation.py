@@ -28,13 +28,14 @@ two evaluations of the same weights give the same completions, greedy and sample
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import ray
 
 from relayrl.config import Config
-from relayrl.data.sampler import prompt_seed
+from relayrl.data.sampler import Prompt, prompt_seed
 from relayrl.monitor.evaluate import completion_rows, eval_rows, format_prompts, summarize, write_rows
 from relayrl.monitor.runs import read_jsonl
 from relayrl.monitor.schema import EVAL_TIME_S
@@ -77,11 +78,11 @@ class TrainingEval:
     def __init__(self, cfg: Config, system: Any, run: Any):
         """Draw and format the held-out prompts once (nothing when ``eval.every`` is 0)."""
         self.cfg, self.system, self.run = cfg, system, run
-        self.prompts: list[dict[str, Any]] = []
+        self.prompts: list[Prompt] = []
         if cfg.eval.every:
             self.prompts = self._draw()
 
-    def _draw(self) -> list[dict[str, Any]]:
+    def _draw(self) -> list[Prompt]:
         """The formatted prompts, each with its sampling seed, checked against the context length."""
         from relayrl.controller.driver import check_prompt_lengths
 
@@ -92,7 +93,7 @@ class TrainingEval:
         first = " and before step 1" if cfg.eval.before_first_step else ""
         print(f"relayrl: eval every {cfg.eval.every} steps{first}: {len(prompts)} prompts x (1 greedy + "
               f"{cfg.eval.samples} sampled); {where}", flush=True)
-        return [{**p, "seed": prompt_seed(cfg.eval.seed, p["prompt_id"])} for p in prompts]
+        return [dataclasses.replace(p, seed=prompt_seed(cfg.eval.seed, p.prompt_id)) for p in prompts]
 
     def before_first_step(self, version: int) -> None:
         """Evaluate the initial weights and log them as step 0; nothing when resuming at ``version`` > 0
@@ -130,7 +131,7 @@ class TrainingEval:
         replicas = self.system.rollouts
         parts = [(r, self.prompts[i::len(replicas)]) for i, r in enumerate(replicas)]
         parts = [(r, chunk) for r, chunk in parts if chunk]
-        greedy = [r.generate.remote([{**p, "temperature": 0.0, "seed": None} for p in chunk], 1)
+        greedy = [r.generate.remote([dataclasses.replace(p, temperature=0.0, seed=None) for p in chunk], 1)
                   for r, chunk in parts]
         sampled = [r.generate.remote(chunk, self.cfg.eval.samples) for r, chunk in parts]
         return greedy, sampled

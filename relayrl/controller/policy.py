@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.controller.buffer import Admission, Entry, ReplayBuffer
+from relayrl.data.sampler import Prompt
 
-Prompts = list[dict[str, Any]]
+Prompts = list[Prompt]
 
 
 class ShortStep(RuntimeError):
@@ -48,7 +49,7 @@ class Launch:
 
     @property
     def prompt_ids(self) -> list[int]:
-        return [p["prompt_id"] for p in self.prompts]
+        return [p.prompt_id for p in self.prompts]
 
 
 @dataclass
@@ -193,10 +194,11 @@ class StepPolicy:
                 f"+ in flight at the end {in_flight}")
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resume needs: the data cursor, the unfinished chunks (regenerated first) and counts."""
+        """What a resume needs (JSON): the data cursor, the unfinished chunks (regenerated first), counts."""
+        unfinished = [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending
         return {"sampler": self.sampler.state_dict() if self.sampler is not None else {},
                 "counts": dict(self.counts), "seq": min(self.outstanding, default=self.next_seq),
-                "pending": [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending}
+                "pending": [[p.to_json() for p in chunk] for chunk in unfinished]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at ``state["step"]``: admission as if every earlier step's chunks were started, the
@@ -204,7 +206,7 @@ class StepPolicy:
         self.version = state["step"]
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
-        self.pending = [list(c) for c in state["pending"]]
+        self.pending = [[Prompt.from_json(p) for p in c] for c in state["pending"]]
         self.admission.started = self.version * self.B
         self.next_seq = state.get("seq", self.version * self.pc.replicas)  # before refills: n calls a step
         self.buffer.skip_to(self.next_seq)

@@ -13,6 +13,7 @@ import ray
 
 from relayrl.config import Config
 from relayrl.controller.cluster import Placement, sync_config
+from relayrl.data.sampler import Prompt
 from relayrl.monitor.schema import (MISMATCH_MEAN_ABS, ROLLOUT_COMPLETIONS, ROLLOUT_MAX_VERSION, ROLLOUT_MIN_VERSION,
                                     ROLLOUT_TOKENS)
 from relayrl.rewards.scoring import Scored, version_span
@@ -246,7 +247,7 @@ def restart_backoff_s(attempt: int, cap_s: float = 30.0) -> float:
     return min(2.0 ** (attempt - 1), cap_s)
 
 
-def generate_remote(cfg: Config, rollout: Any, prompts: list[dict]) -> ray.ObjectRef:
+def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.ObjectRef:
     """One replica's generate call: G multi-turn episodes per prompt when ``env.name`` is set (against that
     environment, ``relayrl.rollout.episode``), else G single completions."""
     G, env = cfg.algorithm.group_size, cfg.env

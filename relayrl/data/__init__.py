@@ -3,6 +3,7 @@
 Rows are plain dicts with at least ``question`` (a string, or a chat ``messages`` list from ``data.task=hf``)
 and, except for an ``hf`` dataset read with ``data.answer_key=null``, ``answer`` (a string); every key of
 a row is passed to reward functions as a column (TRL's convention: ``fn(prompts, completions, **columns)``).
+``PromptSampler`` turns rows into ``Prompt`` records (id, formatted text, the row as ``columns``, seed).
 
     generated (GENERATORS)   arith | countdown | wordproblem    seeded by data.seed; held out by construction
     files                    jsonl (jsonl.py) | hf (files.py)   minus data.heldout_fraction of the prompts
@@ -19,11 +20,11 @@ from relayrl.data.arith import ARITH_QUESTION, make_arith_rows
 from relayrl.data.countdown import make_countdown_rows
 from relayrl.data.files import load_hf
 from relayrl.data.jsonl import JsonlError, load_jsonl
-from relayrl.data.sampler import PromptSampler, chat_formatter, prompt_text
+from relayrl.data.sampler import Prompt, PromptSampler, chat_formatter, prompt_text
 from relayrl.data.wordproblem import make_wordproblem_rows
 
-__all__ = ["ARITH_QUESTION", "GENERATORS", "JsonlError", "PromptSampler", "chat_formatter", "load_heldout",
-           "load_hf", "load_jsonl", "load_task", "make_arith_rows", "prompt_text", "split_heldout"]
+__all__ = ["ARITH_QUESTION", "GENERATORS", "JsonlError", "Prompt", "PromptSampler", "chat_formatter",
+           "load_heldout", "load_hf", "load_jsonl", "load_task", "make_arith_rows", "prompt_text", "split_heldout"]
 
 Rows = list[dict[str, Any]]
 

@@ -18,10 +18,36 @@ import hashlib
 import json
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-PromptBatch = list[dict[str, Any]]
-"""``[{"prompt_id": int, "prompt": str, "columns": dict, "seed": int}, ...]``; columns are the row's keys."""
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt a generate call turns into a ``TrajectoryGroup`` (travels to rollout actors pickled).
+
+    Kept here, torch-free, beside the sampler that makes it (``relayrl.types`` holds the torch records).
+    """
+
+    prompt_id: int                       # epoch * rows + row index: unique for the run
+    prompt: str                          # the text sent to the engine (after the chat template)
+    columns: dict[str, Any] = field(default_factory=dict)
+    """The dataset row (``question``, ``answer``, task fields such as countdown's ``nums``/``target``):
+    reward functions receive each column as a keyword argument, environments as ``reset``'s sample."""
+    seed: int | None = None              # sample i is seeded seed + i (``prompt_seed``); None: unseeded
+    temperature: float | None = None     # overrides rollout.temperature (0: greedy, evaluation uses it)
+
+    def to_json(self) -> dict[str, Any]:
+        """The dict a checkpoint's ``driver.json`` holds in ``pending``; ``temperature`` only when set."""
+        out = {"prompt_id": self.prompt_id, "prompt": self.prompt, "columns": self.columns, "seed": self.seed}
+        return out if self.temperature is None else {**out, "temperature": self.temperature}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Prompt":
+        return cls(**d)
+
+
+PromptBatch = list[Prompt]
 
 SEED_BITS = 62
 """Prompt seeds lie in [0, 2**62): sample indices added to them stay within torch's 64-bit seed range."""
@@ -76,8 +102,8 @@ class PromptSampler:
             index = self._epoch_order()[self.position]
             row = self.rows[index]
             prompt_id = self.epoch * len(self.rows) + index
-            batch.append({"prompt_id": prompt_id, "prompt": self.format_prompt(row["question"]),
-                          "columns": dict(row), "seed": prompt_seed(self.sampling_seed, prompt_id)})
+            batch.append(Prompt(prompt_id, self.format_prompt(row["question"]), dict(row),
+                                prompt_seed(self.sampling_seed, prompt_id)))
             self.position += 1
             if self.position == len(self.rows):
                 self.epoch, self.position = self.epoch + 1, 0

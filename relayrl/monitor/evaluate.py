@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config import Config, ConfigError, DataConfig
-from relayrl.data import ARITH_QUESTION, chat_formatter, load_heldout, load_task, make_arith_rows
+from relayrl.data import ARITH_QUESTION, Prompt, chat_formatter, load_heldout, load_task, make_arith_rows
 from relayrl.monitor.metrics import _clock
 from relayrl.monitor.passk import mean_pass_at_k
 
@@ -175,16 +175,16 @@ def _arith_row(a: int, b: int) -> dict[str, str]:
     return {"question": ARITH_QUESTION.format(a=a, b=b), "answer": str(a + b)}
 
 
-def format_prompts(cfg: Config, model_path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``{"prompt_id", "prompt", "columns"}`` per row, chat-formatted as in training."""
+def format_prompts(cfg: Config, model_path: Path, rows: list[dict[str, Any]]) -> list[Prompt]:
+    """One unseeded ``Prompt`` per row (id: the row's index), chat-formatted as in training."""
     from transformers import AutoTokenizer
 
 
     fmt = chat_formatter(AutoTokenizer.from_pretrained(model_path), cfg.data.chat_template)
-    return [{"prompt_id": i, "prompt": fmt(row["question"]), "columns": row} for i, row in enumerate(rows)]
+    return [Prompt(i, fmt(row["question"]), row) for i, row in enumerate(rows)]
 
 
-def generate(cfg: Config, model_path: Path, prompts: list[dict[str, Any]], n: int,
+def generate(cfg: Config, model_path: Path, prompts: list[Prompt], n: int,
              temperature: float | None) -> list[Any]:
     """``n`` completions per prompt from one rollout actor (Ray is started if it is not running)."""
     import ray
@@ -206,7 +206,7 @@ def generate(cfg: Config, model_path: Path, prompts: list[dict[str, Any]], n: in
             ray.kill(actor)
 
 
-def generate_chunks(actor: Any, prompts: list[dict[str, Any]], n: int) -> list[Any]:
+def generate_chunks(actor: Any, prompts: list[Prompt], n: int) -> list[Any]:
     """``actor.generate`` over chunks of ``CHUNK_COMPLETIONS // n`` prompts, ``IN_FLIGHT`` at a time,
     reporting each finished chunk to a progress bar; groups come back in prompt order."""
     import ray

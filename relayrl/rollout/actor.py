@@ -20,6 +20,7 @@ import uuid
 from typing import Any
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda, malloc_env
+from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.rollout.forkserver import use_forkserver
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
@@ -100,8 +101,8 @@ class RolloutActor:
                 "shm_segments_removed": self.shm_removed, "node": ray.util.get_node_ip_address(),
                 "pid": os.getpid()}
 
-    async def generate(self, prompts: list[dict[str, Any]], group_size: int) -> list[TrajectoryGroup]:
-        """Sample ``group_size`` completions for each ``{"prompt_id", "prompt", "columns", "seed"}``, concurrently.
+    async def generate(self, prompts: list[Prompt], group_size: int) -> list[TrajectoryGroup]:
+        """Sample ``group_size`` completions for each prompt, concurrently.
 
         With ``seed`` (the sampler sets it), sample ``i`` is drawn with its own generator seeded ``seed + i``
         (vLLM gives each of a request's ``n`` children ``seed + index``), independent of the engine's seed,
@@ -111,22 +112,23 @@ class RolloutActor:
         check_prompts(prompts, group_size)
         return list(await asyncio.gather(*(self._generate_group(p, group_size) for p in prompts)))
 
-    async def _generate_group(self, prompt: dict[str, Any], group_size: int) -> TrajectoryGroup:
+    async def _generate_group(self, prompt: Prompt, group_size: int) -> TrajectoryGroup:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         cfg = self.rollout_cfg
-        params = SamplingParams(n=group_size, logprobs=0, temperature=prompt.get("temperature", cfg.temperature),
+        temperature = cfg.temperature if prompt.temperature is None else prompt.temperature
+        params = SamplingParams(n=group_size, logprobs=0, temperature=temperature,
                                 top_p=cfg.top_p, max_tokens=cfg.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY,
-                                seed=prompt.get("seed"))
+                                seed=prompt.seed)
         t0 = time.perf_counter()
-        final = await self._final_output(prompt["prompt"], params)
+        final = await self._final_output(prompt.prompt, params)
         seconds = time.perf_counter() - t0
-        trajs = [_trajectory(prompt["prompt_id"], final.prompt_token_ids, c, seconds)
+        trajs = [_trajectory(prompt.prompt_id, final.prompt_token_ids, c, seconds)
                  for c in sorted(final.outputs, key=lambda c: c.index)]
-        return TrajectoryGroup(prompt["prompt_id"], prompt["prompt"], dict(prompt.get("columns", {})), trajs)
+        return TrajectoryGroup(prompt.prompt_id, prompt.prompt, dict(prompt.columns), trajs)
 
-    async def generate_episodes(self, prompts: list[dict[str, Any]], group_size: int, env_name: str,
+    async def generate_episodes(self, prompts: list[Prompt], group_size: int, env_name: str,
                                 max_turns: int, env_kwargs: dict[str, Any] | None = None) -> list[TrajectoryGroup]:
         """Multi-turn: ``group_size`` episodes per prompt of environment ``env_name`` (``relayrl.envs``: a
         built-in name or ``module:Class``, built with ``env_kwargs``), model and environment turns alternating

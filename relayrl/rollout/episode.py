@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.config import RolloutConfig
+from relayrl.data.sampler import Prompt
 from relayrl.envs.base import Environment
 from relayrl.rollout.outputs import ModelTurn, model_turn
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
@@ -135,15 +136,14 @@ async def _call_env(env: Environment, method: str, arg: Any, where: str) -> Any:
                            f"{type(exc).__name__}: {exc}") from exc
 
 
-def check_prompts(prompts: list[dict[str, Any]], group_size: int) -> None:
-    """What every generate call needs (single- and multi-turn): a group of >= 1 and prompts carrying
-    ``prompt_id`` and ``prompt``."""
+def check_prompts(prompts: list[Prompt], group_size: int) -> None:
+    """What every generate call needs (single- and multi-turn): a group of >= 1 and ``Prompt`` records."""
     if group_size < 1:
         raise ValueError(f"group_size={group_size} must be >= 1; set algorithm.group_size")
     for p in prompts:
-        if not {"prompt_id", "prompt"} <= p.keys():
-            raise ValueError(f"prompt {p!r} lacks 'prompt_id' or 'prompt'; pass "
-                             "{'prompt_id': int, 'prompt': str, 'columns': dict}")
+        if not isinstance(p, Prompt):
+            raise TypeError(f"prompt {p!r} is a {type(p).__name__}; pass relayrl.data.Prompt(prompt_id, "
+                            "prompt, columns, seed) records")
 
 
 class EpisodeRunner:
@@ -161,15 +161,15 @@ class EpisodeRunner:
         self.sample_turn, self.tokenizer = sample_turn, tokenizer
         self.max_turns, self.max_tokens, self.max_model_len = max_turns, max_tokens, max_model_len
 
-    async def run_group(self, prompt: dict[str, Any], group_size: int,
+    async def run_group(self, prompt: Prompt, group_size: int,
                         make_env: Callable[[], Environment]) -> TrajectoryGroup:
-        """``group_size`` concurrent episodes of ``{"prompt_id", "prompt", "columns"}``, a fresh env each."""
+        """``group_size`` concurrent episodes of ``prompt``, a fresh env each."""
         check_prompts([prompt], group_size)
-        columns = dict(prompt.get("columns", {}))
-        sample = {**columns, "prompt": prompt["prompt"]}
-        results = await asyncio.gather(*(self.run_episode(make_env(), dict(sample), prompt["prompt_id"], i,
-                                                          prompt.get("seed")) for i in range(group_size)))
-        return TrajectoryGroup(prompt["prompt_id"], results[0][0], columns, [traj for _, traj in results])
+        columns = dict(prompt.columns)
+        sample = {**columns, "prompt": prompt.prompt}
+        results = await asyncio.gather(*(self.run_episode(make_env(), dict(sample), prompt.prompt_id, i,
+                                                          prompt.seed) for i in range(group_size)))
+        return TrajectoryGroup(prompt.prompt_id, results[0][0], columns, [traj for _, traj in results])
 
     async def run_episode(self, env: Environment, sample: dict[str, Any], prompt_id: int,
                           sample_idx: int, seed: int | None = None) -> tuple[str, Trajectory]:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from relayrl.controller.buffer import Admission, Entry, ReplayBuffer, StalenessError, staleness_histogram
 from relayrl.controller.policy import PolicyConfig, ShortStep, StepPolicy
+from relayrl.data import Prompt
 
 
 def entry(seq: int, version: int, groups: int = 2) -> Entry:
@@ -71,10 +72,10 @@ class Counter:
     def __init__(self, chunk: int):
         self.chunk, self.next = chunk, 0
 
-    def next_batch(self) -> list[dict]:
+    def next_batch(self) -> list[Prompt]:
         ids = range(self.next, self.next + self.chunk)
         self.next += self.chunk
-        return [{"prompt_id": i, "prompt": f"p{i}"} for i in ids]
+        return [Prompt(i, f"p{i}") for i in ids]
 
     def state_dict(self) -> dict:
         return {"next": self.next}

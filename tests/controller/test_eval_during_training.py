@@ -115,11 +115,11 @@ def test_prompts_are_spread_over_replicas_greedy_unseeded_samples_seeded(tiny_ll
     (g0, n_g), (s0, n_s) = ev.system.rollouts[0].generate.calls
     (g1, _), (s1, _) = ev.system.rollouts[1].generate.calls
     assert (n_g, n_s) == (1, SAMPLES)
-    assert sorted(p["prompt_id"] for p in g0 + g1) == list(range(PROMPTS))   # every prompt once, round-robin
-    assert [p["prompt_id"] for p in s0] == [p["prompt_id"] for p in g0] == [0, 2, 4]
-    assert all(p["temperature"] == 0.0 and p["seed"] is None for p in g0 + g1)
-    assert all("temperature" not in p and p["seed"] == prompt_seed(1, p["prompt_id"]) for p in s0 + s1)
-    assert [p["prompt"] for p in g0] == [p["prompt"] for p in s0]
+    assert sorted(p.prompt_id for p in g0 + g1) == list(range(PROMPTS))   # every prompt once, round-robin
+    assert [p.prompt_id for p in s0] == [p.prompt_id for p in g0] == [0, 2, 4]
+    assert all(p.temperature == 0.0 and p.seed is None for p in g0 + g1)
+    assert all(p.temperature is None and p.seed == prompt_seed(1, p.prompt_id) for p in s0 + s1)
+    assert [p.prompt for p in g0] == [p.prompt for p in s0]
     assert ev._generate() and ev.system.rollouts[0].generate.calls[2][0] == g0   # the same prompts next time
 
 

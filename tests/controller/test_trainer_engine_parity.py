@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from relayrl.config import load_config
+from relayrl.data import Prompt
 from relayrl.rewards import builtin, score_groups
 from relayrl.rollout import start_rollout_actor
 from relayrl.trainer.group import TrainerGroup
 
-PROMPTS = [{"prompt_id": i, "prompt": f"What is {i} + {i + 1}?", "columns": {"answer": str(2 * i + 1)}}
-           for i in range(4)]
+PROMPTS = [Prompt(i, f"What is {i} + {i + 1}?", {"answer": str(2 * i + 1)}) for i in range(4)]
 
 
 def engine_and_trainer(ray_session, model, shm_dir, overrides: list[str]):

@@ -1,17 +1,19 @@
+import json
+
 import pytest
 
-from relayrl.data import PromptSampler, chat_formatter, make_arith_rows
+from relayrl.data import Prompt, PromptSampler, chat_formatter, make_arith_rows
 from relayrl.models.tiny import build_tokenizer
 
 ROWS = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
 
 
-def take(sampler: PromptSampler, n: int) -> list[list[dict]]:
+def take(sampler: PromptSampler, n: int) -> list[list[Prompt]]:
     return [sampler.next_batch() for _ in range(n)]
 
 
 def ids(batches) -> list[int]:
-    return [p["prompt_id"] for b in batches for p in b]
+    return [p.prompt_id for b in batches for p in b]
 
 
 def test_batches_cover_each_epoch_once_in_a_new_order_with_unique_ids():
@@ -31,9 +33,9 @@ def test_batch_content_matches_its_row_and_crosses_epoch_boundary():
     first, second = take(sampler, 2)
     assert len(second) == 3 and sampler.state_dict()["epoch"] == 1 and sampler.state_dict()["position"] == 1
     for p in first + second:
-        row = ROWS[p["prompt_id"] % 5]
-        assert p["prompt"] == f"<{row['question']}>" and p["columns"] == row
-        assert p["columns"] is not row                   # a copy: reward fns can't corrupt the dataset
+        row = ROWS[p.prompt_id % 5]
+        assert p.prompt == f"<{row['question']}>" and p.columns == row
+        assert p.columns is not row                   # a copy: reward fns can't corrupt the dataset
 
 
 def test_same_seed_same_stream_other_seed_differs():
@@ -84,14 +86,25 @@ def test_each_prompt_carries_a_seed_from_the_sampling_seed_and_its_id():
     from relayrl.data.sampler import prompt_seed
 
     batches = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=11), 4)
-    seeds = {p["prompt_id"]: p["seed"] for b in batches for p in b}
+    seeds = {p.prompt_id: p.seed for b in batches for p in b}
     assert all(s == prompt_seed(11, pid) for pid, s in seeds.items())
     assert all(0 <= s < 2**62 for s in seeds.values())
     again = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=11), 4)
-    assert [[p["seed"] for p in b] for b in again] == [[p["seed"] for p in b] for b in batches]
+    assert [[p.seed for p in b] for b in again] == [[p.seed for p in b] for b in batches]
     other = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=12), 4)
-    assert all(p["seed"] != q["seed"] for b, c in zip(batches, other) for p, q in zip(b, c))
+    assert all(p.seed != q.seed for b, c in zip(batches, other) for p, q in zip(b, c))
     first = PromptSampler(ROWS, 1, seed=4).next_batch()[0]                  # default: the data seed
-    assert first["seed"] == prompt_seed(4, first["prompt_id"])
+    assert first.seed == prompt_seed(4, first.prompt_id)
     bases = sorted(prompt_seed(11, pid) for pid in range(1000))
     assert all(b - a >= 64 for a, b in zip(bases, bases[1:]))      # group sizes up to 64 never share seeds
+
+
+def test_prompt_json_is_the_checkpoint_format():
+    """``driver.json`` keeps pending prompts as the dicts checkpoints always held; they load back equal."""
+    prompt = PromptSampler(ROWS, 1, seed=0, sampling_seed=3).next_batch()[0]
+    saved = prompt.to_json()
+    assert list(saved) == ["prompt_id", "prompt", "columns", "seed"]
+    assert saved["columns"] == ROWS[prompt.prompt_id]
+    assert Prompt.from_json(json.loads(json.dumps(saved))) == prompt
+    greedy = Prompt(1, "q", temperature=0.0)
+    assert Prompt.from_json(greedy.to_json()) == greedy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
-from relayrl.data.sampler import prompt_seed
+from relayrl.data.sampler import Prompt, prompt_seed
 from relayrl.rollout import start_rollout_actor
 from relayrl.types import VersionSpan
 from relayrl.weightsync.base import StateDictSource
@@ -18,8 +19,7 @@ from tests.rollout.reference import hf_logprobs, perturbed
 
 TEMPERATURE = 0.7   # != 1 so that "processed" (tempered) logprobs differ from raw ones
 MAX_TOKENS = 160   # long enough that an update can land mid-completion
-PROMPTS = [{"prompt_id": 10 + i, "prompt": f"What is {i} + {i + 3}? Answer:", "columns": {"answer": 2 * i + 3}}
-           for i in range(3)]
+PROMPTS = [Prompt(10 + i, f"What is {i} + {i + 3}? Answer:", {"answer": 2 * i + 3}) for i in range(3)]
 PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231]
 
 
@@ -86,7 +86,7 @@ def test_seeded_prompts_sample_the_same_tokens_in_any_batch_and_engine(actor, ra
     alone or batched with other (seeded and unseeded) requests, and on a second engine started with another
     engine seed (a replaced replica, a resumed run) and with vLLM's own spawned processes instead of the
     forkserver's (``rollout.forkserver=false``); its G sample indices draw different completions."""
-    seeded = [{**p, "seed": prompt_seed(0, p["prompt_id"])} for p in PROMPTS]
+    seeded = [dataclasses.replace(p, seed=prompt_seed(0, p.prompt_id)) for p in PROMPTS]
     alone = ray_session.get(actor.generate.remote(seeded[1:2], 4))[0]
     batched = ray_session.get(actor.generate.remote([seeded[2], PROMPTS[0], seeded[1]], 4))[2]
     assert _tokens(batched) == _tokens(alone)
@@ -129,9 +129,8 @@ def test_seeded_prompts_over_one_step_token_budget_sample_as_alone(actor, ray_se
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     words = " ".join(f"{i} plus {i + 1}" for i in range(60))
     text = tokenizer.decode(tokenizer(words)["input_ids"][:90], skip_special_tokens=True)
-    prompts = [{"prompt_id": 100 + i, "prompt": f"{i}: {text}", "columns": {}, "seed": prompt_seed(0, 100 + i)}
-               for i in range(28)]
-    assert sum(len(tokenizer(p["prompt"])["input_ids"]) for p in prompts) > 2048
+    prompts = [Prompt(100 + i, f"{i}: {text}", seed=prompt_seed(0, 100 + i)) for i in range(28)]
+    assert sum(len(tokenizer(p.prompt)["input_ids"]) for p in prompts) > 2048
     groups = ray_session.get(actor.generate.remote(prompts, 2))
     assert [len(g.trajectories) for g in groups] == [2] * len(prompts)
     alone = ray_session.get(actor.generate.remote(prompts[-1:], 2))[0]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from relayrl.config import ModelConfig, RolloutConfig, load_config
+from relayrl.data import Prompt
 from relayrl.envs.calculator import FEEDBACK, HINT, CalculatorEnv
 from relayrl.rollout.episode import EpisodeError, EpisodeRunner, ModelTurn
 from relayrl.trainer.batch import build_train_batch
@@ -86,7 +87,7 @@ def test_turns_are_seeded_per_prompt_sample_and_turn():
     def seeds(prompt_seed):
         engine = ScriptedEngine([_turn([10 + i], [-0.1], "p", [VersionSpan(0, 0, 1)]) for i in range(4)])
         runner = EpisodeRunner(engine, CharTokenizer(), max_turns=2, max_tokens=8, max_model_len=64)
-        prompt = {"prompt_id": 5, "prompt": "q", "columns": {}, "seed": prompt_seed}
+        prompt = Prompt(5, "q", seed=prompt_seed)
         asyncio.run(runner.run_group(prompt, 2, lambda: ScriptedEnv([("o", 0.0, False)] * 2)))
         return engine.seeds
 
@@ -198,7 +199,7 @@ def test_group_makes_a_fresh_env_per_episode_and_trains_on_model_tokens_only():
         return envs[-1]
 
     runner = EpisodeRunner(ScriptedEngine(turns), CharTokenizer(), max_turns=3, max_tokens=4, max_model_len=64)
-    prompt = {"prompt_id": 9, "prompt": "q", "columns": {"answer": "7"}}
+    prompt = Prompt(9, "q", {"answer": "7"})
     group = asyncio.run(runner.run_group(prompt, 2, make_env))
     assert len(envs) == 2 and envs[0].sample == {"answer": "7", "prompt": "q"}
     assert group.prompt == "q" and group.columns == {"answer": "7"}
@@ -216,8 +217,8 @@ TEMPERATURE = 0.7
 MAX_TOKENS = 12
 MAX_TURNS = 3
 QUESTIONS = [(f"What is {a} + {b}? Reply with 'Answer: N'.", str(a + b)) for a, b in ((3, 4), (12, 30))]
-PROMPTS = [{"prompt_id": i, "prompt": f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",
-            "columns": {"question": q, "answer": a}} for i, (q, a) in enumerate(QUESTIONS)]
+PROMPTS = [Prompt(i, f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",
+                  {"question": q, "answer": a}) for i, (q, a) in enumerate(QUESTIONS)]
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +278,7 @@ def test_env_tokens_are_masked_exactly_where_observations_are(episodes, tiny_lla
     feedback = tok.encode(FEEDBACK, add_special_tokens=False)
     env_tokens = 0
     for g, p in zip(episodes, PROMPTS):
-        assert HINT in g.prompt and g.columns == p["columns"]
+        assert HINT in g.prompt and g.columns == p.columns
         for t in g.trajectories:
             T, mask = len(t.completion_token_ids), t.completion_mask
             assert len(mask) == len(t.behaviour_logprobs) == T and set(mask) <= {0, 1}

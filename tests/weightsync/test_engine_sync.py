@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
+from relayrl.data import Prompt
 from relayrl.rollout import start_rollout_actor
 from relayrl.weightsync.base import StateDictSource
 from relayrl.weightsync.client import WeightSyncError
@@ -20,7 +21,7 @@ from relayrl.weightsync.sync import TrainerSync
 from tests.rollout.reference import hf_logprobs, perturbed
 
 PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231, 425, 450, 35]
-PROMPT = [{"prompt_id": 0, "prompt": "What is 1 + 2? Answer:", "columns": {}}]
+PROMPT = [Prompt(0, "What is 1 + 2? Answer:")]
 NOISE = 0.02    # per-element std, about the size of the random init (std 0.02)
 TIMEOUT_S = 2.0
 BACKENDS = ["shm", "broadcast"]
