@@ -275,10 +275,6 @@ class TrainerConfig:
     LM head, logprobs and losses; the critic stays float32). Not the weights' dtype (model.dtype)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full-weight training (``trainer.lora.r=8``); off by default (r=0)."""
-    warmup: bool = True
-    """CPU: while the engines start, each rank runs one step on a dummy batch of the run's largest shape
-    at learning rate 0 and then drops AdamW's state (``trainer/warmup.py``): no weight moves, and the first
-    real steps no longer pay for faulting in their memory. GPU: skipped."""
 
     def __post_init__(self) -> None:
         _positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs", "num_cpus")

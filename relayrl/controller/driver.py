@@ -40,7 +40,7 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     """
     cfg = split_cores(cfg)                              # async on CPU: engines and ranks share the cores
     reward_fns = resolve_rewards(cfg, rewards)          # import errors surface before Ray starts
-    model_path, prompt_tokens = resolve_model_and_data(cfg)
+    model_path = resolve_model_path(cfg)
     resume = resolve_resume(cfg)                        # (run dir, checkpoint, state) or None, before Ray starts
     run = RunDir.reopen(cfg, resume[0], resume[2]) if resume else RunDir.create(cfg)
     start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
@@ -48,7 +48,7 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     try:
         for restart in range(cfg.trainer.max_restarts + 1):
             try:
-                return run_once(cfg, model_path, placement, reward_fns, run, resume, prompt_tokens)
+                return run_once(cfg, model_path, placement, reward_fns, run, resume)
             except TrainerDied as exc:
                 if restart == cfg.trainer.max_restarts:
                     raise
@@ -64,8 +64,8 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
 
 
 def run_once(cfg: Config, model_path: Path, placement: Any, reward_fns: list, run: RunDir,
-             resume: tuple | None, prompt_tokens: int = 0) -> RunResult:
-    system = System.start(cfg, model_path, placement, reward_fns, run, prompt_tokens)
+             resume: tuple | None) -> RunResult:
+    system = System.start(cfg, model_path, placement, reward_fns, run)
     try:
         loop(cfg, system, run, resume)
         return run.finish(system)
@@ -132,11 +132,6 @@ def resolve_rewards(cfg: Config, rewards: list[Callable] | None) -> list[tuple[s
 
 def resolve_model_path(cfg: Config) -> Path:
     """The model directory, checked against the config: context length, and a non-empty dataset."""
-    return resolve_model_and_data(cfg)[0]
-
-
-def resolve_model_and_data(cfg: Config) -> tuple[Path, int]:
-    """The model directory and the dataset's longest prompt in tokens, both checked against the config."""
     from relayrl.models import resolve_model
 
     try:
@@ -144,7 +139,8 @@ def resolve_model_and_data(cfg: Config) -> tuple[Path, int]:
     except (ValueError, FileNotFoundError, ImportError) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
     check_context(cfg, path)
-    return path, check_data(cfg, path)
+    check_data(cfg, path)
+    return path
 
 
 def check_context(cfg: Config, path: Path) -> None:
@@ -169,10 +165,9 @@ def check_context(cfg: Config, path: Path) -> None:
                           f"model.max_model_len={cfg.model.max_model_len}; lower max_tokens or raise max_model_len")
 
 
-def check_data(cfg: Config, model_path: Path) -> int:
+def check_data(cfg: Config, model_path: Path) -> None:
     """Load the prompts once before Ray starts: a malformed row, an empty dataset or a prompt too long for
-    the engine fails here, in one line, instead of as a task error on every replica and retry. Returns the
-    longest prompt's token count."""
+    the engine fails here, in one line, instead of as a task error on every replica and retry."""
     from relayrl.data import load_task
 
     try:
@@ -182,15 +177,14 @@ def check_data(cfg: Config, model_path: Path) -> int:
     if not rows:
         raise ConfigError(f"the dataset ({cfg.data.task}{': ' + cfg.data.path if cfg.data.path else ''}) has "
                           "no rows; point data.path at a non-empty dataset")
-    return check_prompt_lengths(cfg, model_path, rows)
+    check_prompt_lengths(cfg, model_path, rows)
 
 
-def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> int:
+def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> None:
     """Every prompt, formatted as the sampler formats it, must leave ``rollout.max_tokens`` of room in
     ``model.max_model_len`` (vLLM rejects a prompt that fills the context and cuts completions that run
     into it). Files: every row; generated tasks: the longest distinct questions (``MAX_GENERATED_CHECKED``).
-    A multi-turn environment's ``reset`` may add text; the episode runner checks that part at run time.
-    Returns the longest prompt's token count."""
+    A multi-turn environment's ``reset`` may add text; the episode runner checks that part at run time."""
     from transformers import AutoTokenizer
 
     from relayrl.config import FILE_TASKS
@@ -212,7 +206,6 @@ def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> int
             f"rollout.max_tokens={cfg.rollout.max_tokens} it needs model.max_model_len>="
             f"{found.tokens + cfg.rollout.max_tokens} (now {cfg.model.max_model_len}): raise "
             f"model.max_model_len, lower rollout.max_tokens or shorten that row")
-    return found.tokens
 
 
 __all__ = ["train", "loop"]

@@ -64,10 +64,8 @@ class System:
 
     @classmethod
     def start(cls, cfg: Config, model_path: Path, placement: Placement, reward_fns: RewardFns,
-              run: Any, prompt_tokens: int = 0) -> "System":
-        """Create the sampler, N rollout actors and the trainer group; wait until all are ready. With
-        ``trainer.warmup`` the ranks warm up on a step of ``prompt_tokens``-token prompts (the dataset's
-        longest) and full-length completions while the engines start."""
+              run: Any) -> "System":
+        """Create the sampler, N rollout actors and the trainer group; wait until all are ready."""
         from relayrl.controller.cluster import SCORING_CPUS
         from relayrl.rewards.pool import RewardPool
         from relayrl.rollout import start_rollout_actor
@@ -83,9 +81,6 @@ class System:
         trainer = TrainerGroup(cfg.trainer.world_size, str(model_path), cfg.model, cfg.trainer, cfg.algorithm,
                                temperature=cfg.rollout.temperature, seed=cfg.run.seed,
                                actor_options=placement.trainer, critic_cfg=cfg.critic)
-        if cfg.trainer.warmup:
-            trainer.warm_up(cfg.run.prompts_per_step, cfg.algorithm.group_size, prompt_tokens,
-                            cfg.rollout.max_tokens)
         rc = cfg.reward
         rewards = RewardPool.start(reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate,
                                    cpus=SCORING_CPUS)

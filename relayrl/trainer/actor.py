@@ -55,7 +55,6 @@ from relayrl.trainer.objective import build_loss
 from relayrl.trainer.packing import split_to_count
 from relayrl.trainer.step import PolicyStep, StepStats
 from relayrl.trainer.tp import build_mesh
-from relayrl.trainer.warmup import warmup_groups, zero_lr
 from relayrl.types import TrainBatch, TrajectoryGroup
 
 
@@ -127,27 +126,6 @@ class TrainerActor:
             self.critic = Critic(self.model_path, self.mesh, self.device, self.model_cfg.dtype, self.critic_cfg,
                                  self.world_size, self.algo, self._all_reduce)
             self.trained["critic"] = (self.critic.model, self.critic.optimizer)
-
-    def warm_up(self, groups: int, group_size: int, prompt_tokens: int, completion_tokens: int) -> float:
-        """CPU: one train step on a dummy batch of this shape at learning rate 0 on one thread (the engines
-        start on the other cores), so that the first real step finds its memory already in the heap
-        (``warmup.py``); AdamW's state is dropped after and the RNG restored: the run trains exactly as
-        without it. Collective. Seconds taken (GPU: skipped, 0)."""
-        if self.device.type != "cpu":
-            return 0.0
-        t0, rng, threads = time.perf_counter(), torch.get_rng_state(), torch.get_num_threads()
-        optimizers = [opt for _, opt in self.trained.values()]
-        batch = warmup_groups(groups, group_size, prompt_tokens, completion_tokens, self.model.config.vocab_size)
-        torch.set_num_threads(1)
-        try:
-            with zero_lr(optimizers):
-                self.train_step([batch])
-        finally:
-            torch.set_num_threads(threads)
-        for opt in optimizers:
-            opt.state.clear()
-        torch.set_rng_state(rng)
-        return time.perf_counter() - t0
 
     # ---------------------------------------------------------------- train
     def train_step(self, group_refs: list) -> dict[str, float]:

@@ -26,8 +26,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from relayrl.trainer.warmup import zero_lr
-
 Parts = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
 TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
 """Frozen weights are not saved: with ``trainer.lora`` they are the base model, loaded from ``model.path``
@@ -59,12 +57,16 @@ def init_optimizer_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -
     has somewhere to load them: one step with zero gradients at lr 0 changes no parameter."""
     if optim.state:
         return
+    lrs = [g["lr"] for g in optim.param_groups]
+    for g in optim.param_groups:
+        g["lr"] = 0.0
     for p in model.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
-    with zero_lr([optim]):
-        optim.step()
+    optim.step()
     optim.zero_grad(set_to_none=True)
+    for g, lr in zip(optim.param_groups, lrs):
+        g["lr"] = lr
 
 
 def _save_rng(path: Path, rank: int) -> None:

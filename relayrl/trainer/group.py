@@ -86,11 +86,6 @@ class TrainerGroup:
                              "pass one dict per rank or a single dict for all")
         return [with_env({**defaults, **opts}, malloc_env()) for opts in actor_options]
 
-    def warm_up(self, groups: int, group_size: int, prompt_tokens: int, completion_tokens: int) -> None:
-        """Queue ``TrainerActor.warm_up`` behind setup on every rank; ``ready`` waits for both."""
-        refs = [a.warm_up.remote(groups, group_size, prompt_tokens, completion_tokens) for a in self.actors]
-        self._setup_refs = [*(self._setup_refs or []), *refs]
-
     def ready(self) -> None:
         """Wait until every rank has joined the process group and sharded its model."""
         if self._setup_refs is not None:
