@@ -157,14 +157,19 @@ _AVERAGED = ("tokens", "completions", "train_dev_s_per_token", "reward_s", "trai
              "sync_bytes_per_s", "sync_fixed_s", "stall_s", "overhead_s")
 
 
+def scaling(n: int, factor: float) -> float:
+    """Throughput per unit of ``n`` units relative to one: 1 for one unit, ``factor`` for more."""
+    return 1.0 if n == 1 else factor
+
+
 def efficiency(profile: Profile, devices: int) -> float:
     """e(t): 1 for one device, ``train_efficiency`` for more (ranks' collectives, or one rank's threads)."""
-    return 1.0 if devices == 1 else profile.train_efficiency
+    return scaling(devices, profile.train_efficiency)
 
 
 def gen_efficiency(profile: Profile, threads: int) -> float:
     """g: 1 for a one-thread replica, ``gen_efficiency`` for a replica on more threads."""
-    return 1.0 if threads == 1 else profile.gen_efficiency
+    return scaling(threads, profile.gen_efficiency)
 
 
 FIT_SPREAD = 1.5
@@ -201,9 +206,7 @@ def run_devices(cfg: dict[str, Any], cores: int | None) -> tuple[int, int]:
     r, t = int(cfg["rollout"]["num_replicas"]), int(cfg["trainer"]["world_size"])
     if cores is None:
         return r * int(cfg["rollout"].get("tp_size") or 1), t
-    r_threads = int(cfg["rollout"].get("num_threads") or cores)
-    t_threads = int(cfg["trainer"].get("num_threads") or cores)
-    return r * r_threads, t * t_threads
+    return r * replica_threads(cfg, cores), t * int(cfg["trainer"].get("num_threads") or cores)
 
 
 def _run_sample(path: Path, cores: int | None, skip: int, train_efficiency: float,
@@ -218,10 +221,10 @@ def _run_sample(path: Path, cores: int | None, skip: int, train_efficiency: floa
                          f"{', '.join(need)}; profile a run of at least {skip + 3} steps")
     med = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in {*need, *_OPTIONAL}}
     r, t = run_devices(cfg, cores)
-    g = 1.0 if replica_threads(cfg, cores) == 1 else gen_efficiency
+    g = scaling(replica_threads(cfg, cores), gen_efficiency)
     tokens = med[ROLLOUT_TOKENS]
     update = med["timing/update"] + med["timing/logprob"]
-    e = 1.0 if t == 1 else train_efficiency
+    e = scaling(t, train_efficiency)
     bw = med[WEIGHTSYNC_GBPS] * 1e9 or 1e9
     return {"tokens": tokens, "completions": med[ROLLOUT_COMPLETIONS], "gen_devices": r * g,
             "prompts_per_step": int(cfg["run"]["prompts_per_step"]), "gen": med[TIMING_GENERATE],
