@@ -733,10 +733,11 @@ at every commit). By default glibc serves blocks over its dynamic mmap threshold
 ``mmap``s and unmaps them on free, so each re-allocation faults in fresh zeroed pages. A fixed 1 GiB
 threshold and no trimming keep freed memory in the heap for reuse (RSS stays at its peak).
 
-Measured on this 2-core box. SmolLM2 trainer step on a recorded grpo_arith batch, steady steps:
-4.9 s against 5.6 s, and 0 against 650k page faults per step. The first two steps of a real run took 11-12 s
-against 5-6 s once warm, 1.1 s of system time per second. Engine commit: the in-place copy of 538 MB took a
-steady 0.025 s against 0.03-1.4 s. ``bench/trainer_step.py`` and ``bench/weight_sync.py`` time them.
+Measured on this 2-core box. SmolLM2 trainer step on a recorded grpo_arith batch, in a process started
+with and without them, steady steps: 4.9 s against 5.6 s, and 0 against 650k page faults per step. The first
+two updates of a real grpo_arith run: 6.4-7.5 s with them (four runs), 10-12 s without (~1.1 s of system
+time per second). Engine commit: the in-place copy of 538 MB took a steady 0.025 s against 0.03-1.4 s
+(``bench/weight_sync.py`` times whole commits).
 
 Read by glibc when a process starts, so they go in each actor's runtime env (inherited by vLLM's processes)."""
 
@@ -744,6 +745,13 @@ Read by glibc when a process starts, so they go in each actor's runtime env (inh
 def malloc_env() -> dict[str, str]:
     """``CPU_MALLOC_ENV`` on a CPU host; nothing on CUDA machines, where the big tensors live on the GPU."""
     return {} if has_cuda() else dict(CPU_MALLOC_ENV)
+
+
+def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """Ray actor ``options`` whose runtime env also sets ``env`` (the options' own variables win)."""
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**env, **runtime_env.get("env_vars", {})}
+    return {**options, "runtime_env": runtime_env}
 
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:

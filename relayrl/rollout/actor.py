@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any
 
-from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda, malloc_env
+from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda, malloc_env, with_env
 from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.rollout.forkserver import use_forkserver
@@ -288,6 +288,6 @@ def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: Ro
 
     cls = ray.remote(RolloutActor)
     env = {**cpu_thread_env(rollout_cfg), **malloc_env()}
-    options = {"num_cpus": rollout_cfg.num_cpus, "runtime_env": {"env_vars": env}, **options}
+    options = with_env({"num_cpus": rollout_cfg.num_cpus, **options}, env)
     return cls.options(**options).remote(
         model_path, model_cfg, rollout_cfg, seed, sync_cfg)

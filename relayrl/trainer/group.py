@@ -11,15 +11,9 @@ from typing import Any
 
 import ray
 
-from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig, malloc_env
+from relayrl.config import (AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig, malloc_env,
+                            with_env)
 from relayrl.trainer.actor import TrainerActor, resolve_backend
-
-
-def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Ray actor ``options`` whose runtime env also sets ``env`` (the options' own variables win)."""
-    runtime_env = dict(options.get("runtime_env") or {})
-    runtime_env["env_vars"] = {**env, **runtime_env.get("env_vars", {})}
-    return {**options, "runtime_env": runtime_env}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
