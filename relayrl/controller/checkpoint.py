@@ -36,8 +36,6 @@ from typing import Any
 from relayrl.monitor.runs import is_live
 
 MARKER = "COMPLETE"
-STALL_KEY = "timing/checkpoint_stall"
-"""Seconds checkpoint saves held the driver since the previous step (logged every step by ``RunDir``)."""
 
 
 def step_dir(run_dir: Path, step: int) -> Path:

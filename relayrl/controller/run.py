@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config import Config, ConfigError
-from relayrl.controller.checkpoint import STALL_KEY, Checkpointer, durable_dir, fsync_path, write_durable
+from relayrl.controller.checkpoint import Checkpointer, durable_dir, fsync_path, write_durable
 from relayrl.logs import capture, crash_tail
 from relayrl.monitor.runs import read_jsonl
-from relayrl.monitor.schema import REWARD_MEAN
+from relayrl.monitor.schema import REWARD_MEAN, TIMING_CHECKPOINT_STALL
 
 
 @dataclass
@@ -110,7 +110,7 @@ class RunDir:
             self.logger.log_samples(step, samples)
         if self.checkpoints is not None:
             self.checkpoints.poll()          # commit a step_N whose background write has finished
-            metrics[STALL_KEY] = self.checkpoints.take_stall()
+            metrics[TIMING_CHECKPOINT_STALL] = self.checkpoints.take_stall()
         metrics = to_schema(metrics, self.cfg.trainer.lr, self.cfg.rollout.num_replicas)
         self.rewards.append(float(metrics.get(REWARD_MEAN, float("nan"))))
         self.logger.log(step, metrics)

@@ -49,6 +49,7 @@ TIMING_REWARD = "timing/reward"
 TIMING_TRAIN = "timing/train"
 TIMING_SYNC = "timing/sync"
 TIMING_WAIT = "timing/wait"
+TIMING_CHECKPOINT_STALL = "timing/checkpoint_stall"
 TIMING_STEP = "timing/step"
 WEIGHTSYNC_VERSION = "weightsync/version"
 WEIGHTSYNC_BYTES = "weightsync/bytes"
@@ -161,7 +162,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("timing/train_actor", "s", "trainer: the whole train_step inside the rank"),
     M(TIMING_TRAIN, "s", "driver: train_step call to its result"),
     M(TIMING_SYNC, "s", "driver: weight sync incl. the mismatch probe"),
-    M("timing/checkpoint_stall", "s", "driver held by checkpoint saves since the last step (async: the staging copy)"),
+    M(TIMING_CHECKPOINT_STALL, "s", "driver held by checkpoint saves since the last step (async: the staging copy)"),
     M(TIMING_WAIT, "s", "trainer idle waiting for a full batch since the last step"),
     M(TIMING_STEP, "s", "wall seconds since the previous step was logged"),
     # startup/* (the first step a driver process logs)
