@@ -10,13 +10,13 @@ A train step, on every rank (``train_step``; right: where each part is done):
 
     ray.get(group refs) -> DAPO's dynamic sampling                       Objective.select_groups (objective.py)
     build_train_batch (whole step, identical on all ranks; DAPO's overlong penalty) -> split_batch over dp
-    micro-batches: padded rows, or packed rows of <= max_tokens_per_micro_batch real tokens (``packing.py``;
+    micro-batches: padded rows, or packed rows of <= max_tokens_per_micro_batch real tokens (``batch.py``;
                    shared_prefix: each group's prompt once), as many on every dp rank
     D_step = all_reduce(sum of LOSS_AGG denominators)        from masks only, before any backward
     ref logprobs if kl_coef > 0                               once, before any update
     PPO (algorithm.name=gae): V_old = critic(batch); r_t = R at the last token - kl_coef * KL_t
                               A, R_t = GAE(r, V_old); A whitened over the step    Critic.advantages (critic.py)
-    for epoch in 1..E:  for micro-batch:                                 PolicyStep.train_micro (step.py)
+    for epoch in 1..E:  for micro-batch:                       PolicyStep.epochs -> train_micro (step.py)
                             per_token = POLICY_LOSSES[policy_loss] [+ kl_coef * KL_ESTIMATORS[kl_estimator]]
                                         [- entropy_coef * H]          (PPO: KL is in the reward instead)
                             (LOSS_AGG[loss_agg] numerator of per_token / D_step).backward()  -> StepStats
@@ -45,17 +45,14 @@ from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerCo
 from relayrl.rendezvous import client_store, master_store
 from relayrl.trainer import checkpoint, lora
 from relayrl.trainer.advantages import CRITIC_ESTIMATORS
-from relayrl.trainer.batch import (MicroBatch, build_train_batch, empty_micro_batch, packed_micro_batch,
-                                   packing_plan, row_micro_batches, split_batch, to_device)
+from relayrl.trainer.batch import MicroBatch, build_train_batch, fetch_groups, micro_batches, split_batch
 from relayrl.trainer.critic import Critic, GaeTargets
-from relayrl.trainer.fsdp import clip_and_step
 from relayrl.trainer.hf import export, hf_state_dict, load_sharded, pad_token_id
 from relayrl.trainer.logprobs import token_logprobs
 from relayrl.trainer.objective import build_loss
-from relayrl.trainer.packing import split_to_count
-from relayrl.trainer.step import PolicyStep, StepStats
+from relayrl.trainer.step import PolicyStep, step_totals
 from relayrl.trainer.tp import build_mesh
-from relayrl.types import TrainBatch, TrajectoryGroup
+from relayrl.types import TrainBatch
 
 
 def resolve_backend(backend: str) -> str:
@@ -117,9 +114,7 @@ class TrainerActor:
         self.optimizer = torch.optim.AdamW(trainable, lr=self.cfg.lr, betas=tuple(self.cfg.betas),
                                            weight_decay=self.cfg.weight_decay)
         if self.uses_lora and self.rank == 0:
-            n_train, n_all = lora.param_counts(self.model)
-            print(f"relayrl: LoRA r={self.cfg.lora.r} alpha={self.cfg.lora.alpha:g}: trainer trains {n_train:,} of "
-                  f"{n_all:,} parameters ({100 * n_train / n_all:.2f}%); AdamW state for those only", flush=True)
+            print(lora.summary_line(self.model, self.cfg.lora), flush=True)
         self.pad_token_id = pad_token_id(self.model.config)
         self.trained = {"policy": (self.model, self.optimizer)}      # checkpoint name -> (module, optimizer)
         if ppo:
@@ -138,7 +133,7 @@ class TrainerActor:
         critic its ``GaeTargets`` stats and ``ValueStats`` (``critic.py``).
         """
         t0 = time.perf_counter()
-        groups, shaping_stats = self.objective.select_groups(self._fetch(group_refs))
+        groups, shaping_stats = self.objective.select_groups(fetch_groups(group_refs))
         if not groups:       # dynamic sampling left nothing to learn from: no update (same on every rank)
             return {**shaping_stats, "tokens": 0.0, "sequences": 0.0, "step_seconds": time.perf_counter() - t0}
         batch = build_train_batch(groups, self.pad_token_id, self.algo.name, self.objective.reward_shaping,
@@ -148,7 +143,8 @@ class TrainerActor:
         t1 = time.perf_counter()
         old, ref, targets = self._before_update(micro, n_tokens)
         t2 = time.perf_counter()
-        sums, grad_norms = self._train_policy(micro, old, ref, denom)
+        sums, grad_norms = self.policy_step.epochs(self.model, self.optimizer, micro, old, ref, denom, self.dp_size,
+                                                   self.cfg.epochs, self.cfg.grad_clip)
         out = {**sums.reduce(self._all_reduce, self.cfg.epochs, n_tokens, denom), **shaping_stats}
         if targets is not None:            # PPO: the critic learns too; its KL (the reward's) is the step's
             out |= targets.stats | self.critic.train(micro, targets, n_tokens, self.cfg.epochs)
@@ -171,73 +167,24 @@ class TrainerActor:
         ``mb.advantages``) with pi_old from one extra forward, and none to the loss.
         """
         step, old = self.policy_step, [None] * len(micro)
-        ref = self._ref_logprobs(micro) if self.algo.kl_coef > 0 else None
+        ref = step.reference_logprobs(self.model, self.ref_model, micro) if self.algo.kl_coef > 0 else None
         if self.critic is None:
             return old, ref, None
         if ref is not None:
             old = [step.logprobs(self.model, mb) for mb in micro]
         return old, None, self.critic.advantages(micro, n_tokens, old, ref)
 
-    def _ref_logprobs(self, micro: list[MicroBatch]) -> list[torch.Tensor]:
-        """Reference logprobs: the frozen copy's, or with LoRA the policy's own with its adapters bypassed
-        (the base model, which is the reference: the adapters are the only weights that train)."""
-        step = self.policy_step
-        if not self.uses_lora:
-            return [step.logprobs(self.ref_model, mb) for mb in micro]
-        with lora.adapters_off(self.model):
-            return [step.logprobs(self.model, mb) for mb in micro]
-
     def param_counts(self) -> tuple[int, int]:
         """(trainable, total) parameters of the policy; with LoRA, trainable counts the adapters only."""
         return lora.param_counts(self.model)
 
-    def _train_policy(self, micro: list[MicroBatch], old: list[torch.Tensor | None],
-                      ref: list[torch.Tensor] | None, denom: torch.Tensor) -> tuple[StepStats, list[float]]:
-        """``trainer.epochs`` passes over the micro-batches, each ending in a clipped AdamW step; returns the
-        summed stats and each epoch's pre-clip gradient norm. Fills ``old`` in the first epoch."""
-        step, sums, grad_norms = self.policy_step, StepStats.zeros(self.device), []
-        for _ in range(self.cfg.epochs):
-            for i, mb in enumerate(micro):
-                stats, old[i] = step.train_micro(self.model, mb, old[i], ref[i] if ref else None, denom,
-                                                 self.dp_size)
-                sums.add_(stats)
-            grad_norms.append(clip_and_step(self.model, self.optimizer, self.cfg.grad_clip))
-        return sums, grad_norms
-
     def _step_totals(self, micro: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(completion tokens, ``LOSS_AGG`` denominator) of the whole step on all ranks, each >= 1.
-
-        Denominators depend only on the masks, so they are known before any forward pass; one all-reduce
-        gives every rank the global value to divide its numerators by.
-        """
-        dens = [self.objective.aggregate(torch.zeros_like(mb.loss_mask), mb.loss_mask)[1] for mb in micro]
-        local = torch.stack([sum(mb.loss_mask.sum() for mb in micro), sum(dens)])
-        n_tokens, denom = self._all_reduce(local).clamp(min=1)
-        return n_tokens, denom
-
-    @staticmethod
-    def _fetch(group_refs: list) -> list[TrajectoryGroup]:
-        import ray
-
-        refs = [r for r in group_refs if isinstance(r, ray.ObjectRef)]
-        fetched = iter(ray.get(refs)) if refs else iter(())
-        parts = [next(fetched) if isinstance(r, ray.ObjectRef) else r for r in group_refs]
-        return [g for part in parts for g in part]
+        return step_totals(micro, self.objective, self._all_reduce)
 
     def _micro_batches(self, share: TrainBatch) -> list[MicroBatch]:
-        """Chunks of ``micro_batch_size`` padded rows, or with ``max_tokens_per_micro_batch`` packed rows of at
-        most that many tokens (``shared_prefix``: each group's prompt once). Collective when packing: every dp
-        rank runs as many micro-batches as the busiest (FSDP gathers in each forward), splitting its own
-        chunks first and adding micro-batches with nothing to train on only when it has too few rows."""
-        budget, share_prefix = self.cfg.max_tokens_per_micro_batch, self.cfg.shared_prefix
-        if budget <= 0:
-            return [to_device(mb, self.device) for mb in row_micro_batches(share, self.cfg.micro_batch_size)]
-        units, costs, chunks = packing_plan(share, budget, share_prefix)
-        count = int(self._all_reduce(torch.tensor(float(len(chunks))), dist.ReduceOp.MAX))
-        chunks = split_to_count(chunks, costs, count)
-        out = [packed_micro_batch(share, [units[u] for u in chunk], share_prefix) for chunk in chunks]
-        out += [empty_micro_batch(share, share_prefix) for _ in range(count - len(out))]
-        return [to_device(mb, self.device) for mb in out]
+        c = self.cfg
+        return micro_batches(share, c.micro_batch_size, c.max_tokens_per_micro_batch, c.shared_prefix, self.device,
+                             self._all_reduce)
 
     def _all_reduce(self, value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -320,6 +267,14 @@ class TrainerActor:
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=ids, use_cache=False).logits
         return token_logprobs(logits, ids, self.temperature if temperature is None else temperature)[0].tolist()
+
+    def probe(self, group_refs: list, samples: int) -> tuple[list[list[int]], list[int], list[list[float]]]:
+        """The trainer's half of the post-sync mismatch probe, on groups this rank fetches itself: the first
+        ``samples`` trajectories' token ids, where their completions start (in the next-token axis) and
+        their logprobs at temperature 1. One call, collective."""
+        trajs = [t for g in fetch_groups(group_refs) for t in g.trajectories][:samples]
+        seqs = [t.prompt_token_ids + t.completion_token_ids for t in trajs]
+        return seqs, [len(t.prompt_token_ids) - 1 for t in trajs], [self.sequence_logprobs(s, 1.0) for s in seqs]
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str, asynchronous: bool = False) -> float:

@@ -233,3 +233,35 @@ def empty_micro_batch(share: TrainBatch, share_prefix: bool) -> MicroBatch:
     mb.prompt_ids = [-1]
     mb.packed.gather.fill_(-1)
     return mb
+
+
+def fetch_groups(group_refs: list) -> list[TrajectoryGroup]:
+    """The step's groups from Ray ObjectRefs of ``list[TrajectoryGroup]`` (one per replica; plain lists pass
+    through), fetched in one ``ray.get`` on the rank so trajectory data never passes through the driver."""
+    import ray
+
+    refs = [r for r in group_refs if isinstance(r, ray.ObjectRef)]
+    fetched = iter(ray.get(refs)) if refs else iter(())
+    parts = [next(fetched) if isinstance(r, ray.ObjectRef) else r for r in group_refs]
+    return [g for part in parts for g in part]
+
+
+def micro_batches(share: TrainBatch, micro_batch_size: int, budget: int, share_prefix: bool,
+                  device: torch.device, all_reduce: Callable) -> list[MicroBatch]:
+    """One rank's micro-batches on ``device``: chunks of ``micro_batch_size`` padded rows, or with a token
+    ``budget`` (``max_tokens_per_micro_batch`` > 0) packed rows of at most that many tokens (``share_prefix``:
+    each group's prompt once). Collective when packing (``all_reduce(value, op)`` over the dp ranks): every dp
+    rank runs as many micro-batches as the busiest (FSDP gathers in each forward), splitting its own chunks
+    first and adding micro-batches with nothing to train on only when it has too few rows."""
+    import torch.distributed as dist
+
+    from relayrl.trainer.packing import split_to_count
+
+    if budget <= 0:
+        return [to_device(mb, device) for mb in row_micro_batches(share, micro_batch_size)]
+    units, costs, chunks = packing_plan(share, budget, share_prefix)
+    count = int(all_reduce(torch.tensor(float(len(chunks))), dist.ReduceOp.MAX))
+    chunks = split_to_count(chunks, costs, count)
+    out = [packed_micro_batch(share, [units[u] for u in chunk], share_prefix) for chunk in chunks]
+    out += [empty_micro_batch(share, share_prefix) for _ in range(count - len(out))]
+    return [to_device(mb, device) for mb in out]

@@ -147,6 +147,11 @@ class TrainerGroup:
     def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:
         return self._all("sequence_logprobs", list(token_ids), temperature)[0]
 
+    def probe(self, group_refs: list, samples: int) -> tuple[list[list[int]], list[int], list[list[float]]]:
+        """Token ids, completion starts and trainer logprobs of the first ``samples`` trajectories of
+        ``group_refs`` (the ranks fetch them: the driver passes refs only)."""
+        return self._all("probe", list(group_refs), samples)[0]
+
     def offload(self) -> float:
         """Colocated GPUs: every rank's training state to host memory; bytes moved per rank (CPU: 0)."""
         return self._all("offload")[0]

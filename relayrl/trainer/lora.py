@@ -122,6 +122,13 @@ def param_counts(model: torch.nn.Module) -> tuple[int, int]:
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
 
+def summary_line(model: torch.nn.Module, cfg: LoraConfig) -> str:
+    """What a LoRA run trains, printed once by rank 0."""
+    n_train, n_all = param_counts(model)
+    return (f"relayrl: LoRA r={cfg.r} alpha={cfg.alpha:g}: trainer trains {n_train:,} of {n_all:,} parameters "
+            f"({100 * n_train / n_all:.2f}%); AdamW state for those only")
+
+
 def is_peft(model: torch.nn.Module) -> bool:
     """Whether ``model`` is PEFT-wrapped (``wrap``)."""
     return hasattr(model, "peft_config")

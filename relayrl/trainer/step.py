@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from relayrl.trainer.batch import MicroBatch
+from relayrl.trainer.fsdp import clip_and_step
 from relayrl.trainer.logprobs import logits_entropy, target_logprobs
 from relayrl.trainer.losses import entropy_bonus, kl_k3, kl_loss, masked_token_sum
 from relayrl.trainer.objective import Objective
@@ -142,6 +143,17 @@ class PolicyStep:
         logits, targets, to_batch = self.forward(model, mb)
         return to_batch(target_logprobs(logits, targets, self.temperature))
 
+    def reference_logprobs(self, model: torch.nn.Module, ref_model: torch.nn.Module | None,
+                           micro: list[MicroBatch]) -> list[torch.Tensor]:
+        """Reference logprobs: the frozen copy's (``ref_model``), or with LoRA (no copy) the policy's own with
+        its adapters bypassed: the base model, which is the reference, as the adapters are all that trains."""
+        from relayrl.trainer import lora
+
+        if ref_model is not None:
+            return [self.logprobs(ref_model, mb) for mb in micro]
+        with lora.adapters_off(model):
+            return [self.logprobs(model, mb) for mb in micro]
+
     def train_micro(self, model: torch.nn.Module, mb: MicroBatch, old: torch.Tensor | None,
                     ref: torch.Tensor | None, denom: torch.Tensor,
                     dp_size: int) -> tuple[StepStats, torch.Tensor]:
@@ -169,6 +181,19 @@ class PolicyStep:
         (numerator * dp_size / denom).backward()
         return self._stats(stats, numerator, kl_sum, entropy_sum, old, mb), old
 
+    def epochs(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro: list[MicroBatch],
+               old: list[torch.Tensor | None], ref: list[torch.Tensor] | None, denom: torch.Tensor, dp_size: int,
+               epochs: int, grad_clip: float) -> tuple[StepStats, list[float]]:
+        """``epochs`` passes over the micro-batches, each ending in a clipped AdamW step; returns the summed
+        stats and each epoch's pre-clip gradient norm. Fills ``old`` in the first epoch."""
+        sums, grad_norms = StepStats.zeros(denom.device), []
+        for _ in range(epochs):
+            for i, mb in enumerate(micro):
+                stats, old[i] = self.train_micro(model, mb, old[i], ref[i] if ref else None, denom, dp_size)
+                sums.add_(stats)
+            grad_norms.append(clip_and_step(model, optimizer, grad_clip))
+        return sums, grad_norms
+
     @staticmethod
     @torch.no_grad()
     def _stats(stats: dict[str, torch.Tensor], numerator: torch.Tensor, kl_sum: torch.Tensor,
@@ -193,3 +218,16 @@ class PolicyStep:
         scaled = to_batch(logits.float() / self.temperature)          # [b, T, V] aligned with loss_mask
         term, stats = entropy_bonus(scaled, mb.loss_mask, self.objective.entropy_coef)
         return term, stats["entropy"] * mb.loss_mask.sum()
+
+
+def step_totals(micro: list[MicroBatch], objective: Objective,
+                all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(completion tokens, ``LOSS_AGG`` denominator) of the whole step on all ranks, each >= 1.
+
+    Denominators depend only on the masks, so they are known before any forward pass; one all-reduce
+    gives every rank the global value to divide its numerators by.
+    """
+    dens = [objective.aggregate(torch.zeros_like(mb.loss_mask), mb.loss_mask)[1] for mb in micro]
+    local = torch.stack([sum(mb.loss_mask.sum() for mb in micro), sum(dens)])
+    n_tokens, denom = all_reduce(local).clamp(min=1)
+    return n_tokens, denom
