@@ -28,7 +28,7 @@ import ray
 from relayrl.config import Config, ConfigError
 from relayrl.controller.cluster import make_placement, needed_cpus, split_cores, start_ray
 from relayrl.controller.run import RunDir, RunResult
-from relayrl.controller.scheduler import TrainerDied
+from relayrl.controller.faults import TrainerDied
 from relayrl.controller.system import System
 
 

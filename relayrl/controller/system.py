@@ -16,7 +16,7 @@ from relayrl.controller.cluster import Placement, sync_config
 from relayrl.data.sampler import Prompt
 from relayrl.monitor.schema import (MISMATCH_MEAN_ABS, ROLLOUT_COMPLETIONS, ROLLOUT_MAX_VERSION, ROLLOUT_MIN_VERSION,
                                     ROLLOUT_TOKENS)
-from relayrl.rewards.scoring import Scored, version_span
+from relayrl.rewards.scoring import version_span
 from relayrl.weightsync.client import abort_update
 
 RewardFns = list[tuple[str, Callable, float]]
@@ -149,11 +149,50 @@ class System:
             kill_process_tree(self.procs[i][1])
         ray.kill(self.rollouts[i], no_restart=True)
 
-    def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], Scored]:
-        """Scored-group refs (one per replica) and their ``Scored`` (useful groups, version span, the reward
-        and rollout metrics); raises ``RewardError`` (one line) when more than ``reward.max_error_rate`` of
-        the completions could not be scored."""
-        return self.rewards.score(group_refs, functools.partial(step_summary, self.cfg.logging.samples_per_step))
+    def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], ray.ObjectRef]:
+        """Start scoring: scored-group refs (one per input ref) and the ref of their ``Scored`` (useful
+        groups, version span, the reward and rollout metrics), to read with ``rewards.result``; that raises
+        ``RewardError`` (one line) when more than ``reward.max_error_rate`` of the completions could not be
+        scored."""
+        return self.rewards.submit(group_refs, functools.partial(step_summary, self.cfg.logging.samples_per_step))
+
+    def sync_and_verify(self, version: int, refs: list) -> tuple[dict[str, float], float]:
+        """Weights to the engines, then the mismatch probe; returns their stats and the bytes of trainer state
+        offloaded. Colocated, this is also the hand-over back to rollout, ordered so the trainer's GPU memory
+        is free before the engines' KV cache returns: engine weights wake -> sync -> the trainer's half of
+        the probe -> trainer state to host -> KV cache wakes -> the engines' half of the probe."""
+        if self.cfg.placement.mode != "colocated":
+            return self.sync_recovering(version) | self.verify_sync(version, refs), 0.0
+        ray.get([r.wake_up.remote(["weights"]) for r in self.rollouts])
+        stats = self.sync_recovering(version)
+        probe = self.mismatch_probe(version, refs)
+        offloaded = self.trainer.offload() if self.cfg.placement.offload_trainer else 0.0
+        ray.get([r.wake_up.remote(["kv_cache"]) for r in self.rollouts])
+        return stats | self.check_mismatch(version, probe), offloaded
+
+    def to_trainer(self) -> None:
+        """Colocated: hand the bundles to the trainer: engines sleep (weights to host, KV cache dropped),
+        then the trainer's state comes back onto the GPUs. On CPU neither frees anything."""
+        ray.get([r.sleep.remote() for r in self.rollouts])
+        if self.cfg.placement.offload_trainer:
+            self.trainer.onload()
+
+    def sync_recovering(self, version: int) -> dict[str, float]:
+        """``sync_weights``; if it failed because an engine died, replace the dead ones and sync again (a
+        trainer rank's death raises ``TrainerDied``)."""
+        from relayrl.controller.faults import TrainerDied
+
+        try:
+            return self.sync_weights(version)
+        except Exception as exc:
+            if died := self.trainer.dead_ranks():
+                raise TrainerDied(f"trainer rank {died[0]} died during the sync of v{version}") from exc
+            if not (dead := self.dead_rollouts()):
+                raise
+            for i in dead:
+                print(f"relayrl: rollout replica {i} died ({type(exc).__name__}); restarting it")
+                self.restart_rollout(i, 0, exc)   # the retry below brings every engine to ``version``
+            return self.sync_weights(version)
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Trainer ranks gather their shards bucket by bucket and every engine commits them as ``version``.
@@ -179,15 +218,12 @@ class System:
 
     def mismatch_probe(self, version: int, group_refs: list[ray.ObjectRef]) -> tuple | None:
         """The trainer's half of ``verify_sync`` (None on syncs that are not checked): sequences, where their
-        completions start, the trainer's logprobs. Split off so colocated runs can take it before the
+        completions start, the trainer's logprobs, from one trainer call on the groups it fetches itself. Split off so colocated runs can take it before the
         trainer's state leaves the GPU and ask the engines after they woke up."""
         ws = self.cfg.weightsync
         if not ws.verify_every or version % ws.verify_every:
             return None
-        trajs = [t for g in ray.get(group_refs[0]) for t in g.trajectories][: ws.verify_samples]
-        seqs = [t.prompt_token_ids + t.completion_token_ids for t in trajs]
-        trainer = [self.trainer.sequence_logprobs(s, temperature=1.0) for s in seqs]
-        return seqs, [len(t.prompt_token_ids) - 1 for t in trajs], trainer
+        return self.trainer.probe(group_refs[:1], ws.verify_samples)
 
     def check_mismatch(self, version: int, probe: tuple | None) -> dict[str, float]:
         """The engines' half: their logprobs on the probe's sequences against the trainer's."""

@@ -230,21 +230,27 @@ class RewardPool:
             fns, timeout_s, num_workers, groups_per_call, max_error_rate, worker_cpus)
         pool = cls(scorer)
         try:
-            pool._get(scorer.ready.remote())
+            pool.result(scorer.ready.remote())
         except ray.exceptions.RayActorError as exc:      # the scorer's __init__ (a reward's start()) failed
             raise RewardError(f"reward scorer did not start: {str(exc).splitlines()[0][:200]}; "
                               "check the reward functions' start() (e.g. a reward model path)") from None
-        pool._get(scorer.score.options(num_returns=1).remote(None))   # warm-up (docstring)
+        pool.result(scorer.score.options(num_returns=1).remote(None))   # warm-up (docstring)
         return pool
 
     def score(self, group_refs: list, summarize: Callable[[list], dict] | None = None) -> tuple[list, Scored]:
         """Refs of the scored groups (one per input ref) and their ``Scored`` (fetched here: small)."""
+        refs, scored = self.submit(group_refs, summarize)
+        return refs, self.result(scored)
+
+    def submit(self, group_refs: list, summarize: Callable[[list], dict] | None = None) -> tuple[list, Any]:
+        """Start scoring without waiting: refs of the scored groups and the ref of their ``Scored``, for a
+        caller that waits on it beside other work (``ray.wait``) and reads it with ``result``."""
         out = self.scorer.score.options(num_returns=len(group_refs) + 1).remote(summarize, *group_refs)
         out = out if isinstance(out, list) else [out]
-        return out[:-1], self._get(out[-1])
+        return out[:-1], out[-1]
 
     @staticmethod
-    def _get(ref: Any) -> Any:
+    def result(ref: Any) -> Any:
         """``ray.get`` that re-raises a scorer's ``RewardError`` as one line rather than a remote traceback."""
         try:
             return ray.get(ref)

@@ -9,7 +9,7 @@ import pytest
 import ray
 
 import relayrl.controller.system as system_module
-from relayrl.controller.scheduler import task_error_line
+from relayrl.controller.faults import task_error_line
 from relayrl.controller.system import System, is_death, restart_backoff_s
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.controller.buffer import Entry
-from relayrl.controller.scheduler import mean_metrics
+from relayrl.controller.steplog import mean_metrics
 from relayrl.monitor.schema import SCHEMA, REDUCTIONS, reduction
 
 
