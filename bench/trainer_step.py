@@ -16,19 +16,25 @@ the model computes per step (padded: rows x longest row; packed: the rows' real 
 step's real tokens, and max / mean |logprob - baseline logprob| over the loss tokens before any update.
 Usage::
 
-    .venv/bin/python bench/trainer_step.py [--steps 3] [--budget 2048] [--tiny]
+    .venv/bin/python bench/trainer_step.py [--steps 3] [--budget 2048] [--tiny] [--system-malloc]
+
+It runs under the trainer ranks' glibc malloc settings (``relayrl.config.CPU_MALLOC_ENV``, re-executing
+itself with them: glibc reads them only at start-up), so its figures are those of the product's ranks;
+``--system-malloc`` keeps glibc's defaults, under which every step faults its big tensors in anew.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, malloc_env
 from relayrl.trainer.actor import TrainerActor
 from relayrl.trainer.batch import build_train_batch, split_batch
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
@@ -94,13 +100,23 @@ def run(model_path: str, groups: list[TrajectoryGroup], names: list[str], budget
     return out
 
 
+def as_trainer_ranks_allocate() -> None:
+    """Re-execute this process under the trainer ranks' malloc settings unless it already runs under them."""
+    env = malloc_env()
+    if any(os.environ.get(k) != v for k, v in env.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant (after one warm-up)")
     ap.add_argument("--budget", type=int, default=2048, help="trainer.max_tokens_per_micro_batch of packed runs")
     ap.add_argument("--tiny", action="store_true", help="the tiny Llama instead of SmolLM2-135M")
     ap.add_argument("--only", nargs="*", default=None, help="variant names to run (baseline always runs)")
+    ap.add_argument("--system-malloc", action="store_true", help="glibc's default malloc, not the ranks' settings")
     args = ap.parse_args()
+    if not args.system_malloc:
+        as_trainer_ranks_allocate()
     from transformers import AutoConfig
 
     from relayrl.models import resolve_model
@@ -111,7 +127,7 @@ def main() -> None:
     results = run(path, groups, names, args.budget, args.steps)
     base = results[names[0]]
     print(f"model {path}  threads {torch.get_num_threads()}  steps {args.steps} (+1 warm-up, round robin)  "
-          f"budget {args.budget}")
+          f"budget {args.budget}  malloc {'glibc defaults' if args.system_malloc else 'CPU_MALLOC_ENV'}")
     print(f"{'variant':<24}{'s/step':>8}{'vs base':>9}{'cpu s':>8}{'vs base':>9}{'tokens computed':>17}"
           f"{'real':>6}{'max|dlogp|':>12}{'mean|dlogp|':>13}")
     for n in names:
