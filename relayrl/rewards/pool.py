@@ -86,8 +86,9 @@ class Dispatcher:
         return _Slot(handle, handle.ready.remote())
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until every worker started; a second call (nothing left to wait for) returns at once."""
         try:
-            ray.get([s.ready_ref for s in self.slots], timeout=timeout_s)
+            ray.get([s.ready_ref for s in self.slots if s.ready_ref is not None], timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - e.g. a reward function that cannot be unpickled there
             raise RewardError(f"reward workers did not start: {_cause_line(exc)}; make every reward function "
                               "importable (module:function on PYTHONPATH) and picklable") from None

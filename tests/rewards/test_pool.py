@@ -113,3 +113,10 @@ def test_unpicklable_reward_fails_at_start(ray_session):
 
     with pytest.raises(Exception, match="lock"):
         RewardPool.start([("locked", holds_a_lock, 1.0)], num_workers=1)
+
+
+def test_ready_twice_returns_once_the_workers_run(pool):
+    """``RewardPool.start`` already waited for the workers; asking again must not read as a failed start."""
+    assert pool.result(pool.scorer.ready.remote()) is True
+    refs, scored = pool.score([[group(0, "ok")]])
+    assert len(refs) == 1 and scored.metrics
