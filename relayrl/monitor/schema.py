@@ -155,7 +155,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("accounting/dropped", "prompts", "prompts dropped so far, with the reason under buffer/dropped/*"),
     # timing/*
     M(TIMING_GENERATE, "s", "wall seconds of one generate call (mean over the step's calls)"),
-    M(TIMING_REWARD, "s", "wall seconds to score one generate call's groups (mean)"),
+    M(TIMING_REWARD, "s", "driver: a generate call's groups handed to the scorer -> its result read (mean)"),
     M("timing/fetch", "s", "trainer: pulling the step's trajectories from the object store"),
     M("timing/logprob", "s", "trainer: reference-model logprobs (0 when kl_coef=0)"),
     M("timing/update", "s", "trainer: forward/backward/optimizer over all epochs"),
