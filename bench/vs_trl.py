@@ -32,6 +32,8 @@ each first reaches 90 % of the default run's best 3-step mean reward (parity: wi
 steps), the post-sync probe's mean |engine - trainer| logprob (``mismatch/mean_abs``, every
 ``weightsync.verify_every`` steps), ``policy/behaviour_kl``, launch -> first step and ``startup/engine_s``.
 ``spawn`` is the default job with ``rollout.forkserver=false`` (start-up). ``--no-trl`` skips the TRL side.
+Last, ``bench/floor.py``'s table for the default run: each phase's physical floor on this box (from the
+box's GEMM and copy rates, measured then) beside the run's median, and the gap.
 
     .venv/bin/python bench/vs_trl.py [--steps 25] [--recipe grpo_arith] [--trl-set k=v ...] \\
         [--variants async,bf16,spawn] [--no-trl] [relayrl overrides ...]
@@ -70,6 +72,7 @@ class Side:
     mismatch: list[float] = field(default_factory=list)       # relayrl: mismatch/mean_abs at each probe
     behaviour_kl: list[float] = field(default_factory=list)   # relayrl: policy/behaviour_kl per step
     engine_s: float = float("nan")                             # relayrl: startup/engine_s
+    run_dir: Path | None = None                                # relayrl: the run directory
 
 
 # ---------------------------------------------------------------- relayrl side
@@ -84,7 +87,8 @@ def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Si
     load0, start = os.getloadavg()[0], time.time()
     _run(cmd, work / "relayrl.log")
     wall = time.time() - start
-    metrics = next(out.glob("*/metrics.jsonl")).read_text().splitlines()
+    metrics_file = next(out.glob("*/metrics.jsonl"))
+    metrics = metrics_file.read_text().splitlines()
     rows = [json.loads(line) for line in metrics]
     return Side(step_s=[r["timing/step"] for r in rows],
                 completions=[r["rollout/completions"] for r in rows],
@@ -94,7 +98,7 @@ def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Si
                 load=(load0, os.getloadavg()[0]),
                 mismatch=[r["mismatch/mean_abs"] for r in rows if "mismatch/mean_abs" in r],
                 behaviour_kl=[r.get("policy/behaviour_kl", float("nan")) for r in rows],
-                engine_s=rows[0].get("startup/engine_s", float("nan")))
+                engine_s=rows[0].get("startup/engine_s", float("nan")), run_dir=metrics_file.parent)
 
 
 def _run(cmd: list[str], log: Path) -> None:
@@ -306,6 +310,9 @@ def main() -> None:
         report(relayrl, trl, args.steps, args.trl_set, overrides)
     if variants:
         report_variants(relayrl, variants)
+    from floor import report as floor_report     # bench/floor.py, beside this script
+
+    print("\n" + "\n".join(floor_report(relayrl.run_dir)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,167 @@
+"""The physical floor of a finished run's step on this box, next to what the run measured.
+
+Given a run directory (``metrics.jsonl``, ``config.yaml``, ``samples.jsonl``), it measures this box's peak
+GEMM rate (``torch.mm`` of 2048 x 2048 on every core, best of 5, in the run's ``trainer.dtype``) and copy
+rate (a 256 MiB ``copy_``, best of 5), reads the model's parameter count from its config (meta device: no
+weights loaded) and prints, per phase, a floor computed from stated formulas and the run's median over its
+steady steps (steps 2..N), with the gap measured / floor:
+
+    update    6 * (P - P_emb) * T_computed + 6 * P_emb * T_completion  FLOPs / peak
+              (forward 2 and backward 4 FLOPs per weight and token; the tied LM head only where a token
+              is scored; T_computed = each group's prompt once + every completion: the trainer's default
+              shared-prefix packing; attention and the optimizer left out: lower bound)
+    generate  max(decode steps * weight bytes / copy rate, 2 * P * T_completion / peak)
+              + 2 * P * T_prompt_once / peak
+              (decode is bound by reading every weight once per step for the whole batch; decode steps =
+              rollout.max_tokens if any completion was truncated, else the mean length: a lower bound)
+    sync      weight bytes / copy rate   (one copy of the weights; the product makes that copy and more)
+
+and the start-up the run measured (``startup/*``) beside its first step. Prompt tokens per group come from
+the run's sample rows (the prompt text the engines saw), tokenized with the model's tokenizer.
+
+    .venv/bin/python bench/floor.py runs/<id>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PHASES = {"update": "timing/update", "generate": "timing/generate", "sync": "timing/sync", "step": "timing/step"}
+
+
+@dataclass(frozen=True)
+class Box:
+    """This box's measured rates."""
+
+    flops: float          # peak GEMM FLOP/s on every core, in the trainer's dtype
+    copy_bps: float       # bytes copied per second (a large tensor's copy_)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One step's work: parameters, tokens, bytes."""
+
+    params: int           # P
+    embed_params: int     # P_emb: the (tied) embedding / LM head
+    weight_bytes: int     # bytes of the weights the engines hold
+    prompt_tokens: float  # each group's prompt once, summed over the step's groups
+    completion_tokens: float
+    decode_steps: float   # decode steps of one generate call
+
+
+def update_flops(w: Work) -> float:
+    """6 * (P - P_emb) * (T_prompt + T_completion) + 6 * P_emb * T_completion."""
+    return 6 * (w.params - w.embed_params) * (w.prompt_tokens + w.completion_tokens) + \
+        6 * w.embed_params * w.completion_tokens
+
+
+def generate_floor_s(w: Work, box: Box) -> float:
+    """max(decode reads, decode FLOPs) + prefill FLOPs, in seconds."""
+    decode = max(w.decode_steps * w.weight_bytes / box.copy_bps, 2 * w.params * w.completion_tokens / box.flops)
+    return decode + 2 * w.params * w.prompt_tokens / box.flops
+
+
+def floors(w: Work, box: Box) -> dict[str, float]:
+    """Seconds per phase that no implementation on this box can beat (formulas: module docstring)."""
+    out = {"update": update_flops(w) / box.flops, "generate": generate_floor_s(w, box),
+           "sync": w.weight_bytes / box.copy_bps}
+    out["step"] = sum(out.values())
+    return out
+
+
+def gaps(measured: dict[str, float], floor: dict[str, float]) -> dict[str, float]:
+    """measured / floor per phase present in both."""
+    return {k: measured[k] / floor[k] for k in floor if k in measured and floor[k] > 0}
+
+
+def decode_steps(max_tokens: int, len_mean: float, truncated_frac: float) -> float:
+    """A lower bound on one call's decode steps: every call runs to its longest completion."""
+    return float(max_tokens) if truncated_frac > 0 else len_mean
+
+
+# ---------------------------------------------------------------- measuring (not unit-tested)
+
+
+def measure_box(dtype: str = "float32") -> Box:
+    import torch
+
+    torch.set_num_threads(torch.get_num_threads())
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a, b = torch.randn(2048, 2048, dtype=dt), torch.randn(2048, 2048, dtype=dt)
+    src, dst = torch.ones(64 << 20), torch.empty(64 << 20)       # 256 MiB of float32
+    dst.copy_(src)
+    return Box(flops=2 * 2048 ** 3 / best_of(lambda: torch.mm(a, b)),
+               copy_bps=src.numel() * 4 / best_of(lambda: dst.copy_(src)))
+
+
+def best_of(fn, n: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def run_work(run: Path, cfg: dict, rows: list[dict]) -> Work:
+    """The steady steps' work, from the run's config, metrics and sample prompts."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from relayrl.models import resolve_model
+
+    path = resolve_model(cfg["model"]["path"])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    params = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings().weight.numel()
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [json.loads(x)["prompt"] for x in (run / "samples.jsonl").read_text().splitlines()]
+    per_prompt = statistics.fmean(len(tok(p, add_special_tokens=False).input_ids) for p in prompts)
+    steady = rows[1:] or rows
+    med = lambda k: statistics.median(r[k] for r in steady)            # noqa: E731
+    bytes_per = 2 if cfg["model"].get("dtype") in ("bf16", "bfloat16") else 4
+    return Work(params, embed, params * bytes_per, per_prompt * cfg["run"]["prompts_per_step"],
+                med("rollout/tokens"), decode_steps(cfg["rollout"]["max_tokens"], med("rollout/len_mean"),
+                                                    med("rollout/truncated_frac")))
+
+
+def report(run: Path) -> list[str]:
+    """The lines ``main`` prints for ``run``."""
+    import yaml
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    work, box = run_work(run, cfg, rows), measure_box(cfg["trainer"].get("dtype", "float32"))
+    floor = floors(work, box)
+    steady = rows[1:] or rows
+    measured = {k: statistics.median(r[m] for r in steady if m in r) for k, m in PHASES.items()}
+    gap = gaps(measured, floor)
+    lines = [f"physical floor of {run.name} on this box (measured here: GEMM {box.flops / 1e9:.0f} GFLOP/s, "
+             f"copy {box.copy_bps / 1e9:.1f} GB/s; P={work.params / 1e6:.1f}M, {work.prompt_tokens:.0f} prompt "
+             f"tokens once + {work.completion_tokens:.0f} completion tokens per step, {work.decode_steps:.0f} "
+             "decode steps)",
+             f"{'phase':10}{'floor s':>9}{'measured s':>12}{'gap':>8}   (measured: median of steps 2..{len(rows)})"]
+    for k in ("generate", "update", "sync", "step"):
+        lines.append(f"{k:10}{floor[k]:>9.3f}{measured[k]:>12.3f}{gap.get(k, float('nan')):>7.1f}x")
+    first = rows[0]
+    start = {k.removeprefix("startup/"): v for k, v in first.items() if k.startswith("startup/")}
+    lines.append(f"first step {first.get('timing/step', float('nan')):.2f} s (floor: the steady step's, "
+                 f"{floor['step']:.3f} s); start-up measured: " + ", ".join(f"{k} {v:.1f}" for k, v in start.items()))
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path, help="a finished run directory (runs/<id>)")
+    print("\n".join(report(ap.parse_args().run)))
+
+
+if __name__ == "__main__":
+    main()
