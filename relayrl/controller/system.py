@@ -218,8 +218,9 @@ class System:
 
     def mismatch_probe(self, version: int, group_refs: list[ray.ObjectRef]) -> tuple | None:
         """The trainer's half of ``verify_sync`` (None on syncs that are not checked): sequences, where their
-        completions start, the trainer's logprobs, from one trainer call on the groups it fetches itself. Split off so colocated runs can take it before the
-        trainer's state leaves the GPU and ask the engines after they woke up."""
+        completions start, the trainer's logprobs, from one trainer call on groups the ranks fetch themselves.
+        Split off so colocated runs can take it before the trainer's state leaves the GPU and ask the engines
+        after they woke up."""
         ws = self.cfg.weightsync
         if not ws.verify_every or version % ws.verify_every:
             return None
