@@ -20,10 +20,11 @@ and the step is
 
     separate, sync  (or k = 0):  step = Tg(r) + Tr + Tt(t) + Ts + O
     separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s, train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
-    colocated (sync), N devices: step = Tg(N) + Tr + Tt(N) + Ts + 2 * switch_s + O
+    colocated (sync), N devices: step = c * Tg(N) + Tr + Tt(N) + Ts + 2 * switch_s + O
     shared (CPU, sync), N cores: step = Tg(N) + Tr + Tt(N) + Ts + O   (Tg with g, Tt with e(N))
 
     s = 1 on GPUs;  s = (2r + t) / (r + t) when devices are CPU cores;  or ``overlap_slowdown`` if given
+    c = 1 on GPUs;  c = 2r / r = 2 when devices are CPU cores;        or ``colocated_gen_slowdown`` if given
 
 Why these laws: replicas never talk to each other, so generation is data parallel and its per-token work
 divides by r (``gen_call_s``, the per-call cost that does not divide, is fitted only when runs with
@@ -47,6 +48,16 @@ the same kind of GEMM kernels). N one-thread replicas, in contrast, are data par
 profile of a shared run turns its measured Tg into one device's cost as Tg * N * g / tokens (and the
 update as update * N * e(N) / tokens), so a shared run and a one-thread run of the same work give the same
 per-device costs.
+
+The colocated slowdown c: colocated on an N-core box runs r = N one-thread replicas, and each vLLM engine
+keeps its EngineCore busy beside its worker (it spins on the shared-memory queue, with ``sched_yield``,
+while the worker computes), so 2r busy processes share r cores while generating: by the busy-processes
+rule below, c = 2. An assumption that agrees in direction with the one colocated measurement here
+(grpo_tiny, colocated 2:2: 0.430 s/step predicted without c, 1.133 s measured) and may overstate: the
+shared default's one replica on 2 threads lost only ~10 % of its generation speed to its one spinner
+(2.38 s against 2.13 s a step with vLLM's spin window set to 0, which stalled syncs and was not kept). A
+profile taken from a colocated CPU run has c divided out of its generation cost. Give
+``colocated_gen_slowdown`` (e.g. measured) to replace it.
 
 The overlap slowdown s: GPUs don't share their devices, so s = 1 there. On a CPU box a vLLM engine runs
 its scheduler (EngineCore) as one more busy process beside its worker thread, so r one-thread replicas keep
@@ -90,6 +101,7 @@ class Profile:
     gen_efficiency: float = 0.8        # g: one replica's throughput per thread on N > 1 threads, relative to 1
     overlap_slowdown: float | None = None   # s: Tg and Tt's per-token part run this much slower while they
                                             # overlap; None: (2r + t) / (r + t) if cpu, else 1
+    colocated_gen_slowdown: float | None = None   # c: colocated generation this much slower; None: 2 if cpu
     cpu: bool = False                  # devices are CPU cores of one host (profiled with --cores)
     source: str = "given"              # the run dir(s) or file it came from
 
@@ -123,13 +135,13 @@ class Profile:
 
     @classmethod
     def from_run(cls, path: str | Path, cores: int | None = None, skip: int = 1,
-                 train_efficiency: float = 0.9, gen_efficiency: float = 0.8) -> "Profile":
+                 train_efficiency: float | None = None, gen_efficiency: float | None = None) -> "Profile":
         """Profile of one run directory (see ``from_runs``)."""
         return cls.from_runs([path], cores, skip, train_efficiency, gen_efficiency)
 
     @classmethod
     def from_runs(cls, paths: list[str | Path], cores: int | None = None, skip: int = 1,
-                  train_efficiency: float = 0.9, gen_efficiency: float = 0.8) -> "Profile":
+                  train_efficiency: float | None = None, gen_efficiency: float | None = None) -> "Profile":
         """Costs measured in run directories (metrics.jsonl + config.yaml), medians over steps after the
         first ``skip`` (warm-up: engine and allocator first use). ``cores``: this is a CPU box with that
         many cores, so a replica or rank with ``num_threads=0`` used all of them (its device count).
@@ -143,6 +155,9 @@ class Profile:
         scaling below g look alike (a shared run and a one-thread run: the fit puts the difference into a)."""
         if not paths:
             raise ValueError("no run directories given; pass at least one runs/<id>")
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}     # None: the field's default
+        train_efficiency = defaults["train_efficiency"] if train_efficiency is None else train_efficiency
+        gen_efficiency = defaults["gen_efficiency"] if gen_efficiency is None else gen_efficiency
         samples = [_run_sample(Path(p), cores, skip, train_efficiency, gen_efficiency) for p in paths]
         x = [s["tokens"] / s["gen_devices"] for s in samples]
         y = [s["gen"] for s in samples]
@@ -171,6 +186,9 @@ def gen_efficiency(profile: Profile, threads: int) -> float:
     """g: 1 for a one-thread replica, ``gen_efficiency`` for a replica on more threads."""
     return scaling(threads, profile.gen_efficiency)
 
+
+CPU_COLOCATED_GEN_SLOWDOWN = 2.0
+"""c on CPU profiles: r engines' worker and EngineCore, 2r busy processes, on r cores (module docstring)."""
 
 FIT_SPREAD = 1.5
 """Fit a per-call cost only when tokens per rollout device differ by this factor between runs: runs of one
@@ -226,8 +244,10 @@ def _run_sample(path: Path, cores: int | None, skip: int, train_efficiency: floa
     update = med["timing/update"] + med["timing/logprob"]
     e = scaling(t, train_efficiency)
     bw = med[WEIGHTSYNC_GBPS] * 1e9 or 1e9
+    colocated_cpu = cores is not None and cfg.get("placement", {}).get("mode") == "colocated"
+    c = CPU_COLOCATED_GEN_SLOWDOWN if colocated_cpu else 1.0      # its generation ran c times slower
     return {"tokens": tokens, "completions": med[ROLLOUT_COMPLETIONS], "gen_devices": r * g,
-            "prompts_per_step": int(cfg["run"]["prompts_per_step"]), "gen": med[TIMING_GENERATE],
+            "prompts_per_step": int(cfg["run"]["prompts_per_step"]), "gen": med[TIMING_GENERATE] / c,
             "train_dev_s_per_token": update * t * e / tokens, "reward_s": med[TIMING_REWARD],
             "train_fixed_s": max(0.0, med[TIMING_TRAIN] - update), "sync_bytes": med[WEIGHTSYNC_BYTES],
             "sync_bytes_per_s": bw,
@@ -308,7 +328,7 @@ def predict(profile: Profile, layout: Layout) -> Prediction:
         raise ValueError(f"layout {layout}: shared placement time-shares CPU cores; this profile's devices "
                          "are GPUs (profile with --cores, or use colocated)")
     colocated = layout.placement == "colocated"
-    tg = profile.gen_s(layout.rollout_devices, layout.threads)
+    tg = profile.gen_s(layout.rollout_devices, layout.threads) * (colocated_slowdown(profile) if colocated else 1.0)
     tt = profile.train_s(layout.trainer_devices)
     ph = {"generate": tg, "reward": profile.reward_s, "train": tt, "sync": profile.sync_s(),
           "overhead": profile.overhead_s, "switch": 2 * profile.switch_s if colocated else 0.0}
@@ -329,6 +349,13 @@ def predict(profile: Profile, layout: Layout) -> Prediction:
     return Prediction(layout, step, profile.completions / step, profile.tokens / step, bottleneck,
                       idle_rollout=max(0.0, 1 - rollout_path / step), idle_trainer=max(0.0, 1 - trainer_path / step),
                       phases=ph)
+
+
+def colocated_slowdown(profile: Profile) -> float:
+    """c: how much slower colocated replicas generate than the per-device cost says (module docstring)."""
+    if profile.colocated_gen_slowdown is not None:
+        return profile.colocated_gen_slowdown
+    return CPU_COLOCATED_GEN_SLOWDOWN if profile.cpu else 1.0
 
 
 def overlap_slowdown(profile: Profile, layout: Layout) -> float:

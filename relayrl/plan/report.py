@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from relayrl.plan.model import Prediction, Profile
+from relayrl.plan.model import Prediction, Profile, colocated_slowdown
 
 
 def load_profile(runs: list[str], profile_file: str | None, sets: list[str], cores: int | None) -> Profile:
@@ -20,9 +20,9 @@ def load_profile(runs: list[str], profile_file: str | None, sets: list[str], cor
         data = yaml.safe_load(Path(profile_file).read_text()) or {}
         profile = Profile.from_dict(data, source=profile_file)
     else:
-        given = _parse_sets(sets)
-        profile = Profile.from_runs(runs, cores, train_efficiency=given.get("train_efficiency", 0.9),
-                                    gen_efficiency=given.get("gen_efficiency", 0.8))
+        given = _parse_sets(sets)      # efficiencies given with --set also turn the runs into device costs
+        assumed = {k: given[k] for k in ("train_efficiency", "gen_efficiency") if k in given}
+        profile = Profile.from_runs(runs, cores, **assumed)
     return dataclasses.replace(profile, **_parse_sets(sets)) if sets else profile
 
 
@@ -57,7 +57,8 @@ def profile_lines(profile: Profile) -> list[str]:
             f"  sync {p.sync_bytes / 1e6:.1f} MB at {p.sync_bytes_per_s / 1e9:.3f} GB/s + {p.sync_fixed_s:.3f} s "
             f"(stall {p.stall_s:.3f} s) | overhead {p.overhead_s:.3f} s/step | switch {p.switch_s:.3f} s | "
             f"overlap slowdown " + ("(2r+t)/(r+t), CPU cores" if p.overlap_slowdown is None and p.cpu else
-                                    f"{1.0 if p.overlap_slowdown is None else p.overlap_slowdown:g}")]
+                                    f"{1.0 if p.overlap_slowdown is None else p.overlap_slowdown:g}")
+            + f" | colocated generation slowdown {colocated_slowdown(p):g}"]
 
 
 def plan_table(preds: list[Prediction]) -> Any:

@@ -82,12 +82,13 @@ def test_bad_input_says_what_to_do(tmp_path):
     assert [p.layout.placement for p in three] == ["separate", "separate"]
 
 
-def fake_run(path, replicas=2, world_size=2, threads=1, mode="sync", gen=(1.0, 1.2, 0.9), tokens=200.0):
+def fake_run(path, replicas=2, world_size=2, threads=1, mode="sync", gen=(1.0, 1.2, 0.9), tokens=200.0,
+             placement="separate"):
     """A run dir whose steps after the warm-up have medians: gen 1.0, reward 0.1, train 0.8 (update 0.6 +
     logprob 0.1), sync 0.3 (1e8 bytes at 0.5 GB/s = 0.2 + 0.1 fixed), stall 0.05, step 2.3 -> O = 0.1."""
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(
-        f"mode: {mode}\nbuffer: {{max_staleness: 1}}\nrun: {{prompts_per_step: 4}}\n"
+        f"mode: {mode}\nbuffer: {{max_staleness: 1}}\nrun: {{prompts_per_step: 4}}\nplacement: {{mode: {placement}}}\n"
         f"rollout: {{num_replicas: {replicas}, num_threads: {threads}}}\n"
         f"trainer: {{world_size: {world_size}, num_threads: {threads}}}\n")
     warm = {"timing/generate": 9.0, "timing/train": 9.0, "timing/update": 9.0, "timing/sync": 9.0,
@@ -143,8 +144,20 @@ def test_shared_layout_by_hand():
     assert predict(PC, Layout("shared", 4, 4)).step_s == pytest.approx(0.825 + 0.1 + 0.5 + 3 / 3.6 + 0.6 + 0.2)
     # one core: one thread each, g = e = 1, the same as separate 1:1 sync's sum: 6.6
     assert predict(PC, Layout("shared", 1, 1)).step_s == pytest.approx(6.6)
-    # colocated 2:2 is 2 one-thread replicas (g = 1: Tg = 1.2) plus two switches: 4.7667
-    assert predict(PC, Layout("colocated", 2, 2)).step_s == pytest.approx(4.7667, abs=1e-4)
+    # colocated 2:2 is 2 one-thread replicas (g = 1: Tg = 1.2) beside their 2 EngineCores on 2 cores (c = 2:
+    # 2.4) plus two switches: 2.4 + 0.1 + 2.1667 + 0.6 + 0.5 + 0.2 = 5.9667
+    assert predict(PC, Layout("colocated", 2, 2)).step_s == pytest.approx(5.9667, abs=1e-4)
+
+
+def test_colocated_generation_on_cpu_cores_is_slowed_by_the_engine_cores():
+    # GPU profile P: c = 1, Tg(2) = 0.2 + 2 / 2 = 1.2 (test_colocated_serializes_on_all_devices_with_two_switches)
+    assert predict(P, Layout("colocated", 2, 2)).phases["generate"] == pytest.approx(1.2)
+    # CPU profile: c = 2r / r = 2 -> 2.4; a given c replaces the rule, on CPU or GPU profiles alike
+    assert predict(PC, Layout("colocated", 2, 2)).phases["generate"] == pytest.approx(2.4)
+    measured = Profile(**{**PC.to_dict(), "colocated_gen_slowdown": 1.25})
+    assert predict(measured, Layout("colocated", 2, 2)).phases["generate"] == pytest.approx(1.5)
+    # other layouts keep their laws: shared Tg = 1.45 (test_shared_layout_by_hand)
+    assert predict(PC, Layout("shared", 2, 2)).phases["generate"] == pytest.approx(1.45)
 
 
 def test_shared_layout_exists_only_on_cpu_profiles():
@@ -179,6 +192,20 @@ def test_shared_ranks_above_async_on_a_profile_like_the_measured_one(tmp_path):
     # sync 1:1: 1.6 + 0.1 + 1.36 + 0.3 + 0.1 = 3.46
     assert preds["separate", "sync"] == pytest.approx(3.46)
     assert preds["shared", "sync"] < preds["separate", "async"] < preds["separate", "sync"]
+    # colocated 2:2: Tg per device 1.0 x 2 x 0.8 = 1.6 s, over 2 replicas 0.8, x c = 2: 1.6;
+    # 1.6 + 0.1 + 0.8 + 0.3 + 0.1 + no switch = 2.9 (without c: 2.1, ranked above shared's 2.3)
+    assert preds["colocated", "sync"] == pytest.approx(2.9)
+    assert rank(profile, 2)[0].layout == Layout("shared", 2, 2)
+
+
+def test_a_colocated_cpu_profile_divides_the_slowdown_out(tmp_path):
+    """The same work profiled in a colocated CPU run (its generation measured c = 2 times slower) gives the
+    same per-device generation cost as a separate run."""
+    separate = Profile.from_run(fake_run(tmp_path / "s", replicas=1, world_size=1, threads=1), cores=2)
+    colocated_dir = fake_run(tmp_path / "c", replicas=1, world_size=1, threads=1, gen=(2.0, 2.4, 1.8),
+                             placement="colocated")
+    colocated = Profile.from_run(colocated_dir, cores=2)
+    assert colocated.gen_dev_s_per_token == pytest.approx(separate.gen_dev_s_per_token)
 
 
 def test_two_runs_fit_the_per_call_generation_cost(tmp_path):
