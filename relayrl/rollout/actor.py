@@ -70,8 +70,6 @@ class RolloutActor:
 
     def __init__(self, model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
                  sync_cfg: WeightSyncConfig | None = None):
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         from relayrl.rollout.cleanup import cleanup_engine_segments
 
         t0 = time.perf_counter()
@@ -83,6 +81,8 @@ class RolloutActor:
         os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))   # read by the engine's processes
         if rollout_cfg.forkserver and not has_cuda():
             use_forkserver()
+        from vllm.v1.engine.async_llm import AsyncLLM
+
         self.engine = AsyncLLM.from_engine_args(engine_args(model_path, model_cfg, rollout_cfg, seed, self.sync_cfg))
         self._paused = False
         self._pause_here = False

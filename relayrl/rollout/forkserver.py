@@ -119,6 +119,9 @@ def adopt_server() -> None:
 
 
 def use_forkserver() -> None:
-    """In the rollout actor, before ``AsyncLLM`` starts: start vLLM's processes from a preloaded server."""
+    """In the rollout actor, first thing: start vLLM's processes from a preloaded server. The server starts
+    now and imports ``PRELOAD`` while the actor imports vLLM itself (two single-threaded imports side by
+    side, instead of the server's after the actor's when ``AsyncLLM`` forks its first child)."""
     CONTEXT.set_forkserver_preload(PRELOAD)
+    forkserver.ensure_running()
     patch_vllm()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -50,6 +52,18 @@ def test_use_forkserver_routes_vllm_process_starts_through_the_context(monkeypat
     forkserver.patch_vllm()
     assert engine_utils.get_mp_context() is forkserver.CONTEXT
     assert executor.get_mp_context() is forkserver.CONTEXT
+
+
+def test_use_forkserver_starts_the_server_at_once():
+    """The server starts (and begins its vLLM imports) when the actor calls ``use_forkserver``, not when
+    ``AsyncLLM`` forks its first child: the actor's own vLLM import then runs beside the server's. In a
+    fresh process (this one's server may be running already), with nothing to preload."""
+    code = ("import multiprocessing.forkserver as f; from relayrl.rollout import forkserver; "
+            "forkserver.PRELOAD.clear(); assert f._forkserver._forkserver_pid is None; "
+            "forkserver.use_forkserver(); print(f._forkserver._forkserver_pid)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 0
 
 
 def _title(queue) -> None:
