@@ -277,6 +277,15 @@ def cpu_thread_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": f"{cores - n}-{cores - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
+def eager_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
+    """``TORCHDYNAMO_DISABLE=1`` for a CPU engine that runs eagerly (``rollout.enforce_eager``, the default):
+    vLLM still wraps sampler helpers in ``torch.compile``, and the first generate that asks for logprobs (every
+    one here: behaviour logprobs) compiled the rank count (``batched_count_greater_than``) with Inductor, a
+    C++ build: 2.3 s of one core on the 2-core box, sampled with py-spy in the engine worker. Eager, that
+    helper is one comparison and a sum over the vocabulary. Empty on CUDA machines and for compiled engines."""
+    return {} if has_cuda() or not rollout_cfg.enforce_eager else {"TORCHDYNAMO_DISABLE": "1"}
+
+
 def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
                         sync_cfg: WeightSyncConfig | None = None, **options: Any) -> Any:
     """Start a ``RolloutActor`` as a Ray actor asking for ``rollout_cfg.num_cpus`` CPUs.
@@ -287,7 +296,7 @@ def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: Ro
     import ray
 
     cls = ray.remote(RolloutActor)
-    env = {**cpu_thread_env(rollout_cfg), **malloc_env()}
+    env = {**cpu_thread_env(rollout_cfg), **malloc_env(), **eager_env(rollout_cfg)}
     options = with_env({"num_cpus": rollout_cfg.num_cpus, **options}, env)
     return cls.options(**options).remote(
         model_path, model_cfg, rollout_cfg, seed, sync_cfg)
