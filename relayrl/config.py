@@ -136,7 +136,8 @@ class RolloutConfig:
     top_p: float = 1.0
     """Nucleus sampling mass; 1.0 is needed for exact behaviour logprobs."""
     kv_cache_gb: float = 1.0
-    """KV-cache memory per engine in GiB (CPU: ``kv_cache_memory_bytes``)."""
+    """KV-cache memory per engine in GiB (CPU: ``kv_cache_memory_bytes``); must hold one ``model.max_model_len``
+    sequence (checked before Ray starts)."""
     num_cpus: float = 1.0
     """Ray CPUs each rollout actor asks for (fractional is fine)."""
     num_threads: int = 0

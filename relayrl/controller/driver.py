@@ -163,6 +163,26 @@ def check_context(cfg: Config, path: Path) -> None:
     if cfg.rollout.max_tokens >= cfg.model.max_model_len:
         raise ConfigError(f"rollout.max_tokens={cfg.rollout.max_tokens} leaves no room for the prompt in "
                           f"model.max_model_len={cfg.model.max_model_len}; lower max_tokens or raise max_model_len")
+    check_kv_cache(cfg, model_config)
+
+
+def check_kv_cache(cfg: Config, model_config: dict) -> None:
+    """``rollout.kv_cache_gb`` holds at least one ``model.max_model_len`` sequence, which vLLM requires at
+    engine start (it would fail there, after Ray and the actors started, naming its own memory knobs).
+    Per token and engine worker: K and V for each layer's KV heads, ``rollout.tp_size`` sharing the heads."""
+    try:
+        layers, heads = model_config["num_hidden_layers"], model_config["num_attention_heads"]
+        kv_heads = model_config.get("num_key_value_heads") or heads
+        head_dim = model_config.get("head_dim") or model_config["hidden_size"] // heads
+    except KeyError:
+        return                                  # a layout this check does not know: vLLM's own check stands
+    itemsize = 2 if cfg.model.dtype == "bfloat16" else 4    # model.dtype is float32 or bfloat16 (checked)
+    per_token = 2 * layers * max(1, kv_heads // cfg.rollout.tp_size) * head_dim * itemsize
+    need_gb = per_token * cfg.model.max_model_len / 2**30
+    if need_gb > cfg.rollout.kv_cache_gb:
+        raise ConfigError(f"rollout.kv_cache_gb={cfg.rollout.kv_cache_gb} is less than one "
+                          f"model.max_model_len={cfg.model.max_model_len} sequence of this model's KV cache "
+                          f"({need_gb:.3f} GB); raise rollout.kv_cache_gb or lower model.max_model_len")
 
 
 def check_data(cfg: Config, model_path: Path) -> None:

@@ -32,6 +32,7 @@ def test_bad_input_fails_before_ray_starts(override, expected, tmp_path, monkeyp
 @pytest.mark.parametrize("make_override, expected", [
     (lambda d, m: [f"model.path={m}", "model.max_model_len=100000"], "exceeds the model's context"),
     (lambda d, m: [f"model.path={m}", "rollout.max_tokens=256"], "leaves no room for the prompt"),
+    (lambda d, m: [f"model.path={m}", "rollout.kv_cache_gb=0.000001"], "is less than one model.max_model_len"),
     (lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'empty.jsonl'}"], "has no rows"),
     (lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'bad.jsonl'}"], "bad.jsonl:2"),
 ])
