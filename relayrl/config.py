@@ -146,6 +146,11 @@ class RolloutConfig:
     forkserver: bool = True
     """CPU engines only: fork vLLM's engine-core and worker processes from a server with vLLM imported once
     (``rollout/forkserver.py``) instead of spawning two fresh interpreters; false: vLLM's own spawn."""
+    queue_poll_us: int = 200
+    """CPU engines with ``forkserver``: after each message, vLLM's queue readers (the engine core waiting on its
+    worker, the worker waiting for its next call) check for the next one every this many microseconds for 1 s
+    instead of spinning on ``sched_yield`` (``rollout/queuepoll.py``): a spinner takes a core from the worker's
+    threads and the trainer on a small box. 0: vLLM's spin."""
     tp_size: int = 1
     """vLLM ``tensor_parallel_size`` of each replica: GPUs per engine (the placement bundle reserves them).
     CPU engines run one worker here: keep 1."""
@@ -166,6 +171,9 @@ class RolloutConfig:
         if self.temperature <= 0:
             raise ConfigError(f"rollout.temperature={self.temperature} must be > 0 for RL sampling; "
                               "set rollout.temperature=1.0")
+        if self.queue_poll_us < 0:
+            raise ConfigError(f"rollout.queue_poll_us={self.queue_poll_us} must be >= 0 (0: vLLM's spin); "
+                              "set rollout.queue_poll_us=200")
         if self.generate_timeout_s < 0:
             raise ConfigError(f"rollout.generate_timeout_s={self.generate_timeout_s} must be >= 0 "
                               "(0: no deadline); set rollout.generate_timeout_s=600")

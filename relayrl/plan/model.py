@@ -49,13 +49,13 @@ profile of a shared run turns its measured Tg into one device's cost as Tg * N *
 update as update * N * e(N) / tokens), so a shared run and a one-thread run of the same work give the same
 per-device costs.
 
-The colocated slowdown c: colocated on an N-core box runs r = N one-thread replicas, and each vLLM engine
-keeps its EngineCore busy beside its worker (it spins on the shared-memory queue, with ``sched_yield``,
-while the worker computes), so 2r busy processes share r cores while generating: by the busy-processes
-rule below, c = 2. An assumption that agrees in direction with the one colocated measurement here
-(grpo_tiny, colocated 2:2: 0.430 s/step predicted without c, 1.133 s measured) and may overstate: the
-shared default's one replica on 2 threads lost only ~10 % of its generation speed to its one spinner
-(2.38 s against 2.13 s a step with vLLM's spin window set to 0, which stalled syncs and was not kept). A
+The colocated slowdown c: colocated on an N-core box runs r = N one-thread replicas, and their generation
+measured about twice what r data-parallel replicas would give: c = 2. It was first put down to each
+EngineCore spinning beside its worker (2r busy processes on r cores), but with the spinner gone
+(``rollout.queue_poll_us``) colocated 2:2 on grpo_arith still generated in 8.44 s a step against 8.78 s with
+it: what remains fits memory bandwidth (a decode step reads every weight once per replica, so r replicas on
+one memory bus move r times the bytes for the same tokens). It agrees in direction with the colocated
+measurements (grpo_tiny, colocated 2:2: 0.430 s/step predicted without c, 1.133 s measured). A
 profile taken from a colocated CPU run has c divided out of its generation cost. Give
 ``colocated_gen_slowdown`` (e.g. measured) to replace it.
 
@@ -188,7 +188,8 @@ def gen_efficiency(profile: Profile, threads: int) -> float:
 
 
 CPU_COLOCATED_GEN_SLOWDOWN = 2.0
-"""c on CPU profiles: r engines' worker and EngineCore, 2r busy processes, on r cores (module docstring)."""
+"""c on CPU profiles: r one-thread engines generate about half as fast as r data-parallel ones would
+(measured; memory bandwidth, module docstring)."""
 
 FIT_SPREAD = 1.5
 """Fit a per-call cost only when tokens per rollout device differ by this factor between runs: runs of one

@@ -23,6 +23,7 @@ from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cud
 from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.rollout.forkserver import use_forkserver
+from relayrl.rollout.queuepoll import POLL_ENV
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
 from relayrl.weightsync.commit import KEEP_ENV
@@ -80,6 +81,7 @@ class RolloutActor:
         self.sync_cfg = sync_cfg or WeightSyncConfig()
         os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))   # read by the engine's processes
         if rollout_cfg.forkserver and not has_cuda():
+            os.environ[POLL_ENV] = str(rollout_cfg.queue_poll_us)   # read by the processes the server forks
             use_forkserver()
         from vllm.v1.engine.async_llm import AsyncLLM
 

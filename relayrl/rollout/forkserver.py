@@ -17,7 +17,8 @@ imports vLLM once (``PRELOAD``) and forks a child per request. Each child then b
   the environment when it loads, but the server loaded it under the actor's environment; sizing a pool
   nobody has used yet is safe, running one is not - the server never computes). The pool's threads share
   the worker's cores rather than each being pinned to one;
-- its own children come from the same server (``adopt_server``; Python would start a second one).
+- its own children come from the same server (``adopt_server``; Python would start a second one);
+- its vLLM queue readers sleep between checks instead of spinning (``queuepoll``, ``rollout.queue_poll_us``).
 
 The server is single-threaded and computes nothing; it exits when the actor and every child it made have
 closed their end of its "alive" pipe. The children stay in the actor's process tree (actor -> server ->
@@ -31,6 +32,8 @@ from multiprocessing import context as mp_context
 from multiprocessing import forkserver, resource_tracker
 from typing import Any, Callable
 
+from relayrl.rollout.queuepoll import sleep_between_polls_if_asked
+
 PRELOAD = ["vllm.v1.engine.core", "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker",
            "relayrl.rollout.forkserver"]
 """Imported once by the server: everything the engine core and its worker import before they work."""
@@ -43,6 +46,7 @@ def _run(env: dict[str, str], target: Callable, args: tuple, kwargs: dict) -> An
     os.environ.update(env)
     adopt_server()
     patch_vllm()
+    sleep_between_polls_if_asked()
     if cpus := omp_cpus(env):
         os.sched_setaffinity(0, cpus)      # the OpenMP threads torch starts later inherit it
     if threads := env.get("OMP_NUM_THREADS"):

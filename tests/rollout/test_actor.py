@@ -119,6 +119,20 @@ def test_forkserver_worker_is_bound_as_vllm_binds_a_spawned_one(actor, ray_sessi
     assert server.parent().pid == ray_session.get(actor.info.remote())["pid"]
 
 
+def test_idle_worker_sleeps_instead_of_spinning(actor, ray_session):
+    """``rollout.queue_poll_us`` (default 200) reaches the forked worker, and in the second after a call, when
+    vLLM's reader would spin on ``sched_yield`` (about a core of CPU time per second of waiting), the worker
+    uses a small share of a core. A ratio of CPU time to the time waited, not a wall-clock limit."""
+    import psutil
+
+    pid = ray_session.get(actor.cpu_binding.remote())["pid"]    # a call: the worker's busy window starts
+    worker = psutil.Process(pid)
+    before, t0 = sum(worker.cpu_times()[:2]), time.monotonic()
+    time.sleep(0.5)
+    used, waited = sum(worker.cpu_times()[:2]) - before, time.monotonic() - t0
+    assert used < 0.3 * waited, f"worker used {used:.2f} s of CPU in {waited:.2f} s idle"
+
+
 def test_seeded_prompts_over_one_step_token_budget_sample_as_alone(actor, ray_session, tiny_llama):
     """More prompt tokens in one call than vLLM schedules per step (2048): with chunked prefill a prompt
     would be split across steps, and for a seeded request vLLM-CPU then rewinds a generator that cannot
