@@ -151,6 +151,12 @@ class RolloutConfig:
     worker, the worker waiting for its next call) check for the next one every this many microseconds for 1 s
     instead of spinning on ``sched_yield`` (``rollout/queuepoll.py``): a spinner takes a core from the worker's
     threads and the trainer on a small box. 0: vLLM's spin."""
+    prefix_sharing: bool = True
+    """Compute each prompt's KV once per group instead of once per completion: a one-token request for the
+    prompt goes first, then the group's ``group_size`` completions reuse its full KV blocks (vLLM prefix
+    caching; CPU engines use 32-token blocks, the smallest their attention takes). The cache is emptied
+    before every weight commit, so no request reads KV of older weights. Sync mode only: ``mode=async``
+    commits while requests run, when vLLM cannot empty the cache, so async runs turn it off."""
     tp_size: int = 1
     """vLLM ``tensor_parallel_size`` of each replica: GPUs per engine (the placement bundle reserves them).
     CPU engines run one worker here: keep 1."""

@@ -126,3 +126,12 @@ def sync_config(ws: WeightSyncConfig, placement: Placement) -> WeightSyncConfig:
     print(f"relayrl: rollout replicas span {len(set(placement.rollout_nodes) | set(placement.trainer_nodes))} "
           f"nodes; weightsync.backend=shm -> broadcast (store on {host})")
     return dataclasses.replace(ws, backend="broadcast", host=host)
+
+
+def rollout_config(cfg: Config) -> RolloutConfig:
+    """The rollout settings this mode can use: ``mode=async`` commits weights while requests run, when vLLM
+    cannot empty its prefix cache, so it runs without ``prefix_sharing``."""
+    if cfg.mode == "sync" or not cfg.rollout.prefix_sharing:
+        return cfg.rollout
+    return dataclasses.replace(cfg.rollout, prefix_sharing=False)
+

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from relayrl.config import Config
-from relayrl.controller.cluster import Placement, sync_config
+from relayrl.controller.cluster import Placement, rollout_config, sync_config
 from relayrl.data.sampler import Prompt
 from relayrl.monitor.schema import (MISMATCH_MEAN_ABS, ROLLOUT_COMPLETIONS, ROLLOUT_MAX_VERSION, ROLLOUT_MIN_VERSION,
                                     ROLLOUT_TOKENS)
@@ -75,7 +75,7 @@ class System:
         print(f"relayrl: starting {cfg.rollout.num_replicas} vLLM engine(s), {cfg.trainer.world_size} trainer rank(s) "
               "and the reward pool", flush=True)
         sampler = make_sampler(cfg, model_path)
-        rollouts = [start_rollout_actor(str(model_path), cfg.model, cfg.rollout, cfg.run.seed + i,
+        rollouts = [start_rollout_actor(str(model_path), cfg.model, rollout_config(cfg), cfg.run.seed + i,
                                         sync_cfg=cfg.weightsync, **opts)
                     for i, opts in enumerate(placement.rollout)]
         trainer = TrainerGroup(cfg.trainer.world_size, str(model_path), cfg.model, cfg.trainer, cfg.algorithm,
@@ -130,7 +130,7 @@ class System:
         from relayrl.rollout import cleanup_engine_segments, start_rollout_actor
 
         self._kill_rollout(i)
-        self.rollouts[i] = start_rollout_actor(str(self.model_path), self.cfg.model, self.cfg.rollout,
+        self.rollouts[i] = start_rollout_actor(str(self.model_path), self.cfg.model, rollout_config(self.cfg),
                                                self.cfg.run.seed + i + 1000 * self.restarts,
                                                sync_cfg=self.cfg.weightsync, **self.placement.rollout[i])
         infos = ray.get([r.info.remote() for r in self.rollouts])

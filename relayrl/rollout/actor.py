@@ -33,12 +33,18 @@ EXTENSION = "relayrl.weightsync.worker.WeightSyncExtension"
 WATCHDOG_STAGES = 3                 # an open weight update is aborted after this many stage timeouts
 
 
+CPU_SHARED_BLOCK = 32
+"""KV block size of CPU engines that share prompts: only full blocks are cached, vLLM's CPU default of 128
+tokens would share nothing of a shorter prompt, and its CPU attention takes multiples of 32."""
+
+
 def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
                 sync_cfg: WeightSyncConfig) -> Any:
     """vLLM engine arguments from our configs.
 
-    Prefix caching is off: after a weight update, cached prompt KV computed with old weights
-    would be reused by new requests, and vLLM can only reset that cache when nothing runs.
+    Prefix caching is on only with ``rollout.prefix_sharing`` (sync runs): after a weight update, cached
+    prompt KV computed with old weights would be reused by new requests, and vLLM can only reset that
+    cache when nothing runs, which in a sync run is every commit (``finish_weight_update`` resets it).
     ``rollout.tp_size > 1`` (GPU): the engine's workers are this actor's own processes ("mp"), on the
     ``tp_size`` GPUs Ray gave the actor; left to itself vLLM would see the placement group and start Ray
     workers that ask for GPUs the actor already holds. Each worker receives the full weights at a sync
@@ -58,7 +64,8 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
         kv_cache_memory_bytes=int(rollout_cfg.kv_cache_gb * 2**30),
         worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
         weight_transfer_config=engine_config(sync_cfg),
-        enable_prefix_caching=False, disable_log_stats=True,
+        enable_prefix_caching=rollout_cfg.prefix_sharing, disable_log_stats=True,
+        **({"block_size": CPU_SHARED_BLOCK} if rollout_cfg.prefix_sharing and not has_cuda() else {}),
         tensor_parallel_size=rollout_cfg.tp_size,
         distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
         **({} if has_cuda() else {"enable_chunked_prefill": False,
@@ -124,6 +131,8 @@ class RolloutActor:
                                 top_p=cfg.top_p, max_tokens=cfg.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY,
                                 seed=prompt.seed)
         t0 = time.perf_counter()
+        if cfg.prefix_sharing and group_size > 1:   # the prompt's KV, computed once, cached for the group
+            await self._final_output(prompt.prompt, SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY))
         final = await self._final_output(prompt.prompt, params)
         seconds = time.perf_counter() - t0
         trajs = [_trajectory(prompt.prompt_id, final.prompt_token_ids, c, seconds)
@@ -185,8 +194,16 @@ class RolloutActor:
         if self._update is None or self._update[0] != version:
             raise RuntimeError(f"commit of v{version} without an open update of it (open: {self._update}); "
                                "it was aborted, possibly by the watchdog")
+        await self._drop_prefix_cache(f"commit of v{version}")
         await self.engine.finish_weight_update(weight_version=str(version))
         return await self._close_update()
+
+    async def _drop_prefix_cache(self, why: str) -> None:
+        """Empty vLLM's prefix cache (``rollout.prefix_sharing``) before the weights change: raises, and so
+        fails the commit with the old weights kept, if a running request holds cached blocks."""
+        if self.rollout_cfg.prefix_sharing and not await self.engine.reset_prefix_cache():
+            raise RuntimeError(f"{why}: vLLM could not empty its prefix cache (requests are running); "
+                               "set rollout.prefix_sharing=false for runs that update weights mid-generation")
 
     async def abort_weight_update(self, reason: str = "") -> float:
         """Drop the staged payload and resume on the previous weights and label. Idempotent."""
@@ -253,6 +270,7 @@ class RolloutActor:
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         await self.engine.wake_up(tags)
+        await self._drop_prefix_cache("wake-up")   # sleep dropped the KV memory the cache points into
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -29,3 +29,13 @@ def test_split_cores(overrides, cores, expected):
 def test_split_cores_leaves_gpu_runs_alone(monkeypatch):
     monkeypatch.setattr(cluster, "has_cuda", lambda: True)
     assert threads(["mode=async"], 2) == (0, 0)
+
+
+@pytest.mark.parametrize("overrides, sharing", [
+    ([], True),                                            # sync: every commit finds no request running
+    (["mode=async"], False),                               # async commits mid-generation: no prefix cache
+    (["rollout.prefix_sharing=false"], False),
+])
+def test_rollout_config_shares_prompts_only_in_sync_runs(overrides, sharing):
+    cfg = load_config("grpo_tiny", overrides)
+    assert cluster.rollout_config(cfg).prefix_sharing is sharing

@@ -151,10 +151,42 @@ def test_seeded_prompts_over_one_step_token_budget_sample_as_alone(actor, ray_se
     assert _tokens(groups[-1]) == _tokens(alone)
 
 
-def test_update_during_generation_splits_version_spans(actor, ray_session, tiny_llama, tmp_path):
+@pytest.fixture(scope="module")
+def unshared_actor(ray_session, tiny_llama):
+    """An engine as ``mode=async`` runs it: no prefix sharing, so it can commit while requests run."""
+    handle = start_rollout_actor(
+        str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, prefix_sharing=False), seed=0)
+    ray_session.get(handle.info.remote())
+    yield handle
+    ray_session.get(handle.shutdown.remote())
+    ray_session.kill(handle)
+
+
+def test_commit_refuses_to_keep_a_prefix_cache_it_cannot_empty():
+    """With ``prefix_sharing`` a commit first empties vLLM's prefix cache; when vLLM cannot (requests are
+    running), the commit fails before the weights change instead of serving prompt KV of the old ones."""
+    import asyncio
+
+    from relayrl.rollout.actor import RolloutActor
+
+    class Engine:
+        async def reset_prefix_cache(self):
+            return False
+
+    rollout = object.__new__(RolloutActor)
+    rollout.rollout_cfg, rollout.engine = RolloutConfig(), Engine()
+    with pytest.raises(RuntimeError, match="prefix_sharing=false"):
+        asyncio.run(rollout._drop_prefix_cache("commit of v3"))
+    rollout.rollout_cfg = RolloutConfig(prefix_sharing=False)
+    asyncio.run(rollout._drop_prefix_cache("commit of v3"))     # nothing cached: nothing to empty
+
+
+def test_update_during_generation_splits_version_spans(unshared_actor, ray_session, tiny_llama, tmp_path):
     """An in-flight update: tokens before it are tagged with the old version, tokens after with the new.
     Whether the update lands mid-completion depends on timing, so the scenario is tried up to 5 times (each
     a new version) until a completion spans two versions; every try must tag its tokens consistently."""
+    actor = unshared_actor
     old = ray_session.get(actor.weight_version.remote())
     sync = TrainerSync(WeightSyncConfig(shm_dir=str(tmp_path)), StateDictSource(perturbed(tiny_llama, 0.05, seed=2)),
                        0, [actor], [1])

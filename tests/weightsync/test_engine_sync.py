@@ -198,3 +198,23 @@ def test_killed_trainer_mid_transfer_leaves_the_engine_serving(actor, ray_sessio
         ray_session.get(ref)
     time.sleep(3 * TIMEOUT_S + 1)    # the watchdog: WATCHDOG_STAGES x timeout_s after start
     assert_still_serving(actor, ray_session, old, before)
+
+
+LONG_PROMPT = [Prompt(1, "Question: " + " ".join(f"{i} plus {i + 1} is" for i in range(12)) + " what? Answer:")]
+"""Over one 32-token KV block of the tiny tokenizer, so that ``rollout.prefix_sharing`` caches part of it."""
+
+
+def test_group_after_a_sync_reads_no_prompt_kv_of_the_old_weights(pusher, actor, ray_session, tiny_llama):
+    """``rollout.prefix_sharing`` (on): the same prompt before and after a sync. The second group's behaviour
+    logprobs equal a reference model's with the new weights; a prefix cache kept through the commit would
+    serve the prompt's first block from the old weights and miss by far more than the tolerance."""
+    before = ray_session.get(actor.generate.remote(LONG_PROMPT, 4))[0].trajectories[0]
+    assert len(before.prompt_token_ids) > 33
+    version = next_version(actor, ray_session)
+    weights = perturbed(tiny_llama, NOISE, seed=100 + version)
+    push(pusher, weights, version)
+    for t in ray_session.get(actor.generate.remote(LONG_PROMPT, 4))[0].trajectories:
+        ids = t.prompt_token_ids + t.completion_token_ids
+        ref = hf_logprobs(tiny_llama, ids, state_dict=weights)[len(t.prompt_token_ids) - 1:]
+        got = torch.tensor(t.behaviour_logprobs)
+        assert torch.allclose(got, ref, atol=1e-3), (got - ref).abs().max()
