@@ -134,4 +134,3 @@ def rollout_config(cfg: Config) -> RolloutConfig:
     if cfg.mode == "sync" or not cfg.rollout.prefix_sharing:
         return cfg.rollout
     return dataclasses.replace(cfg.rollout, prefix_sharing=False)
-

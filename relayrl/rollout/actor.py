@@ -132,7 +132,8 @@ class RolloutActor:
                                 seed=prompt.seed)
         t0 = time.perf_counter()
         if cfg.prefix_sharing and group_size > 1:   # the prompt's KV, computed once, cached for the group
-            await self._final_output(prompt.prompt, SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY))
+            warm = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
+            await self._final_output(prompt.prompt, warm)
         final = await self._final_output(prompt.prompt, params)
         seconds = time.perf_counter() - t0
         trajs = [_trajectory(prompt.prompt_id, final.prompt_token_ids, c, seconds)

@@ -23,17 +23,23 @@ PROMPTS = [Prompt(10 + i, f"What is {i} + {i + 3}? Answer:", {"answer": 2 * i + 
 PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231]
 
 
-@pytest.fixture(scope="module")
-def actor(ray_session, tiny_llama):
+def _engine(ray_session, tiny_llama, **rollout):
+    """A rollout actor on the tiny model (``rollout``: RolloutConfig fields beyond the module's), shut down
+    when the module is done."""
     t0 = time.perf_counter()
     handle = start_rollout_actor(
         str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
-        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25), seed=0)
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, **rollout), seed=0)
     info = ray_session.get(handle.info.remote())
     print(f"\nengine start {info['start_seconds']:.1f}s, actor ready {time.perf_counter() - t0:.1f}s")
     yield handle
     ray_session.get(handle.shutdown.remote())
     ray_session.kill(handle)
+
+
+@pytest.fixture(scope="module")
+def actor(ray_session, tiny_llama):
+    yield from _engine(ray_session, tiny_llama)
 
 
 def test_generate_returns_full_groups_tagged_v0(actor, ray_session):
@@ -154,13 +160,7 @@ def test_seeded_prompts_over_one_step_token_budget_sample_as_alone(actor, ray_se
 @pytest.fixture(scope="module")
 def unshared_actor(ray_session, tiny_llama):
     """An engine as ``mode=async`` runs it: no prefix sharing, so it can commit while requests run."""
-    handle = start_rollout_actor(
-        str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
-        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, prefix_sharing=False), seed=0)
-    ray_session.get(handle.info.remote())
-    yield handle
-    ray_session.get(handle.shutdown.remote())
-    ray_session.kill(handle)
+    yield from _engine(ray_session, tiny_llama, prefix_sharing=False)
 
 
 def test_commit_refuses_to_keep_a_prefix_cache_it_cannot_empty():
