@@ -46,6 +46,7 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
     placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
     try:
+        run.logger.ready()                     # wandb started beside ray.init; its error stops us before actors
         for restart in range(cfg.trainer.max_restarts + 1):
             try:
                 return run_once(cfg, model_path, placement, reward_fns, run, resume)

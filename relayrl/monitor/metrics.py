@@ -16,6 +16,7 @@ import math
 import secrets
 import string
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -195,20 +196,28 @@ class WandbSink:
     One run dir is one wandb run: its id lives in ``<run_dir>/wandb/run_id`` and every open passes it with
     ``resume="allow"``, so a resumed run's dashboard continues. Offline, each open writes its own
     ``offline-run-*-<id>`` folder; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads them into that one run.
+
+    ``wandb.init`` (about 1 s: the import and its service process) runs on a helper thread, so that the
+    driver starts Ray meanwhile; ``ready()`` (the driver calls it before any actor starts, through
+    ``MetricsLogger.ready``) waits for it and raises its error, and ``run`` waits too.
     """
 
     def __init__(self, run_dir: str | Path, project: str, mode: str = "offline",
                  config_dict: dict[str, Any] | None = None):
-        import wandb
-
         if mode not in ("offline", "online"):
             raise ValueError(f"WandbSink mode={mode!r}; use offline or online (logging.wandb=disabled turns it off)")
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._wandb = wandb
-        self.run = wandb.init(project=project, mode=mode, dir=str(run_dir), name=run_dir.name,
-                              id=wandb_run_id(run_dir), resume="allow", config=config_dict or {},
-                              reinit="create_new", settings=wandb.Settings(silent=True, console="off"))
+        pool = ThreadPoolExecutor(1, thread_name_prefix="wandb-init")
+        self._init = pool.submit(_wandb_init, run_dir, project, mode, config_dict or {})
+        pool.shutdown(wait=False)   # the thread ends with wandb.init; nothing else runs on it
+
+    @property
+    def run(self) -> Any:
+        return self._init.result()
+
+    def ready(self) -> None:
+        self._init.result()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log({k: _scalar(v) for k, v in metrics.items()}, step=step)
@@ -218,7 +227,9 @@ class WandbSink:
             return
         columns = list(dict.fromkeys(k for row in rows for k in row))
         data = [[_json_value(row.get(k)) for k in columns] for row in rows]
-        self.run.log({"samples": self._wandb.Table(columns=columns, data=data)}, step=step)
+        import wandb
+
+        self.run.log({"samples": wandb.Table(columns=columns, data=data)}, step=step)
 
     def close(self) -> None:
         """Finish the run and wait until its records are on disk: in wandb 0.31 ``finish`` returns before
@@ -228,6 +239,14 @@ class WandbSink:
 
         self.run.finish()
         wandb.teardown()
+
+
+def _wandb_init(run_dir: Path, project: str, mode: str, config_dict: dict[str, Any]) -> Any:
+    import wandb
+
+    return wandb.init(project=project, mode=mode, dir=str(run_dir), name=run_dir.name, id=wandb_run_id(run_dir),
+                      resume="allow", config=config_dict, reinit="create_new",
+                      settings=wandb.Settings(silent=True, console="off"))
 
 
 class MetricsLogger:
@@ -247,6 +266,12 @@ class MetricsLogger:
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         for sink in self.sinks:
             sink.log_samples(step, rows)
+
+    def ready(self) -> None:
+        """Wait for sinks that start in the background (``WandbSink``) and raise their start-up error."""
+        for sink in self.sinks:
+            if hasattr(sink, "ready"):
+                sink.ready()
 
     def history(self, key: str) -> list[float]:
         """Values of ``key`` in logging order (steps without it are skipped)."""

@@ -116,11 +116,25 @@ def test_wandb_sink_mode_is_passed_through(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(wandb, "init", lambda **kw: seen.update(kw) or object())
-    WandbSink(tmp_path / "r", "proj", "online", {"a": 1})
+    WandbSink(tmp_path / "r", "proj", "online", {"a": 1}).ready()
     assert (seen["mode"], seen["dir"], seen["project"], seen["config"]) == ("online", str(tmp_path / "r"), "proj",
                                                                             {"a": 1})
     with pytest.raises(ValueError, match="logging.wandb=disabled"):
         WandbSink(tmp_path, "proj", "disabled")
+
+
+def test_wandb_start_error_surfaces_at_ready(tmp_path, monkeypatch):
+    """wandb starts on a helper thread; its error must reach the driver (which calls ready() before any actor
+    starts), not vanish on that thread."""
+    import wandb
+
+    def refuse(**kw):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    logger = MetricsLogger([WandbSink(tmp_path / "r", "proj", "online")])
+    with pytest.raises(wandb.errors.UsageError, match="api_key"):
+        logger.ready()
 
 
 def test_console_skips_step_0_the_initial_models_eval():
