@@ -341,6 +341,18 @@ COMMITS = ("inplace", "reload")
 """Engine-side commit paths (``weightsync.commit``), one engine each, measured one after the other."""
 
 
+def trainer_order(sd: dict[str, torch.Tensor], path: Any) -> dict[str, torch.Tensor]:
+    """``sd`` in the order a trainer rank sends it: the HF model's ``named_parameters`` (a safetensors file is
+    sorted by name, which puts o_proj between k_proj and q_proj). The order decides which fused linears the
+    engine can pack straight from the payload (``weightsync.commit.direct_sources``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    names = [n for n, _ in model.named_parameters() if n in sd]
+    return {n: sd[n] for n in [*names, *(n for n in sd if n not in set(names))]}
+
+
 def phase_vllm(syncs: int, memcpy: float) -> None:
     """The real SmolLM2 weights into a real vLLM engine per commit path; each engine takes shm, then broadcast
     (the ``reload`` engine: shm only, the commit is what differs).
@@ -355,7 +367,7 @@ def phase_vllm(syncs: int, memcpy: float) -> None:
     from relayrl.models import resolve_model
 
     path = resolve_model("smollm2")
-    sd = load_file(str(path / "model.safetensors"))
+    sd = trainer_order(load_file(str(path / "model.safetensors")), path)
     nbytes = nbytes_of(sd)
     copy_s = nbytes / memcpy / 1e9
     print(f"\n[6] vLLM end to end: SmolLM2-135M real weights, {nbytes / 1e6:.0f} MB in {len(sd)} tensors "

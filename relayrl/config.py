@@ -475,7 +475,8 @@ class WeightSyncConfig:
     """Fail the run when the probe's mean |logprob(engine) - logprob(trainer)| exceeds this (nats/token)."""
     commit: str = "inplace"
     """How an engine loads a verified version (``weightsync/commit.py``): inplace (copy into the parameters it
-    has and rebuild the CPU GEMM copies; CPU engines keep one more copy of the linear weights for it) or
+    has and rebuild the CPU GEMM copies; on CPU a linear whose tensors lie end to end in the payload is
+    packed straight from it, without the copy) or
     reload (vLLM's reload_weights: re-allocates and re-processes every layer; slower, handles quantized
     models). Only relayrl's backends (shm, broadcast) use it; vllm-native loads in place itself."""
 

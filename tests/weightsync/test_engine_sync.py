@@ -78,6 +78,11 @@ def expected_digests(weights: dict[str, torch.Tensor]) -> dict[str, str]:
     return out
 
 
+PACKED_DIRECT = {f"model.layers.{i}.{m}.weight" for i in (0, 1)
+                 for m in ("mlp.gate_up_proj", "mlp.down_proj", "self_attn.o_proj")}
+"""tiny-llama linears whose tensors lie end to end in a payload laid out in ``perturbed``'s (sorted) order."""
+
+
 def check_round_trip(actor, ray_session, tiny_llama, weights, version, stats) -> None:
     """Every engine parameter holds exactly what was sent; logprobs are the reference model's; tokens carry
     the version. (``commit=reload`` engines keep linear weights only in packed GEMM copies: those have no
@@ -99,20 +104,42 @@ def check_round_trip(actor, ray_session, tiny_llama, weights, version, stats) ->
 def test_round_trip_is_bit_exact_and_versioned(pusher, actor, ray_session, tiny_llama, wire):
     """What the engine holds equals what was sent, bit for bit, and new tokens carry the version.
 
-    A bf16 payload lands in the fp32 engine as exactly the bf16 values. With the default
-    ``weightsync.commit=inplace`` every parameter is compared, linear layers included (fused q/k/v and
-    gate/up as vLLM stacks them); the tests before this one already loaded a version, so this one also
-    proves a second in-place load replaces the first.
+    A bf16 payload lands in the fp32 engine as exactly the bf16 values (the layout was planned in fp32,
+    so it travels as fp32). With the default ``weightsync.commit=inplace`` a linear whose tensors lie end
+    to end in the payload in the engine's dtype is packed straight from it and its parameter emptied
+    (``commit.direct_sources``): here gate/up (adjacent in this dict's order), o_proj and down_proj. Every
+    other parameter is compared bit for bit, q/k/v included (not adjacent in this dict: copied as before);
+    the logprobs check the packed ones. The tests before this one already loaded a version, so this one
+    also proves a second in-place load replaces the first.
     """
     version = next_version(actor, ray_session)
     weights = {k: v.to(wire) for k, v in perturbed(tiny_llama, NOISE, seed=version).items()}
     stats = push(pusher, weights, version)
     digests = ray_session.get(actor.param_digests.remote())
-    assert "model.layers.0.self_attn.qkv_proj.weight" in digests     # inplace keeps the linears' weights
     check_round_trip(actor, ray_session, tiny_llama, weights, version, stats)
-    assert set(expected_digests(weights)) <= set(digests)
+    assert "model.layers.0.self_attn.qkv_proj.weight" in digests     # q/k/v not end to end: copied
+    assert not PACKED_DIRECT & set(digests)                          # packed from the payload, emptied
+    assert set(expected_digests(weights)) - PACKED_DIRECT <= set(digests)
     print(f"\n{pusher[0].cfg.backend} {wire}: " + ", ".join(f"{k.split('/')[1]}={v * 1e3:.1f}ms"
                                                          for k, v in stats.items() if k.endswith("_s")))
+
+
+def test_a_layout_that_needs_copies_gives_the_linears_their_weights_back(actor, ray_session, tiny_llama, tmp_path):
+    """After direct packs emptied some linears (the test above), a transfer whose layout is bf16 (no run in the
+    fp32 engine's dtype) must re-allocate those weights and copy into them: every parameter, the emptied ones
+    included, then holds exactly the bf16 values sent."""
+    cfg = WeightSyncConfig(backend="shm", timeout_s=TIMEOUT_S, bucket_mb=1, shm_dir=str(tmp_path))
+    version = next_version(actor, ray_session)
+    weights = perturbed(tiny_llama, NOISE, seed=200 + version)
+    sync = TrainerSync(cfg, StateDictSource(weights), rank=0, rollouts=[actor], workers=[1], wire_dtype="bfloat16")
+    try:
+        stats = sync.sync(version)
+    finally:
+        sync.close()
+    sent = {k: v.to(torch.bfloat16) for k, v in weights.items()}
+    check_round_trip(actor, ray_session, tiny_llama, sent, version, stats)
+    digests = ray_session.get(actor.param_digests.remote())
+    assert set(expected_digests(sent)) <= set(digests)
 
 
 def test_reload_commit_loads_the_same_model(ray_session, tiny_llama, tmp_path):
