@@ -237,6 +237,8 @@ class WandbSink:
         the service is torn down here; the next ``wandb.init`` starts a new one."""
         import wandb
 
+        if self._init.exception() is not None:   # never started (ready() raised it): nothing to finish
+            return
         self.run.finish()
         wandb.teardown()
 

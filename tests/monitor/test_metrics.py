@@ -135,6 +135,7 @@ def test_wandb_start_error_surfaces_at_ready(tmp_path, monkeypatch):
     logger = MetricsLogger([WandbSink(tmp_path / "r", "proj", "online")])
     with pytest.raises(wandb.errors.UsageError, match="api_key"):
         logger.ready()
+    logger.close()   # the driver's finally: must not raise the start-up error a second time
 
 
 def test_console_skips_step_0_the_initial_models_eval():
