@@ -349,8 +349,8 @@ def trainer_order(sd: dict[str, torch.Tensor], path: Any) -> dict[str, torch.Ten
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    names = [n for n, _ in model.named_parameters() if n in sd]
-    return {n: sd[n] for n in [*names, *(n for n in sd if n not in set(names))]}
+    order = [n for n, _ in model.named_parameters() if n in sd]
+    return {n: sd[n] for n in [*order, *sorted(set(sd) - set(order))]}
 
 
 def phase_vllm(syncs: int, memcpy: float) -> None:

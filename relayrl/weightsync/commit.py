@@ -90,13 +90,13 @@ def load_in_place(model: nn.Module, layout: FlatLayout, buffer: torch.Tensor) ->
     are not one run, e.g. a bf16 payload for an fp32 engine) is copied and repacked as before."""
     direct = direct_sources(model, layout) if packs_a_copy() else {}
     covered = {slot.name for slots in direct.values() for slot in slots}
-    for module in linear_layers(model):
-        if module not in direct:
-            restore_weight(module)
+    copied = [m for m in linear_layers(model) if m not in direct]
+    for module in copied:
+        restore_weight(module)
     model.load_weights((name, view) for name, view in layout.views(buffer) if name not in covered)
     for module, slots in direct.items():
         pack_direct(module, fused_view(buffer, slots))
-    repack([m for m in linear_layers(model) if m not in direct])
+    repack(copied)
 
 
 DROPPED_SHAPE = "relayrl_dropped_shape"
