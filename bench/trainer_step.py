@@ -9,6 +9,8 @@ random tokens and rewards (speed and the logprob gap do not depend on what the t
     packed          padding-free rows of at most --budget tokens
     packed+prefix   ... with each group's prompt once (trainer.shared_prefix)
     +bf16           ... with trainer.dtype=bf16
+    loop AdamW      packed+prefix with trainer.fused_adamw=false (torch's default AdamW loop; the others
+                    run the default, fused)
 
 Per variant: the median s/step (wall and process CPU) of --steps steps after one warm-up, the variants
 taking turns step by step on one trainer rank (a shared box's load then hits all alike); the ratio to the baseline, tokens
@@ -37,6 +39,7 @@ import torch
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, malloc_env
 from relayrl.trainer.actor import TrainerActor
 from relayrl.trainer.batch import build_train_batch, split_batch
+from relayrl.trainer.optim import adamw
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
 VARIANTS = {
@@ -44,6 +47,7 @@ VARIANTS = {
     "packed": {"shared_prefix": False},
     "packed+prefix": {"shared_prefix": True},
     "packed+prefix+bf16": {"shared_prefix": True, "dtype": "bf16"},
+    "packed+prefix, loop AdamW": {"shared_prefix": True, "fused_adamw": False},
 }
 
 
@@ -81,6 +85,7 @@ def run(model_path: str, groups: list[TrajectoryGroup], names: list[str], budget
     actor = TrainerActor(0, 1, "127.0.0.1", 0, model_path, ModelConfig(path=model_path), base,
                          AlgorithmConfig(group_size=8), temperature=1.0, seed=0)
     actor.setup()
+    optimizers = {n: optimizer_for(actor, cfgs[n]) for n in names}
     out = {n: {"wall": [], "cpu": []} for n in names}
     try:
         for n in names:
@@ -88,7 +93,7 @@ def run(model_path: str, groups: list[TrajectoryGroup], names: list[str], budget
             out[n]["logprobs"], out[n]["computed"], out[n]["real"] = loss_token_logprobs(actor, groups)
         for _ in range(steps + 1):
             for n in names:
-                actor.cfg = cfgs[n]
+                actor.cfg, actor.optimizer = cfgs[n], optimizers[n]
                 t0, c0 = time.perf_counter(), time.process_time()
                 actor.train_step([groups])
                 out[n]["wall"].append(time.perf_counter() - t0)
@@ -98,6 +103,15 @@ def run(model_path: str, groups: list[TrajectoryGroup], names: list[str], budget
     for r in out.values():
         r["s_step"], r["cpu_step"] = statistics.median(r["wall"][1:]), statistics.median(r["cpu"][1:])
     return out
+
+
+def optimizer_for(actor: TrainerActor, cfg: TrainerConfig) -> torch.optim.Optimizer:
+    """The actor's own AdamW, or one built the other way (``trainer.fused_adamw``) over the same parameters;
+    each variant keeps its own moments, so every step is a real AdamW step."""
+    if cfg.fused_adamw == actor.cfg.fused_adamw:
+        return actor.optimizer
+    return adamw([p for p in actor.model.parameters() if p.requires_grad], actor.device, cfg.fused_adamw,
+                 lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
 
 def as_trainer_ranks_allocate() -> None:

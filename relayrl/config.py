@@ -256,6 +256,10 @@ class TrainerConfig:
     """AdamW weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """AdamW betas."""
+    fused_adamw: bool = True
+    """CPU ranks: AdamW's fused kernel (``fused=True``: one pass over each tensor, no temporaries) for the policy
+    and the critic; the same update up to float rounding (``tests/trainer/test_optimizer.py``). False: torch's
+    default per-tensor loop. GPU ranks keep torch's default either way."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
     micro_batch_size: int = 8

@@ -50,6 +50,7 @@ from relayrl.trainer.critic import Critic, GaeTargets
 from relayrl.trainer.hf import export, hf_state_dict, load_sharded, pad_token_id
 from relayrl.trainer.logprobs import token_logprobs
 from relayrl.trainer.objective import build_loss
+from relayrl.trainer.optim import adamw
 from relayrl.trainer.step import PolicyStep, step_totals
 from relayrl.trainer.tp import build_mesh
 from relayrl.types import TrainBatch
@@ -111,15 +112,15 @@ class TrainerActor:
         self.uses_lora = lora.is_peft(self.model)          # the reference is then the base: adapters off, no copy
         self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 and not self.uses_lora else None
         trainable = [p for p in self.model.parameters() if p.requires_grad]   # LoRA: the adapters only
-        self.optimizer = torch.optim.AdamW(trainable, lr=self.cfg.lr, betas=tuple(self.cfg.betas),
-                                           weight_decay=self.cfg.weight_decay)
+        self.optimizer = adamw(trainable, self.device, self.cfg.fused_adamw, lr=self.cfg.lr,
+                               betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
         if self.uses_lora and self.rank == 0:
             print(lora.summary_line(self.model, self.cfg.lora), flush=True)
         self.pad_token_id = pad_token_id(self.model.config)
         self.trained = {"policy": (self.model, self.optimizer)}      # checkpoint name -> (module, optimizer)
         if ppo:
             self.critic = Critic(self.model_path, self.mesh, self.device, self.model_cfg.dtype, self.critic_cfg,
-                                 self.world_size, self.algo, self._all_reduce)
+                                 self.world_size, self.algo, self._all_reduce, fused_adamw=self.cfg.fused_adamw)
             self.trained["critic"] = (self.critic.model, self.critic.optimizer)
         # connect_rollouts' modules import vLLM (2.2 s on the 2-core box): now, while the engines start, rather
         # than after they are up, when the first step waits for the connection.

@@ -50,6 +50,7 @@ from relayrl.trainer.advantages import masked_moments, moments_mean_var, outcome
 from relayrl.trainer.fsdp import clip_and_step, shard_model
 from relayrl.trainer.hf import full_state_dict
 from relayrl.trainer.losses import KL_ESTIMATORS, masked_token_sum, value_loss
+from relayrl.trainer.optim import adamw
 from relayrl.trainer.packing import attention_mask_4d, place
 from relayrl.trainer.step import AllReduce, TokenSums
 from relayrl.types import TrainBatch
@@ -127,11 +128,11 @@ class Critic:
     """
 
     def __init__(self, model_path: str, mesh, device: torch.device, dtype: str, cfg: CriticConfig,
-                 world_size: int, algo: AlgorithmConfig, all_reduce: AllReduce):
+                 world_size: int, algo: AlgorithmConfig, all_reduce: AllReduce, fused_adamw: bool = True):
         self.cfg, self.device, self.world_size = cfg, device, world_size
         self.algo, self.all_reduce = algo, all_reduce
         self.model = shard_model(load_value_model(model_path).to(device), mesh, dtype, trainable=True)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = adamw(self.model.parameters(), device, fused_adamw, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def _forward(self, mb: TrainBatch) -> torch.Tensor:
         """V at every next-token position from ``target_start``: [B, L] -> [B, L-1-target_start] float32.
