@@ -7,6 +7,13 @@ from relayrl.config import LoggingConfig
 from relayrl.monitor.metrics import WandbSink, make_logger
 
 
+def logged_values(log: bytes, key: bytes) -> list[bytes]:
+    """Every JSON value recorded under ``key`` in a wandb record log: after the key, the value field's tag
+    (``0x82 0x01``) and its one-byte length, exactly that many bytes. (Reading digits up to the first non-digit
+    also took a byte after the value that happened to be a digit: CI once read ``0.257`` for ``0.25``.)"""
+    return [log[m.end():m.end() + m.group(1)[0]] for m in re.finditer(re.escape(key) + rb"\x82\x01([\x01-\x7f])", log)]
+
+
 def test_offline_run_files_land_in_run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.chdir(tmp_path)                      # anything written to the cwd would show up here too
@@ -24,8 +31,7 @@ def test_offline_run_files_land_in_run_dir(tmp_path, monkeypatch):
     # wandb 0.31 keeps history and config only in the binary record log that `wandb sync` uploads;
     # history items are stored as (key, JSON value) strings, so the values can be read back from it.
     log = next(runs[0].glob("run-*.wandb")).read_bytes()
-    values = re.findall(rb"reward/mean[\x00-\x1f\x80-\xff]{1,4}([0-9.]+)", log)
-    assert list(dict.fromkeys(values)) == [b"0.25", b"0.5", b"0.75"]
+    assert list(dict.fromkeys(logged_values(log, b"reward/mean"))) == [b"0.25", b"0.5", b"0.75"]
     assert b"0.125" in log                                        # the run config
     table = json.loads(next((runs[0] / "files" / "media" / "table").glob("samples_3_*.table.json")).read_text())
     assert table == {"columns": ["prompt", "completion", "reward"], "data": [["p", "Answer: 1", 1.0]]}
