@@ -39,7 +39,7 @@ import torch
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, malloc_env
 from relayrl.trainer.actor import TrainerActor
 from relayrl.trainer.batch import build_train_batch, split_batch
-from relayrl.trainer.optim import adamw
+from relayrl.trainer.optim import policy_adamw
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
 VARIANTS = {
@@ -110,8 +110,7 @@ def optimizer_for(actor: TrainerActor, cfg: TrainerConfig) -> torch.optim.Optimi
     each variant keeps its own moments, so every step is a real AdamW step."""
     if cfg.fused_adamw == actor.cfg.fused_adamw:
         return actor.optimizer
-    return adamw([p for p in actor.model.parameters() if p.requires_grad], actor.device, cfg.fused_adamw,
-                 lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    return policy_adamw(actor.model, actor.device, cfg)
 
 
 def as_trainer_ranks_allocate() -> None:

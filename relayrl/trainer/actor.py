@@ -50,7 +50,7 @@ from relayrl.trainer.critic import Critic, GaeTargets
 from relayrl.trainer.hf import export, hf_state_dict, load_sharded, pad_token_id
 from relayrl.trainer.logprobs import token_logprobs
 from relayrl.trainer.objective import build_loss
-from relayrl.trainer.optim import adamw
+from relayrl.trainer.optim import policy_adamw
 from relayrl.trainer.step import PolicyStep, step_totals
 from relayrl.trainer.tp import build_mesh
 from relayrl.types import TrainBatch
@@ -111,9 +111,7 @@ class TrainerActor:
         self.model = load(trainable=True, lora_cfg=self.cfg.lora)
         self.uses_lora = lora.is_peft(self.model)          # the reference is then the base: adapters off, no copy
         self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 and not self.uses_lora else None
-        trainable = [p for p in self.model.parameters() if p.requires_grad]   # LoRA: the adapters only
-        self.optimizer = adamw(trainable, self.device, self.cfg.fused_adamw, lr=self.cfg.lr,
-                               betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay)
+        self.optimizer = policy_adamw(self.model, self.device, self.cfg)
         if self.uses_lora and self.rank == 0:
             print(lora.summary_line(self.model, self.cfg.lora), flush=True)
         self.pad_token_id = pad_token_id(self.model.config)

@@ -128,7 +128,7 @@ class Critic:
     """
 
     def __init__(self, model_path: str, mesh, device: torch.device, dtype: str, cfg: CriticConfig,
-                 world_size: int, algo: AlgorithmConfig, all_reduce: AllReduce, fused_adamw: bool = True):
+                 world_size: int, algo: AlgorithmConfig, all_reduce: AllReduce, fused_adamw: bool):
         self.cfg, self.device, self.world_size = cfg, device, world_size
         self.algo, self.all_reduce = algo, all_reduce
         self.model = shard_model(load_value_model(model_path).to(device), mesh, dtype, trainable=True)
