@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.controller.buffer import Entry
-from relayrl.controller.steplog import mean_metrics
+from relayrl.controller.steplog import age_s, mean_metrics, seconds_since_launch
 from relayrl.monitor.schema import SCHEMA, REDUCTIONS, reduction
 
 
@@ -37,3 +37,22 @@ def test_the_policy_entry_reads_the_typed_fields_not_the_metric_keys():
     entry = scored_entry(Launch(3, 0, [Prompt(5, "p5"), Prompt(6, "p6")]), "ref", Scored(1, 2, 4, metrics))
     assert (entry.seq, entry.ref, entry.prompt_ids) == (3, "ref", [5, 6])
     assert (entry.min_version, entry.max_version, entry.useful, entry.metrics) == (2, 4, 1, metrics)
+
+
+def test_age_from_boot_clock_and_start_ticks():
+    # started 99 000 ticks of 1/100 s after boot (990 s), asked 1000.25 s after boot: 10.25 s old
+    assert age_s(1000.25, 99_000, 100) == pytest.approx(10.25)
+    assert age_s(990.0, 99_000, 100) == 0.0
+
+
+def test_launch_age_is_exact_where_psutils_reads_up_to_a_second_long():
+    """psutil's create_time uses /proc/stat's boot time, whole seconds rounded down: its age of this process
+    is ours plus the boot time's fraction (0 to 1 s), give or take a 10 ms tick."""
+    import time
+
+    import psutil
+
+    ours = seconds_since_launch()
+    theirs = time.time() - psutil.Process().create_time()
+    assert ours > 0
+    assert -0.02 <= theirs - ours < 1.02
