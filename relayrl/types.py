@@ -7,9 +7,10 @@ The rollout's input record, ``Prompt``, lives in ``relayrl.data.sampler`` (torch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:                 # annotations only: the scorer and the rollout actor load this module without torch
+    import torch
 
 PolicyVersion = int
 """The trainer step whose weights produced a token. Version 0 is the initial model."""

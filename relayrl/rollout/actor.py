@@ -26,7 +26,7 @@ from relayrl.rollout.forkserver import use_forkserver
 from relayrl.rollout.queuepoll import POLL_ENV
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
-from relayrl.weightsync.commit import KEEP_ENV
+from relayrl.weightsync import KEEP_ENV
 from relayrl.types import Trajectory, TrajectoryGroup
 
 EXTENSION = "relayrl.weightsync.worker.WeightSyncExtension"
@@ -73,6 +73,15 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
     )
 
 
+def gpu_actor() -> bool:
+    """Ray gave this actor GPUs. Inside a Ray actor the same answer as ``has_cuda`` (Ray hides the GPUs it did
+    not assign), without importing torch: a CPU engine's fork server starts before the actor's first heavy
+    import, so the server's vLLM import and the actor's run side by side from the start."""
+    import ray
+
+    return bool(ray.get_gpu_ids()) if ray.is_initialized() else has_cuda()
+
+
 class RolloutActor:
     """Owns one engine. Run it as a Ray actor (``start_rollout_actor``); methods are async."""
 
@@ -87,7 +96,7 @@ class RolloutActor:
         self.rollout_cfg = rollout_cfg
         self.sync_cfg = sync_cfg or WeightSyncConfig()
         os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))   # read by the engine's processes
-        if rollout_cfg.forkserver and not has_cuda():
+        if rollout_cfg.forkserver and not gpu_actor():
             os.environ[POLL_ENV] = str(rollout_cfg.queue_poll_us)   # read by the processes the server forks
             use_forkserver()
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -23,6 +23,10 @@ from typing import Any
 
 from relayrl.config import WeightSyncConfig
 
+KEEP_ENV = "RELAYRL_KEEP_CPU_WEIGHTS"
+"""Set to 1 in a rollout actor's environment (inherited by its vLLM processes) when ``commit=inplace``
+(``commit.keep_cpu_weights_if_asked``). Here, not in ``commit``, so the actor reads it without torch."""
+
 # vLLM factory name -> (module, class); registered lazily, like vLLM's own engines. The worker side is
 # one engine for both transports (the trainer picks the transport at init); the trainer side is one
 # engine per transport.

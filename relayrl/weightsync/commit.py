@@ -32,10 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from relayrl.weightsync import KEEP_ENV
 from relayrl.weightsync.layout import FlatLayout, Slot, dtype_name, to_dtype
 
-KEEP_ENV = "RELAYRL_KEEP_CPU_WEIGHTS"
-"""Set to 1 in a rollout actor's environment (inherited by its vLLM processes) when ``commit=inplace``."""
 
 
 def keep_cpu_weights() -> None:
