@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from relayrl.trainer.precision import autocast
-from tests.trainer.test_packing import (PADDED, SHARED, local_actor, one_rank_group,  # noqa: F401
-                                        step_share, synthetic_groups)
+from tests.trainer.test_packing import PADDED, SHARED, local_actor, step_share, synthetic_groups
 
 BF16_LOGPROB_TOL = 1e-2
 

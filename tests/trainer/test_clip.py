@@ -7,21 +7,10 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from relayrl.trainer.fsdp import _params_by_mesh, clip_grads, global_grad_norm, squared_norm
 
 NORM = math.sqrt(4 * 1.0**2 + 2 * 2.0**2)        # weight grad: four 1s, bias grad: two 2s -> sqrt(12) = 3.4641
-
-
-@pytest.fixture(scope="module")
-def one_rank_group():
-    owned = not dist.is_initialized()
-    if owned:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if owned:
-        dist.destroy_process_group()
 
 
 def linear_with_grads(shard: bool) -> torch.nn.Linear:

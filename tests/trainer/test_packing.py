@@ -11,7 +11,6 @@ import dataclasses
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from relayrl.trainer.actor import TrainerActor
@@ -48,17 +47,6 @@ def synthetic_groups(n_groups: int = 3, group_size: int = 4, vocab: int = 500) -
                                     completion_mask=mask))
         groups.append(TrajectoryGroup(p, f"prompt {p}", {}, trajs))
     return groups
-
-
-@pytest.fixture(scope="module")
-def one_rank_group():
-    """A one-rank gloo group in this process (the trainer's all-reduces need one)."""
-    owned = not dist.is_initialized()
-    if owned:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if owned:
-        dist.destroy_process_group()
 
 
 def local_actor(model_path, attn: str = "sdpa", algo: AlgorithmConfig | None = None, **trainer) -> TrainerActor:

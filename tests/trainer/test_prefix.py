@@ -10,8 +10,8 @@ import torch
 from relayrl.trainer.batch import packing_units
 from relayrl.trainer.critic import Critic, load_value_model, value_head
 from relayrl.trainer.packing import pack_rows, segment_tokens
-from tests.trainer.test_packing import (PADDED, SHARED, local_actor, max_logprob_error, one_rank_group,  # noqa: F401
-                                        step_loss_and_grads, step_share, synthetic_groups)
+from tests.trainer.test_packing import (PADDED, SHARED, local_actor, max_logprob_error, step_loss_and_grads,
+                                        step_share, synthetic_groups)
 
 
 def test_shared_prefix_layout_by_hand():
