@@ -36,7 +36,6 @@ from relayrl.weightsync import KEEP_ENV
 from relayrl.weightsync.layout import FlatLayout, Slot, dtype_name, to_dtype
 
 
-
 def keep_cpu_weights() -> None:
     """Make vLLM's CPU GEMM dispatch keep each linear's weight beside its packed copy (idempotent).
 
