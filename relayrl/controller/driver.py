@@ -206,13 +206,12 @@ def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> Non
     ``model.max_model_len`` (vLLM rejects a prompt that fills the context and cuts completions that run
     into it). Files: every row; generated tasks: the longest distinct questions (``MAX_GENERATED_CHECKED``).
     A multi-turn environment's ``reset`` may add text; the episode runner checks that part at run time."""
-    from transformers import AutoTokenizer
-
     from relayrl.config import FILE_TASKS
     from relayrl.data.lengths import MAX_GENERATED_CHECKED, longest_prompt
     from relayrl.data.sampler import chat_formatter
+    from relayrl.models import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     try:
         format_prompt = chat_formatter(tokenizer, cfg.data.chat_template)
     except ValueError as exc:

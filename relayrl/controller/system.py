@@ -290,12 +290,11 @@ def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.Obj
 
 def make_sampler(cfg: Config, model_path: Path):
     """Prompts from the configured task, formatted with the model's chat template, in per-replica chunks."""
-    from transformers import AutoTokenizer
-
     from relayrl.data import load_task
     from relayrl.data.sampler import PromptSampler, chat_formatter
+    from relayrl.models import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)     # the one the driver's prompt check loaded
     rows = load_task(cfg.data)
     return PromptSampler(rows, cfg.run.prompts_per_step // cfg.rollout.num_replicas, cfg.data.seed,
                          chat_formatter(tokenizer, cfg.data.chat_template), sampling_seed=cfg.run.seed)

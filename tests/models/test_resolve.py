@@ -36,3 +36,27 @@ def test_builtin_tiny_is_built_into_the_cache(tmp_path, monkeypatch):
 
 def test_load_tokenizer(tiny_llama):
     assert load_tokenizer(tiny_llama).eos_token == "<|im_end|>"
+
+
+def test_the_driver_loads_a_models_tokenizer_once(tiny_llama, monkeypatch):
+    """The prompt check before Ray and the sampler after it share one load (no second AutoTokenizer call)."""
+    from transformers import AutoTokenizer
+
+    from relayrl.config import load_config
+    from relayrl.controller.driver import check_prompt_lengths
+    from relayrl.controller.system import make_sampler
+
+    load_tokenizer.cache_clear()
+    calls = []
+    real = AutoTokenizer.from_pretrained.__func__
+
+    def counting(cls, *args, **kwargs):
+        calls.append(args[0])
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counting))
+    cfg = load_config("grpo_arith", [f"model.path={tiny_llama}"])
+    check_prompt_lengths(cfg, tiny_llama, [{"question": "1 + 2 = ?", "answer": "3"}])
+    sampler = make_sampler(cfg, tiny_llama)
+    assert calls == [tiny_llama]
+    assert sampler.format_prompt("1 + 2 = ?").endswith("assistant\n")
