@@ -2,8 +2,9 @@
 
 Given a run directory (``metrics.jsonl``, ``config.yaml``, ``samples.jsonl``), it measures this box's peak
 GEMM rate (``torch.mm`` of 2048 x 2048 on every core, best of 5, in the run's ``trainer.dtype``) and copy
-rate (a 256 MiB ``copy_``, best of 5), reads the model's parameter count from its config (meta device: no
-weights loaded) and prints, per phase, a floor computed from stated formulas and the run's median over its
+rate (a 256 MiB ``copy_``, best of 5) and, on a CPU host, the time vLLM's CPU engine needs to pack the model's
+GEMM weights once (``pack_floor_s``, best of 3), reads the model's parameter count from its config (meta
+device: no weights loaded) and prints, per phase, a floor computed from stated formulas and the run's median over its
 steady steps (steps 2..N), with the gap measured / floor:
 
     update    6 * (P - P_emb) * T_computed + 6 * P_emb * T_completion  FLOPs / peak
@@ -14,7 +15,10 @@ steady steps (steps 2..N), with the gap measured / floor:
               + 2 * P * T_prompt_once / peak
               (decode is bound by reading every weight once per step for the whole batch; decode steps =
               rollout.max_tokens if any completion was truncated, else the mean length: a lower bound)
-    sync      weight bytes / copy rate   (one copy of the weights; the product makes that copy and more)
+    sync      weight bytes / copy rate + pack   (one copy of the weights, then the engine's one pass that
+              packs every GEMM weight into oneDNN's blocked layout: vLLM's CPU linear reads only that copy,
+              so no sync into a CPU engine can skip it. Measured: ``pack_floor_s`` over the model's own
+              weight shapes, as vLLM fuses them.)
 
 and the start-up the run measured (``startup/*``) beside its first step. Prompt tokens per group come from
 the run's sample rows (the prompt text the engines saw), tokenized with the model's tokenizer.
@@ -40,6 +44,7 @@ class Box:
 
     flops: float          # peak GEMM FLOP/s on every core, in the trainer's dtype
     copy_bps: float       # bytes copied per second (a large tensor's copy_)
+    pack_s: float = 0.0   # seconds to pack the model's GEMM weights once into vLLM CPU's oneDNN layout
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def generate_floor_s(w: Work, box: Box) -> float:
 def floors(w: Work, box: Box) -> dict[str, float]:
     """Seconds per phase that no implementation on this box can beat (formulas: module docstring)."""
     out = {"update": update_flops(w) / box.flops, "generate": generate_floor_s(w, box),
-           "sync": w.weight_bytes / box.copy_bps}
+           "sync": w.weight_bytes / box.copy_bps + box.pack_s}
     out["step"] = sum(out.values())
     return out
 
@@ -87,7 +92,9 @@ def decode_steps(max_tokens: int, len_mean: float, truncated_frac: float) -> flo
 # ---------------------------------------------------------------- measuring (not unit-tested)
 
 
-def measure_box(dtype: str = "float32") -> Box:
+def measure_box(dtype: str = "float32", weights: dict | None = None) -> Box:
+    """GEMM and copy rates; with ``weights`` (name -> tensor of the engine's shapes and dtype) also the
+    time to pack them (``pack_floor_s``)."""
     import torch
 
     torch.set_num_threads(torch.get_num_threads())
@@ -96,7 +103,8 @@ def measure_box(dtype: str = "float32") -> Box:
     src, dst = torch.ones(64 << 20), torch.empty(64 << 20)       # 256 MiB of float32
     dst.copy_(src)
     return Box(flops=2 * 2048 ** 3 / best_of(lambda: torch.mm(a, b)),
-               copy_bps=src.numel() * 4 / best_of(lambda: dst.copy_(src)))
+               copy_bps=src.numel() * 4 / best_of(lambda: dst.copy_(src)),
+               pack_s=pack_floor_s(weights) if weights else 0.0)
 
 
 def best_of(fn, n: int = 5) -> float:
@@ -107,6 +115,42 @@ def best_of(fn, n: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def gemm_weights(sd: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The weights vLLM's CPU engine packs for SmolLM2-style layers: q/k/v and gate/up fused as vLLM fuses
+    them, o and down, and the LM head (the input embedding where the head is tied to it)."""
+    import torch
+
+    out = []
+    for prefix in sorted({n.rsplit(".", 2)[0] for n in sd if n.endswith("_proj.weight")}):
+        groups = (["q_proj", "k_proj", "v_proj"], ["gate_proj", "up_proj"], ["o_proj"], ["down_proj"])
+        out += [torch.cat([sd[f"{prefix}.{m}.weight"] for m in group]) for group in groups
+                if all(f"{prefix}.{m}.weight" in sd for m in group)]
+    head = sd.get("lm_head.weight", sd.get("model.embed_tokens.weight"))
+    return out + [head]
+
+
+def pack_floor_s(sd: dict[str, torch.Tensor]) -> float:
+    """Seconds to build a oneDNN GEMM handle (vLLM's ``create_onednn_mm``, as its CPU linear does) for every
+    weight of ``gemm_weights``, read from one warm contiguous buffer as the engine reads the payload; each
+    round replaces the last round's handles, as a commit does. Best of 3 after a warm-up."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    weights = gemm_weights(sd)
+    flat = torch.cat([w.reshape(-1) for w in weights])
+    views, offset = [], 0
+    for w in weights:
+        views.append(flat[offset:offset + w.numel()].view(w.shape))
+        offset += w.numel()
+    handles, times = [None] * len(views), []
+    for _ in range(4):
+        t0 = time.perf_counter()
+        for i, v in enumerate(views):
+            handles[i] = ops.create_onednn_mm(v.t(), 32)
+        times.append(time.perf_counter() - t0)
+    return min(times[1:])
 
 
 def run_work(run: Path, cfg: dict, rows: list[dict]) -> Work:
@@ -132,19 +176,36 @@ def run_work(run: Path, cfg: dict, rows: list[dict]) -> Work:
                                                     med("rollout/truncated_frac")))
 
 
+def engine_weights(cfg: dict) -> dict | None:
+    """Uninitialised tensors of the engine's weight shapes and dtype (their values do not change a pack's
+    time), or None on a GPU host, where vLLM's linears read the weights as they are."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from relayrl.models import resolve_model
+
+    if torch.cuda.is_available():
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model(cfg["model"]["path"])))
+    dtype = torch.bfloat16 if cfg["model"].get("dtype") in ("bf16", "bfloat16") else torch.float32
+    return {n: torch.empty(p.shape, dtype=dtype) for n, p in model.named_parameters()}
+
+
 def report(run: Path) -> list[str]:
     """The lines ``main`` prints for ``run``."""
     import yaml
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    work, box = run_work(run, cfg, rows), measure_box(cfg["trainer"].get("dtype", "float32"))
+    work, box = run_work(run, cfg, rows), measure_box(cfg["trainer"].get("dtype", "float32"), engine_weights(cfg))
     floor = floors(work, box)
     steady = rows[1:] or rows
     measured = {k: statistics.median(r[m] for r in steady if m in r) for k, m in PHASES.items()}
     gap = gaps(measured, floor)
     lines = [f"physical floor of {run.name} on this box (measured here: GEMM {box.flops / 1e9:.0f} GFLOP/s, "
-             f"copy {box.copy_bps / 1e9:.1f} GB/s; P={work.params / 1e6:.1f}M, {work.prompt_tokens:.0f} prompt "
+             f"copy {box.copy_bps / 1e9:.1f} GB/s, oneDNN pack of the weights {box.pack_s:.3f} s; "
+             f"P={work.params / 1e6:.1f}M, {work.prompt_tokens:.0f} prompt "
              f"tokens once + {work.completion_tokens:.0f} completion tokens per step, {work.decode_steps:.0f} "
              "decode steps)",
              f"{'phase':10}{'floor s':>9}{'measured s':>12}{'gap':>8}   (measured: median of steps 2..{len(rows)})"]
