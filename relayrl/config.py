@@ -294,9 +294,15 @@ class TrainerConfig:
     LM head, logprobs and losses; the critic stays float32). Not the weights' dtype (model.dtype)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full-weight training (``trainer.lora.r=8``); off by default (r=0)."""
+    setup_nice: int = 10
+    """Niceness each rank adds while it sets up (``trainer/background.py``), so the engines starting beside it
+    get the cores first; undone when setup ends. 0 disables; skipped where it could not be undone (neither
+    root nor RLIMIT_NICE)."""
 
     def __post_init__(self) -> None:
         _positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs", "num_cpus")
+        if not 0 <= self.setup_nice <= 19:
+            raise ConfigError(f"trainer.setup_nice={self.setup_nice} is not a niceness increment; set 0 (off) to 19")
         _one_of("trainer.backend", self.backend, ("auto", "gloo", "nccl"))
         if self.world_size % self.tp_size:
             raise ConfigError(f"trainer.world_size={self.world_size} is not divisible by trainer.tp_size="

@@ -45,6 +45,7 @@ from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerCo
 from relayrl.rendezvous import client_store, master_store
 from relayrl.trainer import checkpoint, lora
 from relayrl.trainer.advantages import CRITIC_ESTIMATORS
+from relayrl.trainer.background import in_background
 from relayrl.trainer.batch import MicroBatch, build_train_batch, fetch_groups, micro_batches, split_batch
 from relayrl.trainer.critic import Critic, GaeTargets
 from relayrl.trainer.hf import export, hf_state_dict, load_sharded, pad_token_id
@@ -92,7 +93,11 @@ class TrainerActor:
 
     def setup(self) -> None:
         """Join the process group, load and shard the policy (and the frozen reference if KL is on, the critic
-        for PPO)."""
+        for PPO); in the background of the engines' start (``trainer.setup_nice``)."""
+        with in_background(self.cfg.setup_nice):
+            self._setup()
+
+    def _setup(self) -> None:
         ppo = self.algo.name in CRITIC_ESTIMATORS    # with trainer.tp_size=1: config.validate refuses TP
         backend = resolve_backend(self.cfg.backend)
         if backend == "nccl":
