@@ -21,21 +21,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections import Counter
 
 import torch
 
 
 def median_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    from floor import timings                                           # bench/floor.py, beside this script
+
+    return statistics.median(timings(fn, reps, warmup=3)) * 1e3
 
 
 def decode_ms(weights: list[torch.Tensor], m: int, reps: int) -> tuple[float, float]:

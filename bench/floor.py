@@ -107,14 +107,20 @@ def measure_box(dtype: str = "float32", weights: dict | None = None) -> Box:
                pack_s=pack_floor_s(weights) if weights else 0.0)
 
 
-def best_of(fn, n: int = 5) -> float:
-    fn()
+def timings(fn, n: int, warmup: int = 1) -> list[float]:
+    """Seconds of each of ``n`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
+
+
+def best_of(fn, n: int = 5) -> float:
+    return min(timings(fn, n))
 
 
 def gemm_weights(sd: dict[str, torch.Tensor]) -> list[torch.Tensor]:
