@@ -54,9 +54,10 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=32, help="decode steps per generate call")
     ap.add_argument("--reps", type=int, default=50, help="timed calls per shape")
     args = ap.parse_args()
-    from floor import engine_weights, gemm_weights, pack_floor_s      # bench/floor.py, beside this script
+    from floor import engine_weights, gemm_weights, meta_model, pack_floor_s   # bench/floor.py, beside this script
 
-    sd = engine_weights({"model": {"path": args.model}})
+    cfg = {"model": {"path": args.model}}
+    sd = engine_weights(meta_model(cfg), cfg)
     weights = gemm_weights(sd)
     pack_s = pack_floor_s(sd)
     print(f"{args.model}: {len(weights)} GEMM weights, {sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB fp32, "

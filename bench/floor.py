@@ -150,52 +150,57 @@ def pack_floor_s(sd: dict[str, torch.Tensor]) -> float:
     for w in weights:
         views.append(flat[offset:offset + w.numel()].view(w.shape))
         offset += w.numel()
-    handles, times = [None] * len(views), []
-    for _ in range(4):
-        t0 = time.perf_counter()
+    handles = [None] * len(views)
+
+    def pack_all() -> None:            # each round replaces the last round's handles, as a commit does
         for i, v in enumerate(views):
             handles[i] = ops.create_onednn_mm(v.t(), 32)
-        times.append(time.perf_counter() - t0)
-    return min(times[1:])
+
+    return min(timings(pack_all, 3))
 
 
-def run_work(run: Path, cfg: dict, rows: list[dict]) -> Work:
-    """The steady steps' work, from the run's config, metrics and sample prompts."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from relayrl.models import resolve_model
-
-    path = resolve_model(cfg["model"]["path"])
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    params = sum(p.numel() for p in model.parameters())
-    embed = model.get_input_embeddings().weight.numel()
-    tok = AutoTokenizer.from_pretrained(path)
-    prompts = [json.loads(x)["prompt"] for x in (run / "samples.jsonl").read_text().splitlines()]
-    per_prompt = statistics.fmean(len(tok(p, add_special_tokens=False).input_ids) for p in prompts)
-    steady = rows[1:] or rows
-    med = lambda k: statistics.median(r[k] for r in steady)            # noqa: E731
-    bytes_per = 2 if cfg["model"].get("dtype") in ("bf16", "bfloat16") else 4
-    return Work(params, embed, params * bytes_per, per_prompt * cfg["run"]["prompts_per_step"],
-                med("rollout/tokens"), decode_steps(cfg["rollout"]["max_tokens"], med("rollout/len_mean"),
-                                                    med("rollout/truncated_frac")))
-
-
-def engine_weights(cfg: dict) -> dict | None:
-    """Uninitialised tensors of the engine's weight shapes and dtype (their values do not change a pack's
-    time), or None on a GPU host, where vLLM's linears read the weights as they are."""
+def meta_model(cfg: dict):
+    """The run's model on the meta device: shapes and counts, no weights loaded."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from relayrl.models import resolve_model
 
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model(cfg["model"]["path"])))
+
+
+def engine_dtype(cfg: dict):
+    """The engines' weight dtype (``model.dtype``)."""
+    import torch
+
+    return torch.bfloat16 if cfg["model"].get("dtype") in ("bf16", "bfloat16") else torch.float32
+
+
+def run_work(run: Path, cfg: dict, rows: list[dict], model) -> Work:
+    """The steady steps' work, from the run's config, metrics, sample prompts and (meta) model."""
+    from relayrl.models import load_tokenizer
+
+    params = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings().weight.numel()
+    tok = load_tokenizer(cfg["model"]["path"])
+    prompts = [json.loads(x)["prompt"] for x in (run / "samples.jsonl").read_text().splitlines()]
+    per_prompt = statistics.fmean(len(tok(p, add_special_tokens=False).input_ids) for p in prompts)
+    steady = rows[1:] or rows
+    med = lambda k: statistics.median(r[k] for r in steady)            # noqa: E731
+    return Work(params, embed, params * engine_dtype(cfg).itemsize, per_prompt * cfg["run"]["prompts_per_step"],
+                med("rollout/tokens"), decode_steps(cfg["rollout"]["max_tokens"], med("rollout/len_mean"),
+                                                    med("rollout/truncated_frac")))
+
+
+def engine_weights(model, cfg: dict) -> dict | None:
+    """Uninitialised tensors of the engine's weight shapes and dtype (their values do not change a pack's
+    time), or None on a GPU host, where vLLM's linears read the weights as they are."""
+    import torch
+
     if torch.cuda.is_available():
         return None
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model(cfg["model"]["path"])))
-    dtype = torch.bfloat16 if cfg["model"].get("dtype") in ("bf16", "bfloat16") else torch.float32
-    return {n: torch.empty(p.shape, dtype=dtype) for n, p in model.named_parameters()}
+    return {n: torch.empty(p.shape, dtype=engine_dtype(cfg)) for n, p in model.named_parameters()}
 
 
 def report(run: Path) -> list[str]:
@@ -204,7 +209,9 @@ def report(run: Path) -> list[str]:
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    work, box = run_work(run, cfg, rows), measure_box(cfg["trainer"].get("dtype", "float32"), engine_weights(cfg))
+    model = meta_model(cfg)
+    work = run_work(run, cfg, rows, model)
+    box = measure_box(cfg["trainer"].get("dtype", "float32"), engine_weights(model, cfg))
     floor = floors(work, box)
     steady = rows[1:] or rows
     measured = {k: statistics.median(r[m] for r in steady if m in r) for k, m in PHASES.items()}
