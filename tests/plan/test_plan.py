@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 
@@ -239,9 +240,12 @@ def test_cli_prints_table_and_recommendation(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_profile_of_a_real_run_predicts_the_overlap(tiny_llama, tmp_path):
-    """A real grpo_tiny run in separate 1:1 sync yields a profile with every cost measured (none zero) and
-    a model that predicts async k=1 faster on the same split. How close predictions come to measured step
-    times depends on the box's load, so that figure lives in ``bench/plan_accuracy.py``, not here."""
+    """A real grpo_tiny run in separate 1:1 sync yields a profile with every cost measured (none zero), and
+    the model predicts the overlap from it: without contention (s = 1, as on GPUs) async k=1 is faster than
+    sync on the same split, and CPU contention (s = 1.5) can only slow it. Whether async still wins on CPU
+    depends on the measured costs (0.5 * Tg + stall against Tt + Ts; on grpo_tiny they nearly tie), so it
+    is not asserted. How close predictions come to measured step times depends on the box's load, so that
+    figure lives in ``bench/plan_accuracy.py``, not here."""
     from relayrl.plan.measure import TINY_WORK, run_layout
 
     sync = Layout("separate", 1, 1, "sync")
@@ -250,4 +254,6 @@ def test_profile_of_a_real_run_predicts_the_overlap(tiny_llama, tmp_path):
     assert profile.cpu and profile.overhead_s > 0
     assert profile.gen_dev_s_per_token > 0 and profile.train_dev_s_per_token > 0
     async_k1 = Layout("separate", 1, 1, "async", 1)
-    assert predict(profile, async_k1).step_s < predict(profile, sync).step_s
+    no_contention = dataclasses.replace(profile, overlap_slowdown=1.0)
+    assert predict(no_contention, async_k1).step_s < predict(no_contention, sync).step_s
+    assert predict(profile, async_k1).step_s > predict(no_contention, async_k1).step_s
