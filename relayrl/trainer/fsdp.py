@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from relayrl.trainer.optim import adamw_step
+
 
 def shard_model(model: torch.nn.Module, mesh, dtype: str, trainable: bool) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, then the root; eval mode; float32 master weights.
@@ -83,6 +85,6 @@ def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad
     if torch.isfinite(norm):   # the global norm is the same on every rank, so all skip together
         if grad_clip > 0:
             clip_grads(groups, grad_clip, norm)
-        optimizer.step()       # a NaN/inf gradient would poison AdamW's moments for good: skip the step
+        adamw_step(optimizer)  # a NaN/inf gradient would poison AdamW's moments for good: skip the step
     optimizer.zero_grad(set_to_none=True)
     return float(norm)

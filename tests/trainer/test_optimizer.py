@@ -1,11 +1,12 @@
-"""trainer.fused_adamw: torch's fused AdamW on CPU ranks gives the update of the default loop."""
+"""trainer.fused_adamw: torch's fused AdamW on CPU ranks gives the update of the default loop; ``adamw_step`` on
+FSDP2 DTensors' local tensors gives exactly ``optimizer.step()``'s update and state."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from relayrl.trainer.optim import adamw
+from relayrl.trainer.optim import adamw, adamw_step
 
 HYPER = {"lr": 0.1, "betas": (0.9, 0.999), "weight_decay": 0.01}
 
@@ -44,3 +45,56 @@ def test_fused_follows_the_default_loop_over_many_steps():
     for a, b, s in zip(runs[True], runs[False], start):
         assert (a - s).abs().max() > 0.05                     # both really moved
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _sharded_mlp(seed: int) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    return fully_shard(model, mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("dp",)))
+
+
+@pytest.mark.parametrize("fused, amsgrad", [(True, False), (False, False), (False, True)])
+def test_local_step_is_the_dtensor_step(fused, amsgrad, one_rank_group):
+    """Three steps on the same gradients: ``adamw_step`` leaves bit-identical parameters and state
+    (DTensor moments, step counts) to torch's own ``step()`` on the DTensors, and both moved."""
+    runs = []
+    for local in (False, True):
+        model = _sharded_mlp(0)
+        start = [p.full_tensor().clone() for p in model.parameters()]
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1, fused=fused or None, amsgrad=amsgrad)
+        if local:        # the local-tensor path must run, not a fall-back to step()
+            opt.step = lambda *a, **k: pytest.fail("adamw_step fell back to step() on FSDP2 DTensors")
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            model(torch.randn(5, 8, generator=gen)).square().sum().backward()
+            assert all(type(p.grad).__name__ == "DTensor" for p in model.parameters())
+            adamw_step(opt) if local else opt.step()
+            opt.zero_grad(set_to_none=True)
+        runs.append((model, opt, start))
+    (theirs, their_opt, start), (ours, our_opt, _) = runs
+    for p, q, s in zip(theirs.parameters(), ours.parameters(), start):
+        assert (p.full_tensor() - s).abs().max() > 0.01
+        assert torch.equal(p.full_tensor(), q.full_tensor())
+        a, b = their_opt.state[p], our_opt.state[q]
+        assert a.keys() == b.keys() and a["step"].item() == b["step"].item() == 3
+        for key in a.keys() - {"step"}:
+            assert type(b[key]) is type(a[key]) and b[key].placements == a[key].placements
+            assert torch.equal(a[key].full_tensor(), b[key].full_tensor())
+
+
+def test_local_step_on_plain_tensors_and_other_optimizers_falls_back():
+    """Plain parameters take the functional update too (same numbers as ``step()``); an optimizer that is
+    not AdamW is left to its own ``step()``."""
+    p, q = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    mine, theirs = adamw([p], torch.device("cpu"), True, **HYPER), adamw([q], torch.device("cpu"), True, **HYPER)
+    p.grad, q.grad = torch.full((3,), 0.5), torch.full((3,), 0.5)
+    adamw_step(mine)
+    theirs.step()
+    assert torch.allclose(p.detach(), torch.full((3,), 0.899), atol=1e-6) and torch.equal(p, q)
+    r = torch.nn.Parameter(torch.ones(2))
+    r.grad = torch.ones(2)
+    adamw_step(torch.optim.SGD([r], lr=0.5))
+    assert r.detach().tolist() == [0.5, 0.5]
