@@ -25,8 +25,9 @@ calling thread and none of the actor's Ray sockets. Each child then behaves as i
 - its vLLM queue readers sleep between checks instead of spinning (``queuepoll``, ``rollout.queue_poll_us``).
 
 The server (``relayrl::forkserver`` in ``ps``) is single-threaded and computes nothing; it exits when the
-actor and every child it made have closed their end of its "alive" pipe. The children stay in the actor's process tree (actor -> server ->
-engine core, worker), so ``cleanup.kill_process_tree(actor pid)`` still reaches them.
+actor and every child it made have closed their end of its "alive" pipe. The children stay in the actor's
+process tree (actor -> server -> engine core, worker), so ``cleanup.kill_process_tree(actor pid)`` still
+reaches them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import importlib
 import os
 import socket
 import sys
+import traceback
 from multiprocessing import connection as mp_connection
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, resource_tracker
@@ -64,9 +66,10 @@ def _run(env: dict[str, str], target: Callable, args: tuple, kwargs: dict) -> An
     return target(*args, **kwargs)
 
 
-def title_ready() -> None:
-    """Make ``setproctitle`` work in this child; vLLM names its processes with it (``VLLM::EngineCore``,
-    ``VLLM::Worker``: what ``ps``, operators and the chaos tests look for).
+def title_ready() -> Any:
+    """Make ``setproctitle`` work in this child and return it (None if it is not installed); vLLM names its
+    processes with it (``VLLM::EngineCore``, ``VLLM::Worker``: what ``ps``, operators and the chaos tests
+    look for).
 
     In a fork of a Ray worker, Ray's own ``setproctitle`` already owns the argv area (``setproctitle``'s
     first use would not find it and leave the title alone), so vLLM's calls go to Ray's. Otherwise let
@@ -75,21 +78,18 @@ def title_ready() -> None:
     try:
         import setproctitle
     except ImportError:
-        return
+        return None
     if raylet := sys.modules.get("ray._raylet"):
         setproctitle.setproctitle = raylet.setproctitle
     else:
         setproctitle.getproctitle()
+    return setproctitle
 
 
 def set_title(title: str) -> None:
     """Name this process (``ps``, ``/proc/<pid>/comm``) as vLLM names its own."""
-    title_ready()
-    try:
-        import setproctitle
-    except ImportError:
-        return
-    setproctitle.setproctitle(title)
+    if module := title_ready():
+        module.setproctitle(title)
 
 
 def omp_cpus(env: dict[str, str]) -> set[int]:
@@ -199,5 +199,7 @@ def _serve(listener_fd: int, alive_r: int, keep: set[int]) -> None:
         code = 0
     except SystemExit:
         code = 0
+    except BaseException:                 # the actor's log shows why; ensure_running replaces a dead server
+        traceback.print_exc()
     finally:
         os._exit(code)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.trainer.optim import adamw_step
+from relayrl.trainer.optim import adamw_step, local_tensor
 
 
 def shard_model(model: torch.nn.Module, mesh, dtype: str, trainable: bool) -> torch.nn.Module:
@@ -73,7 +73,7 @@ def clip_grads(groups: list[list[torch.nn.Parameter]], max_norm: float, norm: to
     DTensor's dispatch (see ``squared_norm``)."""
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for params in groups:
-        grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]
+        grads = [local_tensor(p.grad) for p in params]
         torch._foreach_mul_(grads, coef.to(grads[0].device))
 
 
