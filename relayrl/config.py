@@ -164,8 +164,12 @@ class RolloutConfig:
     """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
     max_restarts: int = 5
     """Replicas that die (actor or engine process) are replaced and their prompts generated again, at most
-    this many times per run; a replacement that dies while it starts is one more attempt (backoff 1, 2,
-    4 ... 30 s between attempts)."""
+    this many times per run; a replacement that dies while it starts, or is not up within
+    ``start_timeout_s``, is one more attempt (backoff 1, 2, 4 ... 30 s between attempts)."""
+    start_timeout_s: float = 600.0
+    """Deadline for an engine to come up (weights loaded, KV cache allocated). At the run's start, past it the
+    run stops naming it; a replacement past it is killed and counts as one more attempt (a start that hangs
+    must not hang the run). 0: no deadline."""
     generate_timeout_s: float = 600.0
     """Deadline of one generate call; past it the replica counts as dead (hung engine): its actor is killed,
     a new one started and the chunk generated again under the same seq. 0: no deadline."""
@@ -180,9 +184,10 @@ class RolloutConfig:
         if self.queue_poll_us < 0:
             raise ConfigError(f"rollout.queue_poll_us={self.queue_poll_us} must be >= 0 (0: vLLM's spin); "
                               "set rollout.queue_poll_us=200")
-        if self.generate_timeout_s < 0:
-            raise ConfigError(f"rollout.generate_timeout_s={self.generate_timeout_s} must be >= 0 "
-                              "(0: no deadline); set rollout.generate_timeout_s=600")
+        for name in ("start_timeout_s", "generate_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"rollout.{name}={getattr(self, name)} must be >= 0 (0: no deadline); "
+                                  f"set rollout.{name}=600")
 
 
 @dataclass

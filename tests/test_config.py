@@ -30,6 +30,7 @@ def test_overrides_are_typed():
     (["algorithm.group_size=1"], "set algorithm.group_size>=2"),
     (["trainer.world_size=0"], "trainer.world_size=0 must be > 0"),
     (["rollout.top_p=1.5"], "rollout.top_p=1.5 must be in (0, 1]"),
+    (["rollout.start_timeout_s=-1"], "rollout.start_timeout_s=-1.0 must be >= 0 (0: no deadline)"),
     (["model.dtype=float8"], "model.dtype='float8' is not supported"),
     (["placement=colocated", "rollout.num_replicas=2"], "lower rollout.num_replicas"),
     (["data.task=jsonl"], "data.task=jsonl needs data.path"),

@@ -84,7 +84,7 @@ class System:
         rc = cfg.reward
         rewards = RewardPool.start(reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate,
                                    cpus=SCORING_CPUS)
-        infos = ray.get([r.info.remote() for r in rollouts])                                     # engines up
+        infos = wait_engines_up(rollouts, cfg.rollout.start_timeout_s, "the run's vLLM engines")
         engines_up = time.time()
         trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts)
         startup = {"startup/engine_s": max(float(i["start_seconds"]) for i in infos),
@@ -108,7 +108,7 @@ class System:
                 break
             if attempt:
                 delay = restart_backoff_s(attempt)
-                print(f"relayrl: replacement of rollout replica {i} died while starting "
+                print(f"relayrl: replacement of rollout replica {i} died or hung while starting "
                       f"({type(error).__name__}); attempt {attempt + 1} in {delay:g}s")
                 time.sleep(delay)
             self.restarts += 1
@@ -133,7 +133,7 @@ class System:
         self.rollouts[i] = start_rollout_actor(str(self.model_path), self.cfg.model, rollout_config(self.cfg),
                                                self.cfg.run.seed + i + 1000 * self.restarts,
                                                sync_cfg=self.cfg.weightsync, **self.placement.rollout[i])
-        infos = ray.get([r.info.remote() for r in self.rollouts])
+        infos = wait_engines_up(self.rollouts, self.cfg.rollout.start_timeout_s, f"rollout replica {i}'s replacement")
         self.procs = [(info["node"], int(info["pid"])) for info in infos]
         cleanup_engine_segments()   # the dead replica's /dev/shm queue, now that its processes are gone
         self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts)
@@ -142,11 +142,13 @@ class System:
 
     def _kill_rollout(self, i: int) -> None:
         """End replica ``i`` for good: its engine processes by SIGKILL when it runs on this node (a stopped
-        EngineCore survives ``ray.kill`` of its parent), then the actor."""
+        EngineCore survives ``ray.kill`` of its parent), then the actor. The actor's process is found in Ray's
+        actor table: a replacement that hung while it started never answered ``info``."""
         from relayrl.rollout.cleanup import kill_process_tree
 
-        if i < len(self.procs) and self.procs[i][0] == ray.util.get_node_ip_address():
-            kill_process_tree(self.procs[i][1])
+        where = actor_process(self.rollouts[i]) or (self.procs[i] if i < len(self.procs) else None)
+        if where is not None and where[0] == ray.util.get_node_ip_address():
+            kill_process_tree(where[1])
         ray.kill(self.rollouts[i], no_restart=True)
 
     def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], ray.ObjectRef]:
@@ -252,6 +254,28 @@ class System:
             ray.kill(r)
         self.trainer.shutdown()
         self.rewards.shutdown()
+
+
+def wait_engines_up(rollouts: list[Any], timeout_s: float, what: str) -> list[dict[str, Any]]:
+    """Every replica's ``info`` once its engine is up; ``TimeoutError`` (one line) past ``timeout_s`` (0: none)."""
+    try:
+        return ray.get([r.info.remote() for r in rollouts], timeout=timeout_s or None)
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(f"{what} did not come up within rollout.start_timeout_s={timeout_s:g}s (a hung engine "
+                           "start; raise it if loading the model takes longer)") from None
+
+
+def actor_process(actor: Any) -> tuple[str, int] | None:
+    """(node IP, pid) of a live or starting actor's process from Ray's actor table (the GCS table behind
+    ``ray.util.state``, which needs the dashboard); None once it is dead (its pid may be another's now)."""
+    from ray._private.state import state
+
+    try:
+        entry = state.actor_table(actor._actor_id.hex())
+    except Exception:  # noqa: BLE001 - no record is no process to kill; the caller falls back
+        return None
+    ip, pid = (entry.get("Address") or {}).get("IPAddress"), entry.get("Pid")
+    return (ip, int(pid)) if ip and pid and entry.get("State") != "DEAD" else None
 
 
 def answers(rollout: Any, timeout_s: float = 30.0) -> bool:

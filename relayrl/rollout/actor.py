@@ -17,7 +17,7 @@ import asyncio
 import os
 import time
 import uuid
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda, malloc_env, with_env
 from relayrl.data.sampler import Prompt
@@ -31,6 +31,8 @@ from relayrl.types import Trajectory, TrajectoryGroup
 
 EXTENSION = "relayrl.weightsync.worker.WeightSyncExtension"
 WATCHDOG_STAGES = 3                 # an open weight update is aborted after this many stage timeouts
+DEATH_POLL_S = 0.1                  # how often an engine call in flight checks that its engine is alive
+T = TypeVar("T")
 
 
 CPU_SHARED_BLOCK = 32
@@ -109,6 +111,9 @@ class RolloutActor:
         self.last_abort = ""
         self.start_seconds = time.perf_counter() - t0
 
+    async def _call(self, call: Awaitable[T]) -> T:
+        return await unless_dead(self.engine, call)
+
     def info(self) -> dict[str, float]:
         """Static facts: engine start time, vLLM workers in this engine (group ranks a sync needs), dead
         engines' shared-memory segments removed before it started, and where this actor runs (node, pid),
@@ -172,7 +177,8 @@ class RolloutActor:
         """Set up (or re-set up, after an abort broke it) the transfer channel on every worker."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        request = WeightTransferInitRequest(init_info=init_info)
+        await self._call(self.engine.init_weight_transfer_engine(request))
 
     async def start_weight_update(self, version: int, timeout_s: float) -> None:
         """Pause (``keep``: running requests freeze, nothing is lost) and open an update of ``version``.
@@ -188,16 +194,16 @@ class RolloutActor:
             # The engine-core call behind ``pause_generation``: the wrapper then sleeps 20 ms only so that
             # outputs already sampled reach their callers first ("not required for correctness", says
             # vLLM), and a sync's fixed cost is a few ms, so the sleep would dominate small models.
-            await self.engine.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
+            await self._call(self.engine.engine_core.pause_scheduler_async(mode="keep", clear_cache=False))
         self._update = (version, time.perf_counter())
         self._watchdog = asyncio.create_task(self._expire(self._update, WATCHDOG_STAGES * timeout_s))
-        await self.engine.start_weight_update()
+        await self._call(self.engine.start_weight_update())
 
     async def update_weights(self, update_info: dict[str, Any]) -> None:
         """Transfer + verify on every worker; the model is not touched until ``finish_weight_update``."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        await self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+        await self._call(self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)))
 
     async def finish_weight_update(self, version: int) -> float:
         """Commit: load the verified payload, label new tokens ``version``, resume. Returns the stall (s)."""
@@ -205,13 +211,13 @@ class RolloutActor:
             raise RuntimeError(f"commit of v{version} without an open update of it (open: {self._update}); "
                                "it was aborted, possibly by the watchdog")
         await self._drop_prefix_cache(f"commit of v{version}")
-        await self.engine.finish_weight_update(weight_version=str(version))
+        await self._call(self.engine.finish_weight_update(weight_version=str(version)))
         return await self._close_update()
 
     async def _drop_prefix_cache(self, why: str) -> None:
         """Empty vLLM's prefix cache (``rollout.prefix_sharing``) before the weights change: raises, and so
         fails the commit with the old weights kept, if a running request holds cached blocks."""
-        if self.rollout_cfg.prefix_sharing and not await self.engine.reset_prefix_cache():
+        if self.rollout_cfg.prefix_sharing and not await self._call(self.engine.reset_prefix_cache()):
             raise RuntimeError(f"{why}: vLLM could not empty its prefix cache (requests are running); "
                                "set rollout.prefix_sharing=false for runs that update weights mid-generation")
 
@@ -221,7 +227,7 @@ class RolloutActor:
             return 0.0
         self.last_abort = f"v{self._update[0]}: {reason}"
         try:
-            await self.engine.collective_rpc("relayrl_abort_weight_update")
+            await self._call(self.engine.collective_rpc("relayrl_abort_weight_update"))
         finally:
             stall = await self._close_update()
         return stall
@@ -232,7 +238,7 @@ class RolloutActor:
         if self._watchdog is not None and self._watchdog is not asyncio.current_task():
             self._watchdog.cancel()
         if self._pause_here:
-            await self.engine.resume_generation()
+            await self._call(self.engine.resume_generation())
         return time.perf_counter() - t0
 
     async def _expire(self, update: tuple[int, float], after_s: float) -> None:
@@ -242,7 +248,7 @@ class RolloutActor:
 
     async def weight_version(self) -> int:
         """The version label new tokens are tagged with."""
-        return parse_version(await self.engine.get_weight_version())
+        return parse_version(await self._call(self.engine.get_weight_version()))
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """``[T-1]``: log p(token_i | tokens_<i) for i = 1..T-1 under the engine's current weights."""
@@ -257,33 +263,49 @@ class RolloutActor:
 
     async def cpu_binding(self) -> dict[str, Any]:
         """CPU engines: the first worker's cores, torch threads and pid (``relayrl_cpu_binding``); for tests."""
-        return (await self.engine.collective_rpc("relayrl_cpu_binding"))[0]
+        return (await self._call(self.engine.collective_rpc("relayrl_cpu_binding")))[0]
 
     async def param_digests(self) -> dict[str, str]:
         """sha256 per engine parameter (first worker); tests use it to check syncs are bit-exact."""
-        return (await self.engine.collective_rpc("relayrl_param_digests"))[0]
+        return (await self._call(self.engine.collective_rpc("relayrl_param_digests")))[0]
 
     async def pause(self, mode: str = "keep") -> None:
         """Stop scheduling. ``keep`` freezes running requests (they finish after ``resume``);
         ``abort`` ends them; ``wait`` lets them finish first."""
-        await self.engine.pause_generation(mode=mode, clear_cache=mode != "keep")
+        await self._call(self.engine.pause_generation(mode=mode, clear_cache=mode != "keep"))
         self._paused = True
 
     async def resume(self) -> None:
-        await self.engine.resume_generation()
+        await self._call(self.engine.resume_generation())
         self._paused = False
 
     async def sleep(self) -> None:
         """Colocated mode, before training: free the engine's memory (vLLM sleep level 1: weights offloaded,
         KV cache dropped). On CPU vLLM ignores it (with a warning): the bundle's cores are simply idle."""
-        await self.engine.sleep(level=1, mode="wait")
+        await self._call(self.engine.sleep(level=1, mode="wait"))
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        await self.engine.wake_up(tags)
+        await self._call(self.engine.wake_up(tags))
         await self._drop_prefix_cache("wake-up")   # sleep dropped the KV memory the cache points into
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+async def unless_dead(engine: Any, call: Awaitable[T]) -> T:
+    """Await an ``AsyncLLM`` control call (pause, weight transfer, ``collective_rpc``...), raising vLLM's
+    ``EngineDeadError`` as soon as ``engine`` is dead. vLLM fails the requests in flight when its engine
+    core dies but leaves such a call waiting forever: a sync caught by an engine's death would hold the
+    run for ``weightsync.timeout_s``, and a caller without a deadline for good."""
+    task = asyncio.ensure_future(call)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DEATH_POLL_S)
+            if not task.done() and engine.errored:
+                raise engine.dead_error
+        return task.result()
+    finally:
+        task.cancel()
 
 
 def _trajectory(prompt_id: int, prompt_token_ids: list[int], completion: Any, seconds: float) -> Trajectory:

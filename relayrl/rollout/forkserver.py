@@ -7,12 +7,8 @@ box, twice, one after the other, before the engine loads a weight. (Plain ``fork
 forces ``spawn`` inside a Ray actor, and a child forked from a process whose OpenMP runtime is already set
 up keeps the parent's thread count and never binds the cores vLLM's CPU worker asks for.)
 
-``use_forkserver`` makes both children come from one Python ``forkserver``: the actor imports what they
-need (``PRELOAD``), forks the server from itself (``fork_server``), and the server forks a child per
-request, so vLLM is imported once per engine (a server started by Python's ``ensure_running`` is a fresh
-interpreter that imports it a second time: 7 CPU-seconds while the run's start keeps both cores busy).
-The actor has computed nothing when it forks, so the server holds no OpenMP pool; it keeps only the
-calling thread and none of the actor's Ray sockets. Each child then behaves as if spawned:
+``use_forkserver`` makes both children come from one Python ``forkserver`` started by the actor, which
+imports vLLM once (``PRELOAD``) and forks a child per request. Each child then behaves as if spawned:
 
 - it takes its parent's environment *as it is at* ``start()`` (``_Process``): vLLM sets the worker's
   ``OMP_NUM_THREADS`` and CPU binding variables around ``start()``, which a spawned child reads at birth;
@@ -24,20 +20,14 @@ calling thread and none of the actor's Ray sockets. Each child then behaves as i
 - its own children come from the same server (``adopt_server``; Python would start a second one);
 - its vLLM queue readers sleep between checks instead of spinning (``queuepoll``, ``rollout.queue_poll_us``).
 
-The server (``relayrl::forkserver`` in ``ps``) is single-threaded and computes nothing; it exits when the
-actor and every child it made have closed their end of its "alive" pipe. The children stay in the actor's
-process tree (actor -> server -> engine core, worker), so ``cleanup.kill_process_tree(actor pid)`` still
-reaches them.
+The server is single-threaded and computes nothing; it exits when the actor and every child it made have
+closed their end of its "alive" pipe. The children stay in the actor's process tree (actor -> server ->
+engine core, worker), so ``cleanup.kill_process_tree(actor pid)`` still reaches them.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import socket
-import sys
-import traceback
-from multiprocessing import connection as mp_connection
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, resource_tracker
 from typing import Any, Callable
@@ -66,30 +56,15 @@ def _run(env: dict[str, str], target: Callable, args: tuple, kwargs: dict) -> An
     return target(*args, **kwargs)
 
 
-def title_ready() -> Any:
-    """Make ``setproctitle`` work in this child and return it (None if it is not installed); vLLM names its
-    processes with it (``VLLM::EngineCore``, ``VLLM::Worker``: what ``ps``, operators and the chaos tests
-    look for).
-
-    In a fork of a Ray worker, Ray's own ``setproctitle`` already owns the argv area (``setproctitle``'s
-    first use would not find it and leave the title alone), so vLLM's calls go to Ray's. Otherwise let
-    ``setproctitle`` find argv while ``environ`` is still where exec put it (it walks back from there, once,
-    on first use)."""
+def title_ready() -> None:
+    """Let ``setproctitle`` find this process's argv while ``environ`` is still where exec put it (it walks
+    back from there, once, on first use); vLLM names its processes with it (``VLLM::EngineCore``,
+    ``VLLM::Worker``: what ``ps``, operators and the chaos tests look for)."""
     try:
         import setproctitle
     except ImportError:
-        return None
-    if raylet := sys.modules.get("ray._raylet"):
-        setproctitle.setproctitle = raylet.setproctitle
-    else:
-        setproctitle.getproctitle()
-    return setproctitle
-
-
-def set_title(title: str) -> None:
-    """Name this process (``ps``, ``/proc/<pid>/comm``) as vLLM names its own."""
-    if module := title_ready():
-        module.setproctitle(title)
+        return
+    setproctitle.getproctitle()
 
 
 def omp_cpus(env: dict[str, str]) -> set[int]:
@@ -148,58 +123,9 @@ def adopt_server() -> None:
 
 
 def use_forkserver() -> None:
-    """In the rollout actor, first thing: import ``PRELOAD`` here, then fork the server from this process,
-    so vLLM's processes come from a server that has everything imported without importing it twice. Should
-    the server die, Python starts its own in its place (``ensure_running``), which preloads ``PRELOAD``."""
+    """In the rollout actor, first thing: start vLLM's processes from a preloaded server. The server starts
+    now and imports ``PRELOAD`` while the actor imports vLLM itself (two single-threaded imports side by
+    side, instead of the server's after the actor's when ``AsyncLLM`` forks its first child)."""
     CONTEXT.set_forkserver_preload(PRELOAD)
-    for name in PRELOAD:
-        importlib.import_module(name)
-    fork_server()
+    forkserver.ensure_running()
     patch_vllm()
-
-
-def fork_server() -> None:
-    """Start Python's forkserver as a fork of this process (``ensure_running`` would exec a fresh interpreter
-    and import ``PRELOAD`` again: 7 CPU-seconds on this box while every core is busy starting the run).
-
-    The fork keeps only the calling thread and, of this process's file descriptors, the server's listener,
-    its "alive" pipe, stdio and the resource tracker's pipe (Ray's sockets must close when the actor dies,
-    not when the server does). Nothing has computed here yet, so OpenMP has no pool to inherit."""
-    server = forkserver._forkserver
-    if server._forkserver_pid is not None:
-        return
-    resource_tracker.ensure_running()
-    listener = socket.socket(socket.AF_UNIX)
-    address = mp_connection.arbitrary_address("AF_UNIX")
-    listener.bind(address)
-    os.chmod(address, 0o600)
-    listener.listen()
-    alive_r, alive_w = os.pipe()
-    keep = {0, 1, 2, listener.fileno(), alive_r, resource_tracker._resource_tracker._fd}
-    pid = os.fork()
-    if pid == 0:
-        _serve(listener.fileno(), alive_r, keep)
-    os.close(alive_r)
-    listener.close()
-    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
-
-
-def _serve(listener_fd: int, alive_r: int, keep: set[int]) -> None:
-    """The forked server: close what it must not hold, name itself, serve until every client is gone."""
-    code = 1
-    try:
-        for fd in map(int, os.listdir("/proc/self/fd")):
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        set_title("relayrl::forkserver")
-        forkserver.main(listener_fd, alive_r, [])
-        code = 0
-    except SystemExit:
-        code = 0
-    except BaseException:                 # the actor's log shows why; ensure_running replaces a dead server
-        traceback.print_exc()
-    finally:
-        os._exit(code)

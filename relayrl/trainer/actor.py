@@ -73,7 +73,8 @@ class TrainerActor:
                  temperature: float, seed: int, timeout_s: float = 600.0, critic_cfg: CriticConfig | None = None):
         self.rank, self.world_size = rank, world_size
         self.critic_cfg, self.critic = critic_cfg or CriticConfig(), None   # Critic, made in setup for gae
-        self.master = (master_addr, master_port)
+        self.master = (master_addr, master_port)   # port 0: rank 0 binds one the OS picks (``listen``)
+        self._master_store: dist.TCPStore | None = None
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
         self.temperature, self.seed, self.timeout = temperature, seed, timedelta(seconds=timeout_s)
         self._sync = None  # TrainerSync, set by connect_rollouts
@@ -86,14 +87,26 @@ class TrainerActor:
         return PolicyStep(self.objective, self.temperature, self.cfg.dtype)
 
     # ---------------------------------------------------------------- setup
-    def _store(self) -> dist.TCPStore:
-        """Rank 0 serves the group's store on the master address only (not every interface)."""
-        make = master_store if self.rank == 0 else client_store
-        return make(*self.master, self.world_size, self.timeout)
+    def listen(self) -> int:
+        """Rank 0: serve the group's store on the master address only (not every interface); returns its
+        port, which the other ranks' ``setup`` takes."""
+        if self._master_store is None:
+            self._master_store = master_store(*self.master, self.world_size, self.timeout)
+            self.master = (self.master[0], self._master_store.port)
+        return self.master[1]
 
-    def setup(self) -> None:
-        """Join the process group, load and shard the policy (and the frozen reference if KL is on, the critic
-        for PPO); in the background of the engines' start (``trainer.setup_nice``)."""
+    def _store(self) -> dist.TCPStore:
+        if self.rank == 0:
+            self.listen()
+            return self._master_store
+        return client_store(*self.master, self.world_size, self.timeout)
+
+    def setup(self, master_port: int | None = None) -> None:
+        """Join the process group (at rank 0's ``master_port`` when given), load and shard the policy (and the
+        frozen reference if KL is on, the critic for PPO); in the background of the engines' start
+        (``trainer.setup_nice``)."""
+        if master_port is not None:
+            self.master = (self.master[0], master_port)
         with in_background(self.cfg.setup_nice):
             self._setup()
 

@@ -23,18 +23,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _node_address() -> tuple[str, int]:
-    host = ray.util.get_node_ip_address()
-    return host, free_port(host)
-
-
-def rendezvous(rank0_options: dict[str, Any], world_size: int) -> tuple[str, int]:
-    """(address, port) for torch.distributed: 127.0.0.1 when Ray has one node or there is one rank,
-    else rank 0's node IP and a port free there (a zero-CPU task scheduled as rank 0 will be)."""
+def rendezvous_host(rank0_options: dict[str, Any], world_size: int) -> str:
+    """The address torch.distributed's store listens on: 127.0.0.1 when Ray has one node or there is one
+    rank, else rank 0's node IP (asked of a zero-CPU task scheduled as rank 0 will be)."""
     if world_size == 1 or len([n for n in ray.nodes() if n["Alive"]]) == 1:
-        return "127.0.0.1", free_port()
+        return "127.0.0.1"
     where = {k: v for k, v in rank0_options.items() if k == "scheduling_strategy"}
-    return ray.get(ray.remote(_node_address).options(num_cpus=0, **where).remote())
+    return ray.get(ray.remote(ray.util.get_node_ip_address).options(num_cpus=0, **where).remote())
 
 
 class TrainerGroup:
@@ -43,8 +38,10 @@ class TrainerGroup:
     ``actor_options``: Ray ``.options(...)`` for the ranks, one dict shared by all or one per rank
     (e.g. ``scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)``),
     merged over the defaults ``num_cpus=trainer_cfg.num_cpus`` (+ ``num_gpus=1`` for nccl). The
-    rendezvous is a free port on rank 0's node (found by a task placed like rank 0), so ranks that a
-    placement group spreads over several nodes still find each other.
+    rendezvous is rank 0's node (found by a task placed like rank 0), so ranks that a placement group
+    spreads over several nodes still find each other; rank 0 binds a port the OS picks (``listen``) and
+    the others receive it through Ray. (A port found free by the driver and bound by rank 0 seconds later
+    can be taken in between: Ray's and vLLM's sockets take ephemeral ports all through the start.)
 
     With ``algo_cfg.name=gae`` (PPO) every rank also holds its shard of the critic (``critic.py``), trained
     with ``critic_cfg`` in the same ``train_step``.
@@ -58,14 +55,15 @@ class TrainerGroup:
                  actor_options: dict[str, Any] | list[dict[str, Any]] | None = None, timeout_s: float = 600.0,
                  critic_cfg: CriticConfig | None = None):
         per_rank = self._options(world_size, trainer_cfg, actor_options)
-        host, port = rendezvous(per_rank[0], world_size)
+        host = rendezvous_host(per_rank[0], world_size)
         remote_cls = ray.remote(TrainerActor)
         self.actors = [
-            remote_cls.options(**per_rank[rank]).remote(rank, world_size, host, port, model_path,
+            remote_cls.options(**per_rank[rank]).remote(rank, world_size, host, 0, model_path,
                                                         model_cfg, trainer_cfg, algo_cfg, temperature, seed,
                                                         timeout_s, critic_cfg)
             for rank in range(world_size)]
-        self._setup_refs: list | None = [a.setup.remote() for a in self.actors]
+        port = self.actors[0].listen.remote()
+        self._setup_refs: list | None = [a.setup.remote(port) for a in self.actors]
 
     @staticmethod
     def _options(world_size: int, cfg: TrainerConfig,

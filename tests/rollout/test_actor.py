@@ -121,7 +121,7 @@ def test_forkserver_worker_is_bound_as_vllm_binds_a_spawned_one(actor, ray_sessi
     worker = psutil.Process(binding["pid"])
     assert "VLLM::Worker" in " ".join(worker.cmdline())        # vLLM's title, as for a spawned worker
     server = worker.parent()
-    assert "relayrl::forkserver" in " ".join(server.cmdline())
+    assert "multiprocessing.forkserver" in " ".join(server.cmdline())
     assert server.parent().pid == ray_session.get(actor.info.remote())["pid"]
 
 

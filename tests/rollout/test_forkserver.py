@@ -54,22 +54,16 @@ def test_use_forkserver_routes_vllm_process_starts_through_the_context(monkeypat
     assert executor.get_mp_context() is forkserver.CONTEXT
 
 
-def test_use_forkserver_forks_the_server_from_the_caller():
-    """``use_forkserver`` starts the server at once, as a fork of the calling process (its child, named
-    ``relayrl::forkserver``, not a fresh interpreter that would import vLLM again), holding none of the
-    caller's other file descriptors; a child it forks runs the target. In a fresh process (this one's
-    server may be running already), with nothing to preload."""
-    code = ("import multiprocessing.forkserver as f, os, time; from relayrl.rollout import forkserver; "
+def test_use_forkserver_starts_the_server_at_once():
+    """The server starts (and begins its vLLM imports) when the actor calls ``use_forkserver``, not when
+    ``AsyncLLM`` forks its first child: the actor's own vLLM import then runs beside the server's. In a
+    fresh process (this one's server may be running already), with nothing to preload."""
+    code = ("import multiprocessing.forkserver as f; from relayrl.rollout import forkserver; "
             "forkserver.PRELOAD.clear(); assert f._forkserver._forkserver_pid is None; "
-            "held = os.open(forkserver.__file__, os.O_RDONLY); forkserver.use_forkserver(); "
-            "pid = f._forkserver._forkserver_pid; time.sleep(1); "
-            "fds = [os.readlink(f'/proc/{pid}/fd/{n}') for n in os.listdir(f'/proc/{pid}/fd')]; "
-            "print(pid, open(f'/proc/{pid}/stat').read().split()[3] == str(os.getpid()), "
-            "open(f'/proc/{pid}/comm').read().strip(), os.path.realpath(forkserver.__file__) in fds)")
+            "forkserver.use_forkserver(); print(f._forkserver._forkserver_pid)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    pid, is_child, name, holds_callers_fd = out.stdout.split()[-4:]
-    assert int(pid) > 0 and is_child == "True" and name == "relayrl::forkse" and holds_callers_fd == "False"
+    assert int(out.stdout.split()[-1]) > 0
 
 
 def _title(queue) -> None:
