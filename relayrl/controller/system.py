@@ -146,7 +146,7 @@ class System:
         actor table: a replacement that hung while it started never answered ``info``."""
         from relayrl.rollout.cleanup import kill_process_tree
 
-        where = actor_process(self.rollouts[i]) or (self.procs[i] if i < len(self.procs) else None)
+        where = actor_process(self.rollouts[i], reported=self.procs[i] if i < len(self.procs) else None)
         if where is not None and where[0] == ray.util.get_node_ip_address():
             kill_process_tree(where[1])
         ray.kill(self.rollouts[i], no_restart=True)
@@ -265,15 +265,16 @@ def wait_engines_up(rollouts: list[Any], timeout_s: float, what: str) -> list[di
                            "start; raise it if loading the model takes longer)") from None
 
 
-def actor_process(actor: Any) -> tuple[str, int] | None:
+def actor_process(actor: Any, reported: tuple[str, int] | None = None) -> tuple[str, int] | None:
     """(node IP, pid) of a live or starting actor's process from Ray's actor table (the GCS table behind
-    ``ray.util.state``, which needs the dashboard); None once it is dead (its pid may be another's now)."""
+    ``ray.util.state``, which needs the dashboard); None once it is dead (its pid may be another's now).
+    ``reported`` (what the actor's ``info`` said) stands in only when the table cannot be read."""
     from ray._private.state import state
 
     try:
         entry = state.actor_table(actor._actor_id.hex())
-    except Exception:  # noqa: BLE001 - no record is no process to kill; the caller falls back
-        return None
+    except Exception:  # noqa: BLE001 - no table to ask: the pid the replica reported is the best there is
+        return reported
     ip, pid = (entry.get("Address") or {}).get("IPAddress"), entry.get("Pid")
     return (ip, int(pid)) if ip and pid and entry.get("State") != "DEAD" else None
 
