@@ -163,9 +163,10 @@ class RolloutConfig:
     enforce_eager: bool = True
     """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
     max_restarts: int = 5
-    """Replicas that die (actor or engine process) are replaced and their prompts generated again, at most
-    this many times per run; a replacement that dies while it starts, or is not up within
-    ``start_timeout_s``, is one more attempt (backoff 1, 2, 4 ... 30 s between attempts)."""
+    """Replicas that die (actor or engine process; while generating, during a weight sync or its post-sync
+    probe) are replaced and their prompts generated again, at most this many times per run; a replacement
+    that dies while it starts, or is not up within ``start_timeout_s``, is one more attempt (backoff 1, 2,
+    4 ... 30 s between attempts)."""
     start_timeout_s: float = 600.0
     """Deadline for an engine to come up (weights loaded, KV cache allocated). At the run's start, past it the
     run stops naming it; a replacement past it is killed and counts as one more attempt (a start that hangs

@@ -189,12 +189,19 @@ class System:
         except Exception as exc:
             if died := self.trainer.dead_ranks():
                 raise TrainerDied(f"trainer rank {died[0]} died during the sync of v{version}") from exc
-            if not (dead := self.dead_rollouts()):
+            if not self.replace_dead_rollouts(exc, 0):    # the retry below brings every engine to ``version``
                 raise
-            for i in dead:
-                print(f"relayrl: rollout replica {i} died ({type(exc).__name__}); restarting it")
-                self.restart_rollout(i, 0, exc)   # the retry below brings every engine to ``version``
             return self.sync_weights(version)
+
+    def replace_dead_rollouts(self, error: BaseException, version: int, during: str = "") -> bool:
+        """Replace every replica that no longer answers after ``error`` (synced to ``version`` when > 0);
+        False when all answer, i.e. ``error`` was not a replica's death."""
+        if not (dead := self.dead_rollouts()):
+            return False
+        for i in dead:
+            print(f"relayrl: rollout replica {i} died{during} ({type(error).__name__}); restarting it")
+            self.restart_rollout(i, version, error)
+        return True
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Trainer ranks gather their shards bucket by bucket and every engine commits them as ``version``.
@@ -229,21 +236,33 @@ class System:
         return self.trainer.probe(group_refs[:1], ws.verify_samples)
 
     def check_mismatch(self, version: int, probe: tuple | None) -> dict[str, float]:
-        """The engines' half: their logprobs on the probe's sequences against the trainer's."""
+        """The engines' half: their logprobs on the probe's sequences against the trainer's. A replica that died
+        meanwhile is replaced (its successor synced to ``version``) and the engines are asked again; a
+        replica that answers but errs, or logprobs past ``weightsync.max_mismatch``, stop the run."""
         from relayrl.weightsync.client import WeightSyncError
         from relayrl.weightsync.verify import logprob_mismatch
 
         if probe is None:
             return {}
         seqs, starts, trainer = probe
-        engine = ray.get([self.rollouts[i % len(self.rollouts)].prompt_logprobs.remote(s)
-                          for i, s in enumerate(seqs)])
+        try:
+            engine = self.engine_logprobs(seqs)
+        except Exception as exc:
+            if not self.replace_dead_rollouts(exc, version, f" during the probe of v{version}"):
+                raise
+            engine = self.engine_logprobs(seqs)         # the replacements hold ``version`` too
         stats = logprob_mismatch(engine, trainer, starts)
         if stats[MISMATCH_MEAN_ABS] > self.cfg.weightsync.max_mismatch:
             raise WeightSyncError(f"after sync v{version} engine and trainer logprobs differ by "
                                   f"{stats[MISMATCH_MEAN_ABS]:.3g} nats/token (> weightsync.max_mismatch="
-                                  f"{self.cfg.weightsync.max_mismatch:g}): the engine is not running the trainer's weights")
+                                  f"{self.cfg.weightsync.max_mismatch:g}): the engine is not running the "
+                                  "trainer's weights")
         return stats
+
+    def engine_logprobs(self, seqs: list[list[int]]) -> list[list[float]]:
+        """Each sequence's per-token logprobs from the engines, spread over the replicas."""
+        return ray.get([self.rollouts[i % len(self.rollouts)].prompt_logprobs.remote(s)
+                        for i, s in enumerate(seqs)])
 
     def shutdown(self) -> None:
         for r in self.rollouts:

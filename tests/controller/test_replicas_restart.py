@@ -82,3 +82,73 @@ def test_restarts_stop_at_max_restarts_naming_the_last_error(monkeypatch):
 
 def test_backoff_doubles_and_is_capped():
     assert [restart_backoff_s(a) for a in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+class Scorer:
+    """A rollout-actor stand-in for the post-sync probe: token t scores -t/100, plus ``shift``."""
+
+    def __init__(self, shift: float = 0.0) -> None:
+        self.shift = shift
+
+    def weight_version(self) -> int:
+        return 10
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        if not token_ids:
+            raise ValueError("empty prompt")
+        return [-t / 100 + self.shift for t in token_ids[1:]]
+
+
+def scorer(shift: float = 0.0):
+    return ray.remote(Scorer).options(num_cpus=0).remote(shift)
+
+
+def dead_scorer():
+    """A stand-in that was killed, once calls to it fail (``ray.kill`` lands asynchronously)."""
+    actor = scorer()
+    ray.get(actor.weight_version.remote())
+    ray.kill(actor, no_restart=True)
+    for _ in range(100):
+        try:
+            ray.get(actor.weight_version.remote())
+        except ray.exceptions.RayActorError:
+            return actor
+    raise AssertionError("the killed stand-in still answers")
+
+
+def probe_system(rollouts: list, monkeypatch) -> tuple[System, list[tuple[int, int]]]:
+    """A System over ``rollouts`` whose re-creation puts a fresh, exact ``Scorer`` in the dead one's place."""
+    cfg = SimpleNamespace(rollout=SimpleNamespace(max_restarts=3), weightsync=SimpleNamespace(max_mismatch=0.05))
+    system = System(cfg, None, rollouts, None, None)
+    recreated: list[tuple[int, int]] = []
+
+    def recreate(i: int, version: int) -> None:
+        recreated.append((i, version))
+        system.rollouts[i] = scorer()
+    monkeypatch.setattr(system, "_recreate_rollout", recreate)
+    return system, recreated
+
+
+SEQS = [[5, 7, 9], [4, 6, 8], [1, 2, 3]]        # replica i % 2 scores sequence i
+TRAINER = [[-0.07, -0.09], [-0.06, -0.08], [-0.02, -0.03]]
+STARTS = [0, 1, 0]                               # completion logprobs: 2 + 1 + 2 tokens
+
+
+def test_a_replica_that_dies_during_the_probe_is_replaced_at_the_version_and_asked_again(ray_session, monkeypatch):
+    from relayrl.monitor.schema import MISMATCH_MAX_ABS, MISMATCH_TOKENS
+
+    system, recreated = probe_system([scorer(), dead_scorer()], monkeypatch)
+    stats = system.check_mismatch(10, (SEQS, STARTS, TRAINER))
+    assert recreated == [(1, 10)] and system.restarts == 1
+    assert stats[MISMATCH_TOKENS] == 5 and stats[MISMATCH_MAX_ABS] < 1e-12
+
+
+def test_a_probe_error_or_mismatch_on_live_replicas_stops_the_run_without_restarts(ray_session, monkeypatch):
+    from relayrl.weightsync.client import WeightSyncError
+
+    system, recreated = probe_system([scorer(), scorer(shift=0.5)], monkeypatch)
+    with pytest.raises(WeightSyncError, match=r"after sync v10 engine and trainer logprobs differ by 0\.1 "):
+        system.check_mismatch(10, (SEQS, STARTS, TRAINER))      # replica 1's one token 0.5 off: 0.5 / 5 tokens
+    with pytest.raises(ray.exceptions.RayTaskError, match="empty prompt"):
+        system.check_mismatch(10, ([[5, 7, 9], []], [0, 0], [[-0.07, -0.09], []]))
+    assert recreated == [] and system.restarts == 0
