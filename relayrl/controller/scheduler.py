@@ -152,7 +152,6 @@ class Scheduler:
         again under the same sequence number, so data order and accounting are unchanged."""
         replica = flight.launch.replica
         if self.system.rollouts[replica] is flight.actor:    # not yet replaced (e.g. during a sync)
-            print(f"relayrl: rollout replica {replica} died ({type(error).__name__}); restarting it")
             self.system.restart_rollout(replica, self.policy.version, error)
         self.policy.on_failed(flight.launch.seq)
         self.idle.append(replica)

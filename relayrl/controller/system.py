@@ -98,11 +98,12 @@ class System:
         """Replicas whose actor or engine no longer answers (a dead engine raises on any call)."""
         return [i for i, r in enumerate(self.rollouts) if not answers(r, timeout_s)]
 
-    def restart_rollout(self, i: int, version: int, error: BaseException) -> None:
-        """Replace replica ``i`` after ``error`` killed it. A replacement that dies while it starts is one
-        more attempt, after a backoff (``restart_backoff_s``); every attempt counts towards
-        ``rollout.max_restarts``, past which the run stops naming the last error. Recovery that gives up
-        on the first hiccup would end runs a second try survives."""
+    def restart_rollout(self, i: int, version: int, error: BaseException, during: str = "") -> None:
+        """Replace replica ``i`` after ``error`` killed it (``during``: where, for the console line). A
+        replacement that dies while it starts is one more attempt, after a backoff (``restart_backoff_s``);
+        every attempt counts towards ``rollout.max_restarts``, past which the run stops naming the last
+        error. Recovery that gives up on the first hiccup would end runs a second try survives."""
+        print(f"relayrl: rollout replica {i} died{during} ({type(error).__name__}); restarting it")
         for attempt in range(self.cfg.rollout.max_restarts + 1):
             if self.restarts >= self.cfg.rollout.max_restarts:
                 break
@@ -199,8 +200,7 @@ class System:
         if not (dead := self.dead_rollouts()):
             return False
         for i in dead:
-            print(f"relayrl: rollout replica {i} died{during} ({type(error).__name__}); restarting it")
-            self.restart_rollout(i, version, error)
+            self.restart_rollout(i, version, error, during)
         return True
 
     def sync_weights(self, version: int) -> dict[str, float]:
