@@ -82,18 +82,24 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from relayrl.config import load_config
+    from relayrl.rollout.actor import start_driver_forkserver, stop_shared
 
-    overrides = [*args.overrides, *(["logging.verbose=true"] if args.verbose else [])]
-    cfg = load_config(args.config_name, overrides, args.config_dir)
-    if args.print_config:
-        from omegaconf import OmegaConf
+    if not args.print_config:
+        start_driver_forkserver()       # the engines' vLLM import starts now, beside the driver's own start
+    try:
+        overrides = [*args.overrides, *(["logging.verbose=true"] if args.verbose else [])]
+        cfg = load_config(args.config_name, overrides, args.config_dir)
+        if args.print_config:
+            from omegaconf import OmegaConf
 
-        print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+            print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+            return 0
+        from relayrl.controller import train
+
+        train(cfg)
         return 0
-    from relayrl.controller import train
-
-    train(cfg)
-    return 0
+    finally:
+        stop_shared()
 
 
 def _plot(args: argparse.Namespace) -> int:

@@ -145,7 +145,8 @@ class RolloutConfig:
     ``mode=async`` with separate placement: the cores shared out among replicas and ranks, ``cluster.split_cores``)."""
     forkserver: bool = True
     """CPU engines only: fork vLLM's engine-core and worker processes from a server with vLLM imported once
-    (``rollout/forkserver.py``) instead of spawning two fresh interpreters; false: vLLM's own spawn."""
+    (``rollout/forkserver.py``) instead of spawning two fresh interpreters; false: vLLM's own spawn. ``relayrl
+    train`` starts that server at launch, its vLLM import beside the driver's start, for the engines to adopt."""
     queue_poll_us: int = 200
     """CPU engines with ``forkserver``: after each message, vLLM's queue readers (the engine core waiting on its
     worker, the worker waiting for its next call) check for the next one every this many microseconds for 1 s
@@ -755,6 +756,11 @@ def has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
+"""Set in every Ray worker of a run (``cluster.start_ray``): tokenizers' own thread pool off (the actors size
+their threads), vLLM's INFO lines off."""
 
 
 CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),

@@ -19,7 +19,8 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relayrl import logs
-from relayrl.config import Config, PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig, has_cuda
+from relayrl.config import (WORKER_ENV, Config, PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig,
+                            has_cuda)
 
 
 @dataclass
@@ -40,7 +41,7 @@ def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: floa
     Worker output streams to the driver; a run's ``RunDir`` routes it into its ``logs/`` (``relayrl.logs``)."""
     if ray.is_initialized():
         return
-    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}}
+    env = {"env_vars": dict(WORKER_ENV)}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
     else:

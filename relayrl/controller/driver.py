@@ -30,6 +30,7 @@ from relayrl.controller.cluster import make_placement, needed_cpus, split_cores,
 from relayrl.controller.run import RunDir, RunResult
 from relayrl.controller.faults import TrainerDied
 from relayrl.controller.system import System
+from relayrl.rollout.actor import keep_driver_forkserver
 
 
 def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
@@ -39,6 +40,7 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     checkpoint (from scratch if there is none yet), at most ``trainer.max_restarts`` times.
     """
     cfg = split_cores(cfg)                              # async on CPU: engines and ranks share the cores
+    keep_driver_forkserver(cfg)                         # `relayrl train` started one at launch
     reward_fns = resolve_rewards(cfg, rewards)          # import errors surface before Ray starts
     model_path = resolve_model_path(cfg)
     resume = resolve_resume(cfg)                        # (run dir, checkpoint, state) or None, before Ray starts

@@ -17,12 +17,15 @@ import asyncio
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Awaitable, TypeVar
 
-from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda, malloc_env, with_env
+from relayrl.config import (CPU_MALLOC_ENV, WORKER_ENV, Config, ModelConfig, RolloutConfig, WeightSyncConfig,
+                            has_cuda, malloc_env, with_env)
 from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
-from relayrl.rollout.forkserver import use_forkserver
+from relayrl.rollout.cleanup import forget_owned
+from relayrl.rollout.forkserver import shared_actor_env, start_shared, stop_shared, use_forkserver
 from relayrl.rollout.queuepoll import POLL_ENV
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
@@ -290,6 +293,7 @@ class RolloutActor:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        forget_owned(os.getpid())
 
 
 async def unless_dead(engine: Any, call: Awaitable[T]) -> T:
@@ -335,7 +339,31 @@ def eager_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
     one here: behaviour logprobs) compiled the rank count (``batched_count_greater_than``) with Inductor, a
     C++ build: 2.3 s of one core on the 2-core box, sampled with py-spy in the engine worker. Eager, that
     helper is one comparison and a sum over the vocabulary. Empty on CUDA machines and for compiled engines."""
-    return {} if has_cuda() or not rollout_cfg.enforce_eager else {"TORCHDYNAMO_DISABLE": "1"}
+    return {} if has_cuda() or not rollout_cfg.enforce_eager else dict(EAGER_ENV)
+
+
+EAGER_ENV = {"TORCHDYNAMO_DISABLE": "1"}
+
+
+def engine_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
+    """The variables a rollout actor's runtime env sets (its engine's processes inherit them)."""
+    return {**cpu_thread_env(rollout_cfg), **malloc_env(), **eager_env(rollout_cfg)}
+
+
+def start_driver_forkserver() -> None:
+    """In ``relayrl train``, at launch: start the fork server for CPU engines with a default CPU rollout
+    actor's variables, its vLLM import beside the driver's start (``forkserver.start_shared``). Not on
+    hosts with NVIDIA devices (checked without importing torch)."""
+    if not list(Path("/dev").glob("nvidia[0-9]*")):
+        start_shared({**WORKER_ENV, **CPU_MALLOC_ENV, **EAGER_ENV})
+
+
+def keep_driver_forkserver(cfg: Config) -> None:
+    """Stop the driver's fork server unless this run's rollout actors will adopt it: CPU engines on this
+    host (no ``run.ray_address``) with ``rollout.forkserver`` and the variables it was started with."""
+    adopts = cfg.rollout.forkserver and not cfg.run.ray_address and not has_cuda()
+    if not (adopts and shared_actor_env({**WORKER_ENV, **engine_env(cfg.rollout)})):
+        stop_shared()
 
 
 def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
@@ -348,7 +376,9 @@ def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: Ro
     import ray
 
     cls = ray.remote(RolloutActor)
-    env = {**cpu_thread_env(rollout_cfg), **malloc_env(), **eager_env(rollout_cfg)}
+    env = engine_env(rollout_cfg)
+    if rollout_cfg.forkserver:
+        env |= shared_actor_env({**WORKER_ENV, **env})
     options = with_env({"num_cpus": rollout_cfg.num_cpus, **options}, env)
     return cls.options(**options).remote(
         model_path, model_cfg, rollout_cfg, seed, sync_cfg)

@@ -19,6 +19,7 @@ for its lifetime).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,20 +123,61 @@ def cleanup_engine_segments() -> Cleanup:
     return result
 
 
-def kill_process_tree(pid: int) -> int:
-    """SIGKILL ``pid`` and every process below it; the number killed. ``ray.kill`` ends an actor's own
-    process, but a vLLM EngineCore child that is stopped (SIGSTOP, a wedged driver) can react to no
-    signal but SIGKILL and would otherwise live on, holding its memory and its queue segment."""
+def owned_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"relayrl-engines-{os.getuid()}"
+
+
+def register(owner: int, pid: int) -> None:
+    """Record that process ``pid`` belongs to ``owner`` though it is not below it in the process tree (an
+    engine process forked from the driver's server for rollout actor ``owner``), with its start time, so
+    that ``kill_process_tree(owner)`` ends it and never a later process given the same pid."""
+    import psutil
+
+    owned_dir().mkdir(mode=0o700, exist_ok=True)
+    with open(owned_dir() / str(owner), "a") as f:
+        f.write(f"{pid} {psutil.Process(pid).create_time()!r}\n")
+
+
+def owned(owner: int) -> list:
+    """The live processes registered under ``owner`` (``register``)."""
     import psutil
 
     try:
+        lines = (owned_dir() / str(owner)).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    procs = []
+    for pid, created in (line.split() for line in lines if line.strip()):
+        try:
+            proc = psutil.Process(int(pid))
+            if proc.create_time() == float(created):
+                procs.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def forget_owned(owner: int) -> None:
+    (owned_dir() / str(owner)).unlink(missing_ok=True)
+
+
+def kill_process_tree(pid: int) -> int:
+    """SIGKILL ``pid``, every process below it and every process registered under it; the number killed.
+    ``ray.kill`` ends an actor's own process, but a vLLM EngineCore child that is stopped (SIGSTOP, a wedged
+    driver) can react to no signal but SIGKILL and would otherwise live on, holding its memory and its
+    queue segment."""
+    import psutil
+
+    procs = owned(pid)
+    try:
         root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
+        procs += [*root.children(recursive=True), root]
     except psutil.NoSuchProcess:
-        return 0
+        pass
     for proc in procs:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
+    forget_owned(pid)
     return len(procs)

@@ -23,13 +23,35 @@ imports vLLM once (``PRELOAD``) and forks a child per request. Each child then b
 The server is single-threaded and computes nothing; it exits when the actor and every child it made have
 closed their end of its "alive" pipe. The children stay in the actor's process tree (actor -> server ->
 engine core, worker), so ``cleanup.kill_process_tree(actor pid)`` still reaches them.
+
+**The driver's server.** ``relayrl train`` starts a server at launch (``start_shared``), so that its vLLM
+import runs on the core the driver's single-threaded start (config, tokenizer, ``ray.init``) leaves idle,
+seconds before any actor exists. A rollout actor on the driver's host whose environment matches the one the
+server was started with (what glibc and the imports read: ``SharedServer.env``) adopts it (``adopt_shared``)
+instead of starting its own. Its engine processes are then the driver server's children, outside the actor's
+process tree, so each one (``_run``, ``OWNER_ENV``):
+
+- writes to the actor's stdout and stderr (passed as file descriptors, as a spawned child inherits them);
+- leaves the driver's process group (a Ctrl-C at the terminal reaches the driver, not the engine);
+- is listed under the actor's pid (``cleanup.register``), where ``kill_process_tree(actor pid)`` finds it;
+- kills itself when the actor dies (a thread waiting on the actor's pidfd), as a child in the actor's tree is
+  taken down with it.
+
+The driver's server ends with ``relayrl train`` (``stop_shared``), or at once when the run's engines would
+not adopt it (``rollout.actor.keep_driver_forkserver``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import select
+import signal
+import sys
+import threading
+from dataclasses import asdict, dataclass
 from multiprocessing import context as mp_context
-from multiprocessing import forkserver, resource_tracker
+from multiprocessing import forkserver, reduction, resource_tracker
 from typing import Any, Callable
 
 from relayrl.rollout.queuepoll import sleep_between_polls_if_asked
@@ -37,13 +59,21 @@ from relayrl.rollout.queuepoll import sleep_between_polls_if_asked
 PRELOAD = ["vllm.v1.engine.core", "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker",
            "relayrl.rollout.forkserver"]
 """Imported once by the server: everything the engine core and its worker import before they work."""
+SHARED_ENV = "RELAYRL_FORKSERVER"
+"""Set on rollout actors (``shared_actor_env``) while the driver's server runs: its ``SharedServer`` as JSON."""
+OWNER_ENV = "RELAYRL_ENGINE_OWNER"
+"""In the environment of engine processes forked from the driver's server: the pid of their rollout actor."""
 
 
-def _run(env: dict[str, str], target: Callable, args: tuple, kwargs: dict) -> Any:
-    """The child's entry point: the parent's environment, its thread count, the shared server, then vLLM."""
+def _run(env: dict[str, str], streams: "_StdStreams", target: Callable, args: tuple, kwargs: dict) -> Any:
+    """The child's entry point: the parent's environment and output, its owner, thread count and server, then
+    vLLM."""
     title_ready()
     os.environ.clear()
     os.environ.update(env)
+    streams.install()
+    if owner := env.get(OWNER_ENV):
+        belong_to(int(owner))
     adopt_server()
     patch_vllm()
     sleep_between_polls_if_asked()
@@ -78,12 +108,48 @@ def omp_cpus(env: dict[str, str]) -> set[int]:
     return set()
 
 
+def belong_to(owner: int) -> None:
+    """In a child of the driver's server: live as if in rollout actor ``owner``'s process tree (module doc)."""
+    from relayrl.rollout.cleanup import register
+
+    os.setpgid(0, 0)
+    register(owner, os.getpid())
+    try:
+        pidfd = os.pidfd_open(owner)
+    except ProcessLookupError:                      # it died while this process started
+        os._exit(1)
+    threading.Thread(target=_die_with, args=(pidfd,), name="relayrl-owner", daemon=True).start()
+
+
+def _die_with(pidfd: int) -> None:
+    select.select([pidfd], [], [])                  # readable once the owner has exited
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _StdStreams:
+    """The parent's stdout and stderr, sent to the child as file descriptors (a spawned child inherits them;
+    a forkserver child would otherwise write wherever its server does)."""
+
+    def __init__(self, fds: tuple = ()) -> None:
+        self.fds = fds
+
+    def __reduce__(self) -> tuple:
+        return _StdStreams, ((reduction.DupFd(1), reduction.DupFd(2)),)   # pickled while the child starts
+
+    def install(self) -> None:
+        for target, dup in enumerate(self.fds, start=1):
+            fd = dup.detach()
+            os.dup2(fd, target)
+            os.close(fd)
+
+
 class _Process(mp_context.ForkServerProcess):
     """A forkserver child that receives its parent's environment as it is when ``start()`` runs."""
 
     def __init__(self, group: Any = None, target: Callable | None = None, name: str | None = None,
                  args: tuple = (), kwargs: dict | None = None, *, daemon: bool | None = None) -> None:
-        super().__init__(group, _run, name, ({}, target, tuple(args), dict(kwargs or {})), daemon=daemon)
+        super().__init__(group, _run, name, ({}, _StdStreams(), target, tuple(args), dict(kwargs or {})),
+                         daemon=daemon)
 
     def start(self) -> None:
         self._args = (dict(os.environ), *self._args[1:])
@@ -122,10 +188,105 @@ def adopt_server() -> None:
         server.ensure_running = resource_tracker.ensure_running
 
 
-def use_forkserver() -> None:
-    """In the rollout actor, first thing: start vLLM's processes from a preloaded server. The server starts
-    now and imports ``PRELOAD`` while the actor imports vLLM itself (two single-threaded imports side by
-    side, instead of the server's after the actor's when ``AsyncLLM`` forks its first child)."""
-    CONTEXT.set_forkserver_preload(PRELOAD)
-    forkserver.ensure_running()
+def use_forkserver() -> bool:
+    """In the rollout actor, first thing: start vLLM's processes from a preloaded server, the driver's when
+    it can be adopted (True), else its own. Its own starts now and imports ``PRELOAD`` while the actor
+    imports vLLM itself (two single-threaded imports side by side, instead of the server's after the
+    actor's when ``AsyncLLM`` forks its first child)."""
+    adopted = adopt_shared()
+    if not adopted:
+        CONTEXT.set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()
     patch_vllm()
+    return adopted
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    """The driver's server, as rollout actors see it (``SHARED_ENV``)."""
+
+    address: str                    # its Unix socket
+    boot_id: str                    # the host's boot: a socket path on another host means nothing here
+    env: dict[str, str]             # the variables it was started with; an actor adopts it if its own match
+
+
+_shared: SharedServer | None = None
+"""In the driver: the server ``start_shared`` started, until ``stop_shared``."""
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def start_shared(env: dict[str, str]) -> None:
+    """In the driver, at launch, single-threaded: start a server under ``os.environ`` updated with ``env``
+    (what the rollout actors will have), its output discarded and Ctrl-C ignored (the driver handles it)."""
+    global _shared
+    if forkserver._forkserver._forkserver_pid is not None:
+        return                                      # this process runs one already, started otherwise
+    saved, streams = dict(os.environ), _silence_output()
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)        # inherited through exec
+    try:
+        os.environ.update(env)
+        CONTEXT.set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+        _restore_output(streams)
+        os.environ.clear()
+        os.environ.update(saved)
+    _shared = SharedServer(forkserver._forkserver._forkserver_address, boot_id(), dict(env))
+
+
+def _silence_output() -> tuple[int, int]:
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved, null = (os.dup(1), os.dup(2)), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    return saved
+
+
+def _restore_output(saved: tuple[int, int]) -> None:
+    for target, fd in enumerate(saved, start=1):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def stop_shared() -> None:
+    """In the driver: end its server (if one runs); engines it forked live on until their actors end."""
+    global _shared
+    if _shared is not None:
+        _shared = None
+        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)  # it may still be importing PRELOAD
+        forkserver._forkserver._stop()
+
+
+def shared_actor_env(env: dict[str, str]) -> dict[str, str]:
+    """``SHARED_ENV`` for a rollout actor that will run with ``env`` set, when the driver's server runs and
+    was started with the same values; empty otherwise (the actor then starts its own)."""
+    if _shared is None or any(env.get(k) != v for k, v in _shared.env.items()):
+        return {}
+    return {SHARED_ENV: json.dumps(asdict(_shared))}
+
+
+def adopt_shared() -> bool:
+    """In a rollout actor: use the driver's server if ``SHARED_ENV`` names one on this host, started with
+    this process's values of its variables. Its children are told this process is their owner."""
+    if not (spec := os.environ.get(SHARED_ENV)):
+        return False
+    server = SharedServer(**json.loads(spec))
+    if (server.boot_id != boot_id() or not os.path.exists(server.address)
+            or any(os.environ.get(k) != v for k, v in server.env.items())):
+        return False
+    from relayrl.rollout.cleanup import forget_owned
+
+    forget_owned(os.getpid())                       # what an earlier process with this pid registered
+    state = forkserver._forkserver
+    state._forkserver_address = server.address
+    state._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)   # the driver keeps the server alive
+    state.ensure_running = resource_tracker.ensure_running
+    os.environ[OWNER_ENV] = str(os.getpid())
+    return True

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -82,3 +84,144 @@ def test_child_can_name_itself():
     proc.start()
     assert queue.get(timeout=60) == "VLLM::EngineCor"      # /proc comm keeps 15 characters
     proc.join(timeout=60)
+
+
+DRIVER = """
+import json, sys
+from relayrl.rollout import forkserver
+forkserver.PRELOAD.clear()
+forkserver.start_shared({"RELAYRL_TEST_SHARED": "1"})
+spec = {"env": forkserver.shared_actor_env({"RELAYRL_TEST_SHARED": "1"}),
+        "mismatch": forkserver.shared_actor_env({"RELAYRL_TEST_SHARED": "2"}),
+        "server": forkserver.forkserver._forkserver._forkserver_pid}
+print(json.dumps(spec), flush=True)
+sys.stdin.read()
+forkserver.stop_shared()
+"""
+
+ACTOR = """
+import json, sys
+from relayrl.rollout import forkserver
+from tests.rollout.test_forkserver import _say
+adopted = forkserver.adopt_shared()
+procs = [forkserver.CONTEXT.Process(target=_say, args=(i,)) for i in range(2)]
+for p in procs:
+    p.start()
+print(json.dumps({"adopted": adopted, "children": [p.pid for p in procs]}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _say(i: int) -> None:
+    import time
+
+    print(f"child {i} {os.getpid()} {os.getppid()} {os.getpgid(0)}", flush=True)
+    time.sleep(600)
+
+
+def _lines(proc: subprocess.Popen, n: int, timeout_s: float = 120.0) -> list[str]:
+    """The first ``n`` lines ``proc`` prints; fewer if it prints no more within ``timeout_s``."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    out = []
+    try:
+        while len(out) < n:
+            out.append(lines.get(timeout=timeout_s))
+    except queue.Empty:
+        pass
+    return out
+
+
+def _gone(pid: int, within_s: float = 30.0) -> bool:
+    import time
+
+    import psutil
+
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_engine_processes_of_the_drivers_server_live_as_in_their_actors_tree():
+    """A driver starts a server; an "actor" with the matching variable adopts it and starts two children.
+    They are the server's children, yet write to the actor's stdout, leave the driver's process group and
+    are registered under the actor: when the actor is killed, the running child ends itself, and
+    ``kill_process_tree(actor)`` ends the stopped one, which cannot."""
+    from relayrl.rollout.cleanup import kill_process_tree, owned
+
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    actor, info = None, {"children": []}
+    try:
+        spec = json.loads(driver.stdout.readline())
+        assert spec["env"] and spec["mismatch"] == {}              # an actor with other values is not told
+        actor = subprocess.Popen([sys.executable, "-c", ACTOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, env={**os.environ, **spec["env"], "RELAYRL_TEST_SHARED": "1"})
+        lines = _lines(actor, 3)                                    # the children print to the actor's stdout
+        info = json.loads(next(x for x in lines if x.startswith("{")))
+        said = sorted(x.split()[1:] for x in lines if x.startswith("child"))
+        assert info["adopted"]
+        assert [int(s[1]) for s in said] == sorted(info["children"])
+        assert all(int(ppid) == spec["server"] and int(pgid) == int(pid) for _, pid, ppid, pgid in said)
+        assert sorted(p.pid for p in owned(actor.pid)) == sorted(info["children"])
+        stopped, running = info["children"]
+        os.kill(stopped, signal.SIGSTOP)
+        os.kill(actor.pid, signal.SIGKILL)
+        actor.wait()
+        assert _gone(running)                                       # it saw its actor die
+        assert not _gone(stopped, within_s=1)
+        assert kill_process_tree(actor.pid) == 1                    # the registry still names it
+        assert _gone(stopped)
+        assert owned(actor.pid) == []
+    finally:
+        for pid in [*info["children"], *([actor.pid] if actor is not None else [])]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        driver.communicate(timeout=60)
+    assert driver.returncode == 0
+
+
+def test_an_actor_adopts_only_a_server_started_with_its_values_on_its_host(monkeypatch, tmp_path):
+    socket = tmp_path / "listener"
+    socket.touch()
+
+    def offered(**changes) -> bool:
+        spec = {"address": str(socket), "boot_id": forkserver.boot_id(), "env": {"RELAYRL_TEST_SHARED": "1"}}
+        monkeypatch.setenv(forkserver.SHARED_ENV, json.dumps({**spec, **changes}))
+        return forkserver.adopt_shared()
+
+    monkeypatch.delenv(forkserver.SHARED_ENV, raising=False)
+    assert not forkserver.adopt_shared()                           # no server offered
+    monkeypatch.setenv("RELAYRL_TEST_SHARED", "2")
+    assert not offered()                                           # started with another value
+    monkeypatch.setenv("RELAYRL_TEST_SHARED", "1")
+    assert not offered(boot_id="another host")
+    assert not offered(address=str(tmp_path / "gone"))
+
+
+def test_registered_processes_are_matched_by_start_time(tmp_path, monkeypatch):
+    """A pid in the registry that now names another process (different start time) is not killed."""
+    from relayrl.rollout import cleanup
+
+    monkeypatch.setattr(cleanup, "owned_dir", lambda: tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        cleanup.register(123456789, proc.pid)
+        assert [p.pid for p in cleanup.owned(123456789)] == [proc.pid]
+        (tmp_path / "123456789").write_text(f"{proc.pid} 1.0\n")
+        assert cleanup.owned(123456789) == []
+        assert cleanup.kill_process_tree(123456789) == 0 and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
