@@ -350,12 +350,17 @@ def engine_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
     return {**cpu_thread_env(rollout_cfg), **malloc_env(), **eager_env(rollout_cfg)}
 
 
+LAUNCH_ENV = {**WORKER_ENV, **CPU_MALLOC_ENV, **EAGER_ENV}
+"""What a default CPU rollout actor's process has set (Ray's and its own runtime env): the driver's server
+starts with it, before the run's config is read."""
+
+
 def start_driver_forkserver() -> None:
-    """In ``relayrl train``, at launch: start the fork server for CPU engines with a default CPU rollout
-    actor's variables, its vLLM import beside the driver's start (``forkserver.start_shared``). Not on
-    hosts with NVIDIA devices (checked without importing torch)."""
+    """In ``relayrl train``, at launch: start the fork server for CPU engines with ``LAUNCH_ENV``, its vLLM
+    import beside the driver's start (``forkserver.start_shared``). Not on hosts with NVIDIA devices
+    (checked without importing torch)."""
     if not list(Path("/dev").glob("nvidia[0-9]*")):
-        start_shared({**WORKER_ENV, **CPU_MALLOC_ENV, **EAGER_ENV})
+        start_shared(LAUNCH_ENV)
 
 
 def keep_driver_forkserver(cfg: Config) -> None:

@@ -30,3 +30,23 @@ def test_vllms_compiled_sampler_helper_runs_eagerly_under_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "[1, 3] 0"
+
+
+@pytest.mark.parametrize("overrides, adopted", [
+    ([], True),                                      # the default recipe's engines adopt the driver's server
+    (["rollout.enforce_eager=false"], False),        # Dynamo on: imports that differ from the server's
+    (["rollout.forkserver=false"], False),           # vLLM's spawn
+    (["run.ray_address=auto"], False),               # engines anywhere in a cluster
+])
+def test_the_drivers_server_is_kept_only_for_engines_that_adopt_it(monkeypatch, overrides, adopted):
+    """``relayrl train`` starts its server with ``LAUNCH_ENV`` before it reads the config; then it keeps it only
+    when the rollout actors will be offered it (their variables are the server's)."""
+    from relayrl.config import load_config
+    from relayrl.rollout import actor, forkserver
+
+    stopped = []
+    monkeypatch.setattr(forkserver, "_shared", forkserver.SharedServer("/listener", "boot", dict(actor.LAUNCH_ENV)))
+    monkeypatch.setattr(actor, "stop_shared", lambda: stopped.append(True))
+    cfg = load_config("grpo_arith", overrides)
+    actor.keep_driver_forkserver(cfg)
+    assert stopped == ([] if adopted else [True])
