@@ -161,6 +161,15 @@ def forget_owned(owner: int) -> None:
     (owned_dir() / str(owner)).unlink(missing_ok=True)
 
 
+def forget_dead_owners() -> None:
+    """Drop the registry files of owners that are gone (an actor killed, or killed with its run, leaves one)."""
+    import psutil
+
+    for path in owned_dir().glob("[0-9]*"):
+        if not psutil.pid_exists(int(path.name)):
+            path.unlink(missing_ok=True)
+
+
 def kill_process_tree(pid: int) -> int:
     """SIGKILL ``pid``, every process below it and every process registered under it; the number killed.
     ``ray.kill`` ends an actor's own process, but a vLLM EngineCore child that is stopped (SIGSTOP, a wedged

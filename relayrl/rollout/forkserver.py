@@ -281,9 +281,10 @@ def adopt_shared() -> bool:
     if (server.boot_id != boot_id() or not os.path.exists(server.address)
             or any(os.environ.get(k) != v for k, v in server.env.items())):
         return False
-    from relayrl.rollout.cleanup import forget_owned
+    from relayrl.rollout.cleanup import forget_dead_owners, forget_owned
 
     forget_owned(os.getpid())                       # what an earlier process with this pid registered
+    forget_dead_owners()
     state = forkserver._forkserver
     state._forkserver_address = server.address
     state._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)   # the driver keeps the server alive

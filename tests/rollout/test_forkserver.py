@@ -225,3 +225,15 @@ def test_registered_processes_are_matched_by_start_time(tmp_path, monkeypatch):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_registry_files_of_dead_owners_are_dropped(tmp_path, monkeypatch):
+    from relayrl.rollout import cleanup
+
+    monkeypatch.setattr(cleanup, "owned_dir", lambda: tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for owner in (dead.pid, os.getpid()):
+        cleanup.register(owner, os.getpid())
+    cleanup.forget_dead_owners()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [str(os.getpid())]
