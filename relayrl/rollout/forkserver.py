@@ -137,10 +137,7 @@ class _StdStreams:
         return _StdStreams, ((reduction.DupFd(1), reduction.DupFd(2)),)   # pickled while the child starts
 
     def install(self) -> None:
-        for target, dup in enumerate(self.fds, start=1):
-            fd = dup.detach()
-            os.dup2(fd, target)
-            os.close(fd)
+        _redirect_std(tuple(dup.detach() for dup in self.fds))
 
 
 class _Process(mp_context.ForkServerProcess):
@@ -179,7 +176,8 @@ def patch_vllm() -> None:
 
 
 def adopt_server() -> None:
-    """In a child of the server: connect to that server for children of its own, instead of starting one.
+    """In a child of the server (or an actor adopting the driver's, ``adopt_shared``): connect to that server
+    for children of its own, instead of starting one.
 
     Python's server hands each child its address and "alive" pipe end, but only the process that started
     the server knows its pid, and ``ensure_running`` starts a new server when it has none."""
@@ -188,17 +186,15 @@ def adopt_server() -> None:
         server.ensure_running = resource_tracker.ensure_running
 
 
-def use_forkserver() -> bool:
+def use_forkserver() -> None:
     """In the rollout actor, first thing: start vLLM's processes from a preloaded server, the driver's when
-    it can be adopted (True), else its own. Its own starts now and imports ``PRELOAD`` while the actor
-    imports vLLM itself (two single-threaded imports side by side, instead of the server's after the
-    actor's when ``AsyncLLM`` forks its first child)."""
-    adopted = adopt_shared()
-    if not adopted:
+    it can be adopted, else its own. Its own starts now and imports ``PRELOAD`` while the actor imports vLLM
+    itself (two single-threaded imports side by side, instead of the server's after the actor's when
+    ``AsyncLLM`` forks its first child)."""
+    if not adopt_shared():
         CONTEXT.set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()
     patch_vllm()
-    return adopted
 
 
 @dataclass(frozen=True)
@@ -208,6 +204,10 @@ class SharedServer:
     address: str                    # its Unix socket
     boot_id: str                    # the host's boot: a socket path on another host means nothing here
     env: dict[str, str]             # the variables it was started with; an actor adopts it if its own match
+
+    def started_with(self, env: Any) -> bool:
+        """Does ``env`` (a mapping) hold the values this server was started with?"""
+        return all(env.get(k) == v for k, v in self.env.items())
 
 
 _shared: SharedServer | None = None
@@ -233,24 +233,24 @@ def start_shared(env: dict[str, str]) -> None:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, sigint)
-        _restore_output(streams)
+        _redirect_std(streams)
         os.environ.clear()
         os.environ.update(saved)
     _shared = SharedServer(forkserver._forkserver._forkserver_address, boot_id(), dict(env))
 
 
 def _silence_output() -> tuple[int, int]:
+    """Point stdout and stderr at /dev/null; returns the old ones for ``_redirect_std``."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    saved, null = (os.dup(1), os.dup(2)), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    os.close(null)
+    saved = (os.dup(1), os.dup(2))
+    _redirect_std((os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY)))
     return saved
 
 
-def _restore_output(saved: tuple[int, int]) -> None:
-    for target, fd in enumerate(saved, start=1):
+def _redirect_std(fds: tuple[int, int]) -> None:
+    """Make ``fds`` this process's stdout and stderr (fd 1 and 2); closes the originals."""
+    for target, fd in enumerate(fds, start=1):
         os.dup2(fd, target)
         os.close(fd)
 
@@ -267,7 +267,7 @@ def stop_shared() -> None:
 def shared_actor_env(env: dict[str, str]) -> dict[str, str]:
     """``SHARED_ENV`` for a rollout actor that will run with ``env`` set, when the driver's server runs and
     was started with the same values; empty otherwise (the actor then starts its own)."""
-    if _shared is None or any(env.get(k) != v for k, v in _shared.env.items()):
+    if _shared is None or not _shared.started_with(env):
         return {}
     return {SHARED_ENV: json.dumps(asdict(_shared))}
 
@@ -278,8 +278,7 @@ def adopt_shared() -> bool:
     if not (spec := os.environ.get(SHARED_ENV)):
         return False
     server = SharedServer(**json.loads(spec))
-    if (server.boot_id != boot_id() or not os.path.exists(server.address)
-            or any(os.environ.get(k) != v for k, v in server.env.items())):
+    if server.boot_id != boot_id() or not os.path.exists(server.address) or not server.started_with(os.environ):
         return False
     from relayrl.rollout.cleanup import forget_dead_owners, forget_owned
 
@@ -288,6 +287,6 @@ def adopt_shared() -> bool:
     state = forkserver._forkserver
     state._forkserver_address = server.address
     state._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)   # the driver keeps the server alive
-    state.ensure_running = resource_tracker.ensure_running
+    adopt_server()
     os.environ[OWNER_ENV] = str(os.getpid())
     return True
