@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +32,7 @@ from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_tu
 from relayrl.rollout.outputs import model_turn, parse_version
 from relayrl.weightsync import KEEP_ENV
 from relayrl.types import Trajectory, TrajectoryGroup
+from relayrl.vllm_import import import_vllm
 
 EXTENSION = "relayrl.weightsync.worker.WeightSyncExtension"
 WATCHDOG_STAGES = 3                 # an open weight update is aborted after this many stage timeouts
@@ -104,6 +106,7 @@ class RolloutActor:
         if rollout_cfg.forkserver and not gpu_actor():
             os.environ[POLL_ENV] = str(rollout_cfg.queue_poll_us)   # read by the processes the server forks
             use_forkserver()
+        import_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.engine = AsyncLLM.from_engine_args(engine_args(model_path, model_cfg, rollout_cfg, seed, self.sync_cfg))
@@ -267,6 +270,12 @@ class RolloutActor:
     async def cpu_binding(self) -> dict[str, Any]:
         """CPU engines: the first worker's cores, torch threads and pid (``relayrl_cpu_binding``); for tests."""
         return (await self._call(self.engine.collective_rpc("relayrl_cpu_binding")))[0]
+
+    async def modules_loaded(self, names: list[str]) -> dict[str, list[bool]]:
+        """Which of ``names`` are imported here and in the engine's first worker (``relayrl_modules_loaded``);
+        for tests."""
+        worker = (await self._call(self.engine.collective_rpc("relayrl_modules_loaded", args=(names,))))[0]
+        return {"actor": [name in sys.modules for name in names], "worker": worker}
 
     async def param_digests(self) -> dict[str, str]:
         """sha256 per engine parameter (first worker); tests use it to check syncs are bit-exact."""

@@ -55,9 +55,9 @@ from multiprocessing import forkserver, reduction, resource_tracker
 from typing import Any, Callable
 
 from relayrl.rollout.queuepoll import sleep_between_polls_if_asked
+from relayrl.vllm_import import import_vllm
 
-PRELOAD = ["vllm.v1.engine.core", "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker",
-           "relayrl.rollout.forkserver"]
+PRELOAD = ["relayrl.rollout.preload"]
 """Imported once by the server: everything the engine core and its worker import before they work."""
 SHARED_ENV = "RELAYRL_FORKSERVER"
 """Set on rollout actors (``shared_actor_env``) while the driver's server runs: its ``SharedServer`` as JSON."""
@@ -169,6 +169,7 @@ def engine_context() -> EngineContext:
 
 def patch_vllm() -> None:
     """Make vLLM's engine-core launcher and multiprocess executor take their processes from ``CONTEXT``."""
+    import_vllm()                                   # first import here (the actor's): without Inductor
     import vllm.v1.engine.utils as engine_utils
     import vllm.v1.executor.multiproc_executor as executor
 

@@ -55,6 +55,7 @@ from relayrl.trainer.optim import policy_adamw
 from relayrl.trainer.step import PolicyStep, step_totals
 from relayrl.trainer.tp import build_mesh
 from relayrl.types import TrainBatch
+from relayrl.vllm_import import import_vllm
 
 
 def resolve_backend(backend: str) -> str:
@@ -139,7 +140,8 @@ class TrainerActor:
                                  self.world_size, self.algo, self._all_reduce, fused_adamw=self.cfg.fused_adamw)
             self.trained["critic"] = (self.critic.model, self.critic.optimizer)
         # connect_rollouts' modules import vLLM (2.2 s on the 2-core box): now, while the engines start, rather
-        # than after they are up, when the first step waits for the connection.
+        # than after they are up, when the first step waits for the connection; without Inductor's compiler.
+        import_vllm()
         import relayrl.weightsync.sync  # noqa: F401
 
     # ---------------------------------------------------------------- train

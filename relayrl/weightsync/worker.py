@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from typing import Any
 
 import torch
@@ -45,6 +46,11 @@ class WeightSyncExtension:
         thread count and its pid. For tests: a worker forked from relayrl's forkserver is bound as a spawned
         one is (``rollout/forkserver.py``)."""
         return {"cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "pid": os.getpid()}
+
+    def relayrl_modules_loaded(self, names: list[str]) -> list[bool]:
+        """Which of ``names`` this worker has imported. For tests: an eager CPU engine never imports Inductor's
+        compiler (``relayrl.vllm_import``)."""
+        return [name in sys.modules for name in names]
 
     def relayrl_param_digests(self) -> dict[str, str]:
         """sha256 of the raw bytes of every non-empty parameter, by vLLM parameter name.

@@ -209,3 +209,11 @@ def test_update_during_generation_splits_version_spans(unshared_actor, ray_sessi
     assert split, tried
     assert all(0 < t.versions[0].end < len(t.completion_token_ids) for t in split)
     sync.close()
+
+
+def test_eager_engine_never_imports_inductors_compiler(actor, ray_session):
+    """After a generate with logprobs, neither the actor (``AsyncLLM``) nor the worker forked from the preloaded
+    server has imported Inductor's lowering (``relayrl.vllm_import``: 2-2.5 s of one core per process here)."""
+    ray_session.get(actor.generate.remote(PROMPTS[:1], 2))
+    loaded = ray_session.get(actor.modules_loaded.remote(["torch._inductor.lowering", "vllm.env_override"]))
+    assert loaded == {"actor": [False, True], "worker": [False, True]}

@@ -1,0 +1,98 @@
+"""Import vLLM without Inductor's compiler in processes that never compile with it.
+
+Importing vLLM imports Inductor's lowering and compiler (``torch._inductor.lowering``, ``compile_fx``) twice
+over: ``vllm.env_override`` wraps Inductor's fallback list, and ``vllm.utils.deep_gemm`` calls
+``torch.compile`` at import, which builds Inductor's wrapper first. That is 2-2.5 s of one core on the 2-core
+box (``import torch._inductor.lowering`` 5.6-6.8 s against ``torch._dynamo`` 3.3-4.3 s) in every process that
+imports vLLM: the engines' fork server, each rollout actor, each trainer rank (weight sync). No relayrl
+process compiles: eager CPU engines run with Dynamo off (``rollout.actor.EAGER_ENV``), the rollout actor and
+the trainer never call a vLLM kernel. ``import_vllm`` leaves both imports for the first compile:
+
+- vLLM's patch of the fallback list runs when ``torch._inductor.lowering`` is first imported, if ever (the
+  way vLLM defers its own pattern-matcher patch), so a process that does compile gets vLLM's behaviour;
+- where Dynamo is off (``TORCHDYNAMO_DISABLE=1``), ``torch.compile`` returns its function, as torch's own
+  does then (``torch._dynamo.optimize`` returns a null decorator), without first building the Inductor
+  wrapper it would never call. It checks the variable on every call, as torch does.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import os
+import sys
+from typing import Any, Callable
+
+LOWERING = "torch._inductor.lowering"
+
+
+def import_vllm() -> None:
+    """Import ``vllm`` (its ``env_override`` patches) with the Inductor imports deferred; no-op once imported."""
+    if "vllm.env_override" in sys.modules:
+        return
+    import torch
+
+    if not getattr(torch.compile, "relayrl_eager", False):
+        torch.compile = eager_when_dynamo_off(torch.compile)
+    deferred = _Refuse(LOWERING)
+    sys.meta_path.insert(0, deferred)
+    try:
+        import vllm.env_override  # noqa: F401
+    finally:
+        sys.meta_path.remove(deferred)
+    if LOWERING not in sys.modules and not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+def dynamo_off() -> bool:
+    return os.environ.get("TORCHDYNAMO_DISABLE") == "1"
+
+
+def eager_when_dynamo_off(compile_fn: Callable) -> Callable:
+    """``torch.compile`` that, while Dynamo is off, returns the model (or a decorator returning it) at once."""
+
+    @functools.wraps(compile_fn)
+    def compile(model: Any = None, **kwargs: Any) -> Any:
+        if not dynamo_off():
+            return compile_fn(model, **kwargs)
+        return model if model is not None else (lambda fn: fn)
+
+    compile.relayrl_eager = True
+    return compile
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """Fails the import of one module (``vllm.env_override`` catches the ``ImportError`` and skips its patch)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == self.name:
+            raise ImportError(f"{fullname}: deferred by relayrl.vllm_import until something compiles")
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """When ``torch._inductor.lowering`` is imported, run vLLM's patch of it right after (once)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != LOWERING:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module: Any) -> None:
+            exec_module(module)
+            from vllm import env_override
+
+            env_override._patch_inductor_fallback_allow_list()
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+
+__all__ = ["import_vllm", "eager_when_dynamo_off"]
