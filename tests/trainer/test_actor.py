@@ -174,8 +174,11 @@ def test_variant_world_size_2_matches_world_size_1(variant_runs):
     assert s1["grad_norm"] > 0 and s1["clip_frac"] > 0
     for key in ("loss", "clip_frac", "approx_kl", "ratio_mean", "ratio_max", "kl", "entropy", "grad_norm"):
         assert s2[key] == pytest.approx(s1[key], abs=1e-5, rel=1e-5), key
+    # Two AdamW steps at lr 1e-3 move a weight by about lr each whatever its gradient's scale, so the fp32
+    # reduction-order difference between 1 and 2 ranks reaches the weights at ~1 % of lr (1.4e-5 on one host,
+    # under 1e-5 on another); a wrong reduction moves them by ~lr. The stats above carry the 1e-5 check.
     for k in variant_runs["state1"]:
-        torch.testing.assert_close(variant_runs["state2"][k], variant_runs["state1"][k], atol=1e-5, rtol=0, msg=k)
+        torch.testing.assert_close(variant_runs["state2"][k], variant_runs["state1"][k], atol=1e-4, rtol=0, msg=k)
 
 
 def test_ranks_start_with_the_cpu_malloc_settings(runs, ray_session):
