@@ -12,7 +12,7 @@ and ``traj.reward = sum_i weight_i * r_i`` over the functions that gave a value,
 died, or it returned a non-list or a list of the wrong length (every completion of that call is
 excluded); or one value was NaN/inf or not a number, or the weighted total overflowed to inf/NaN (that
 completion alone is excluded; a total is recorded as reward ``total``). Excluded
-completions are never trained on (``trainer.batch.trainable_groups``), and ``check_error_rate``
+completions are never trained on (``trainer.groups.trainable_groups``), and ``check_error_rate``
 aborts the run, in one line, when too many of a step's completions are excluded.
 
 Running the calls belongs to the caller: ``run_local`` (this process, async functions awaited
@@ -29,12 +29,11 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from relayrl.monitor.schema import REWARD_MEAN, REWARD_PASS_RATE, REWARD_SPREAD_GROUPS, REWARD_STD
-
-if TYPE_CHECKING:  # relayrl.types imports torch; reward workers should start without it
-    from relayrl.types import TrajectoryGroup
+from relayrl.trainer.groups import dynamic_sampling_filter, trainable_groups
+from relayrl.types import TrajectoryGroup   # torch-free, as everything the scorer and reward workers import
 
 RewardFns = list[tuple[str, Callable, float]]
 """``[(name, fn, weight)]``: what ``load_reward_fns`` returns and the scorers take."""
@@ -77,9 +76,6 @@ def version_span(groups: list[TrajectoryGroup]) -> tuple[int, int]:
 
 def spread_groups(groups: list[TrajectoryGroup]) -> int:
     """Trainable groups (2+ scored completions) whose rewards vary: what DAPO's dynamic sampling keeps."""
-    from relayrl.trainer.batch import trainable_groups
-    from relayrl.trainer.shaping import dynamic_sampling_filter
-
     return len(dynamic_sampling_filter(trainable_groups(groups))[0])
 
 
@@ -272,8 +268,6 @@ def score_groups(groups: list[TrajectoryGroup], fns: RewardFns, groups_per_call:
 def check_error_rate(groups: list[TrajectoryGroup], max_error_rate: float) -> None:
     """Raise ``RewardError`` when more than ``max_error_rate`` of the completions are excluded, or when no
     group has anything left to train on; the message names the first failure and the fix."""
-    from relayrl.trainer.batch import trainable_groups
-
     trajs = [t for g in groups for t in g.trajectories]
     failed = [t.excluded for t in trajs if t.excluded is not None]
     if not failed:
@@ -315,8 +309,6 @@ def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) ->
     * ``reward/spread_groups``: trainable groups whose rewards vary: what DAPO's dynamic sampling keeps,
       and what the buffer counts towards a step when it refills.
     """
-    from relayrl.trainer.batch import trainable_groups
-
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
         return {}

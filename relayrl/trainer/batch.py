@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS, sequence_advantages
+from relayrl.trainer.groups import trainable_groups
 from relayrl.trainer.packing import PackedRow, pack_rows, plan_chunks, segment_tokens
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 
@@ -45,23 +46,6 @@ def _check_trajectory(traj: Trajectory) -> None:
         raise ValueError(f"prompt {traj.prompt_id} sample {traj.sample_idx}: completion_mask must hold one 0/1 "
                          f"per completion token ({len(traj.completion_token_ids)}), got {len(mask)} values "
                          f"{sorted(set(mask))}; 1 marks model tokens, 0 environment tokens")
-
-
-def trainable_groups(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """``groups`` without excluded trajectories; a group that exclusion leaves with fewer than 2 is dropped.
-
-    Why drop it: a lone sample has no group baseline (grouped estimators give it advantage 0) and it
-    would still count in token-mean denominators. A group that had one sample to begin with (G=1,
-    e.g. REINFORCE++) and lost none is kept. Groups without exclusions are returned as they are.
-    """
-    out = []
-    for g in groups:
-        kept = [t for t in g.trajectories if t.excluded is None]
-        if len(kept) == len(g.trajectories):
-            out.append(g)
-        elif len(kept) >= 2:
-            out.append(TrajectoryGroup(g.prompt_id, g.prompt, g.columns, kept))
-    return out
 
 
 def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimator: str = "grpo",

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.config import AlgorithmConfig
-from relayrl.trainer.batch import MicroBatch, trainable_groups
+from relayrl.trainer.batch import MicroBatch
+from relayrl.trainer.groups import dynamic_sampling_filter, trainable_groups
 from relayrl.trainer.losses import LOSS_AGG, POLICY_LOSSES
-from relayrl.trainer.shaping import dynamic_sampling_filter, overlong_penalty
+from relayrl.trainer.shaping import overlong_penalty
 from relayrl.types import TrajectoryGroup
 
 

@@ -9,14 +9,13 @@ before computing advantages.
   batch shrinks as accuracy nears 0 or 1. DAPO filters such groups out (and samples more to refill).
 
 Both act on sequence lengths in *tokens* and on the total reward, which only the trainer sees together
-(reward functions see text), so they live here rather than in ``relayrl.rewards``.
+(reward functions see text), so they live here rather than in ``relayrl.rewards``; the dynamic-sampling
+filter needs no tensors and lives in ``groups`` (the reward scorer counts what it keeps).
 """
 
 from __future__ import annotations
 
 import torch
-
-from relayrl.types import TrajectoryGroup
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float = 1.0) -> torch.Tensor:
@@ -38,19 +37,3 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, facto
     soft = max_len - buffer_len
     ramp = (soft - lengths) / buffer_len
     return factor * torch.where(lengths <= soft, 0.0, torch.where(lengths > max_len, -1.0, ramp))
-
-
-def has_reward_spread(group: TrajectoryGroup) -> bool:
-    """True when the group's scored completions did not all get the same total reward.
-
-    Exact equality, as ``reward/zero_std_groups`` counts, so ``dapo/dropped_groups`` / groups equals that
-    metric; excluded trajectories (a failed reward) don't count.
-    """
-    return len({t.reward for t in group.trajectories if t.excluded is None}) > 1
-
-
-def dynamic_sampling_filter(groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], int]:
-    """(groups whose rewards vary, number of groups dropped): DAPO's filter ``0 < |correct| < G``, for any
-    reward (not only 0/1). Order is kept; the caller decides what to do with an empty result."""
-    kept = [g for g in groups if has_reward_spread(g)]
-    return kept, len(groups) - len(kept)

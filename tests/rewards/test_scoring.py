@@ -204,3 +204,37 @@ def test_total_that_overflows_to_inf_is_excluded_like_nan():
     assert b.excluded == Exclusion("total", "non_finite", "weighted total inf is not finite") and b.reward == 0.0
     m = reward_metrics(groups)
     assert m["reward/errors/non_finite"] == 1.0 and m["reward/mean"] == 5e307
+
+
+SCORER_PROCESS = """
+import sys
+from relayrl.rewards import reward_metrics, score_groups
+from relayrl.rewards.builtin import arith_correct
+import relayrl.rewards.pool
+from relayrl.types import Trajectory, TrajectoryGroup
+
+def fails_on_boom(prompts, completions, **kw):
+    if any("boom" in c for c in completions):
+        raise ValueError("boom")
+    return [0.0] * len(completions)
+
+t = lambda text, i: Trajectory(0, i, [1], [2], [-0.5], text, "stop", [])
+groups = [TrajectoryGroup(0, "p", {"answer": "12"}, [t("Answer: 12", 0), t("Answer: 13", 1)]),
+          TrajectoryGroup(1, "p", {"answer": "3"}, [t("boom", 0), t("Answer: 3", 1)])]
+score_groups(groups, [("arith_correct", arith_correct, 1.0), ("fails_on_boom", fails_on_boom, 1.0)])
+metrics = reward_metrics(groups)
+assert (metrics["reward/errors"], metrics["reward/dropped_groups"], metrics["reward/spread_groups"]) == (2, 1, 1)
+print("torch" in sys.modules)
+"""
+
+
+def test_scoring_never_imports_torch():
+    """The reward scorer and its workers are Ray workers that run this code; torch would cost each 1.5-2.7 s
+    of a core at start-up on the 2-core box. Exclusions, the error check and every metric (dropped and
+    spread groups) included."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SCORER_PROCESS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False"]

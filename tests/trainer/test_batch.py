@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from relayrl.trainer.batch import build_train_batch, split_batch, trainable_groups
+from relayrl.trainer.batch import build_train_batch, split_batch
+from relayrl.trainer.groups import trainable_groups
 from relayrl.types import Exclusion, Trajectory, TrajectoryGroup, VersionSpan
 
 

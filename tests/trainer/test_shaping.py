@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from relayrl.trainer.batch import build_train_batch
-from relayrl.trainer.shaping import dynamic_sampling_filter, has_reward_spread, overlong_penalty
+from relayrl.trainer.groups import dynamic_sampling_filter, has_reward_spread
+from relayrl.trainer.shaping import overlong_penalty
 from relayrl.types import Exclusion, Trajectory, TrajectoryGroup, VersionSpan
 
 
