@@ -41,7 +41,7 @@ def import_vllm() -> None:
         import vllm.env_override  # noqa: F401
     finally:
         sys.meta_path.remove(deferred)
-    if LOWERING not in sys.modules and not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+    if LOWERING not in sys.modules:             # reached once: vllm.env_override is imported from here on
         sys.meta_path.insert(0, _PatchOnImport())
 
 
