@@ -1,5 +1,5 @@
 """Shared by the resume tests: run the CLI as a subprocess, SIGKILL a run's whole process group once a
-step is logged, and read back which prompt ids each step trained (``prompts.jsonl``)."""
+step is logged and a checkpoint committed, and read back which prompt ids each step trained (``prompts.jsonl``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from relayrl.controller.checkpoint import latest
 
 STEPS = 4
 
@@ -33,23 +35,24 @@ def run_to_end(cmd: list[str]) -> subprocess.CompletedProcess:
 
 def killed_at(run: Path) -> str:
     """The checkpoint a killed run resumes from: step 2's, or step 4's when the SIGKILL (sent once step 3
-    is logged, polled every 0.5 s) landed after step 4 was already written. Either way the resumed run
-    must train exactly the uninterrupted run's prompts; which one it is depends on the box's speed."""
-    from relayrl.controller.checkpoint import latest
-
+    is logged and a checkpoint is committed, polled every 0.5 s) landed after step 4 was already written.
+    Either way the resumed run must train exactly the uninterrupted run's prompts; which one it is depends
+    on the box's speed."""
     ckpt = latest(run)
     assert ckpt is not None and ckpt.name in ("step_000002", "step_000004"), ckpt
     return ckpt.name
 
 
 def kill_after_step(cmd: list[str], out: Path, step: int) -> None:
-    """Start the run in its own process group and SIGKILL the whole group once ``step`` is logged."""
+    """Start the run in its own process group and SIGKILL the whole group once ``step`` is logged and a
+    checkpoint is committed. With asynchronous checkpoints, step 2's is committed by the first step that
+    finds its write done: step 3's log on a fast box, step 4's save (which waits for it) on a slow one."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     try:
         while time.time() < deadline and proc.poll() is None:
             metrics = list(out.glob("grpo_tiny-*/metrics.jsonl"))
-            if metrics and len(metrics[0].read_text().splitlines()) >= step:
+            if metrics and len(metrics[0].read_text().splitlines()) >= step and latest(metrics[0].parent):
                 break
             time.sleep(0.5)
         assert proc.poll() is None, "the run ended before it could be killed"
