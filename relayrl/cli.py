@@ -98,6 +98,8 @@ def _train(args: argparse.Namespace) -> int:
 
         train(cfg)
         return 0
+    except KeyboardInterrupt:       # Ctrl-C: the driver said what the run keeps; no traceback
+        return 130
     finally:
         stop_shared()
 

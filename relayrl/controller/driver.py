@@ -58,6 +58,9 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
                 resume, run = restart_point(cfg, run)
                 print(f"relayrl: {exc}; restarting from {resume[1].name if resume else 'the start'} "
                       f"({restart + 1}/{cfg.trainer.max_restarts})")
+    except KeyboardInterrupt:
+        run.interrupt()                        # Ctrl-C: status.json says interrupted; one line says what is kept
+        raise
     except BaseException as exc:
         run.fail(exc)                          # status.json says failed; logs/error.log has the traceback
         raise

@@ -82,7 +82,8 @@ class RunDir:
         return run
 
     def write_status(self, status: str, **extra: Any) -> None:
-        """``status.json``: running (with pid and host, so a crashed run can be told apart) | finished | failed."""
+        """``status.json``: running (with pid and host, so a crashed run can be told apart) | finished | failed |
+        interrupted."""
         record = {"status": status, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **extra}
         tmp = self.path / "status.json.tmp"
         write_durable(tmp, json.dumps(record) + "\n")
@@ -100,6 +101,19 @@ class RunDir:
         text = "".join(traceback.format_exception(exc)) + "".join(x + "\n" for x in tail)
         (self.path / "logs" / "error.log").write_text(text)
         self.write_status("failed", error=error_line(exc), steps_done=len(self.rewards))
+
+    def interrupt(self) -> None:
+        """Ctrl-C: mark the run interrupted (no traceback: nothing failed) and say in one line what it keeps
+        and how to go on. A checkpoint whose write was still pending is not committed (the trainer ranks got
+        the signal too); ``run.resume=auto`` takes the latest committed one."""
+        from relayrl.controller.checkpoint import latest
+
+        self.write_status("interrupted", steps_done=len(self.rewards))
+        ckpt = latest(self.path)
+        how = (f"run.resume=auto continues from {ckpt.name}" if ckpt else
+               "it has no checkpoint yet, so run.resume=auto would start over")
+        print(f"relayrl: interrupted after {len(self.rewards)} step(s); {self.path} keeps their metrics; {how}",
+              file=sys.stderr, flush=True)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Log one step under the schema's names (``monitor.schema.to_schema``: the one renaming place)."""

@@ -2,7 +2,7 @@
 
 Status comes from ``status.json``, which ``RunDir`` writes: ``running`` (with the driver's pid and host)
 when the run starts, ``finished`` after the final checkpoint and plots, ``failed`` (with the error's first
-line) when ``train`` raises. A ``running`` run whose process is gone from this host died without
+line) when ``train`` raises, ``interrupted`` after Ctrl-C. A ``running`` run whose process is gone from this host died without
 saying so (killed, out of memory): it is shown as ``failed``. Runs without the file (older runs) are
 ``finished`` when metrics.jsonl reached ``run.steps`` and ``unknown`` otherwise.
 """
@@ -23,7 +23,7 @@ from relayrl.monitor.schema import REWARD_MEAN
 @dataclass
 class RunInfo:
     path: Path
-    status: str                 # finished | running | failed | unknown
+    status: str                 # finished | running | failed | interrupted | unknown
     steps_done: int
     steps_total: int | None
     best_reward: float | None
@@ -137,7 +137,7 @@ def runs_table(infos: list[RunInfo]) -> Any:
     from rich.table import Table
 
     table = Table("run", "status", "steps", "best reward", "last reward", "started", "error")
-    style = {"finished": "green", "running": "cyan", "failed": "red"}
+    style = {"finished": "green", "running": "cyan", "failed": "red", "interrupted": "magenta"}
     for info in infos:
         steps = f"{info.steps_done}/{info.steps_total if info.steps_total is not None else '?'}"
         best = "-" if info.best_reward is None else f"{info.best_reward:.3f} (step {info.best_step})"

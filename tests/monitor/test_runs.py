@@ -82,3 +82,25 @@ def test_step_0_eval_line_is_not_a_step(tmp_path):
     (run.path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/greedy_accuracy": 0.5}) + "\n" + lines)
     info = run_info(run.path)
     assert (info.steps_done, info.steps_total, info.status, info.best_reward) == (3, 3, "finished", 0.7)
+
+
+def test_interrupted_run_says_what_it_keeps_and_resume_auto_takes_it(tmp_path, capsys):
+    from relayrl.controller.checkpoint import MARKER, find_resume, step_dir
+
+    run = make_run(tmp_path, "grpo-7", [0.1, 0.2, 0.3], steps_total=9)
+    run.rewards = [0.1, 0.2, 0.3]
+    run.interrupt()
+    err = capsys.readouterr().err
+    assert "interrupted after 3 step(s)" in err and "no checkpoint yet" in err
+    record = json.loads((run.path / "status.json").read_text())
+    assert (record["status"], record["steps_done"]) == ("interrupted", 3)
+    assert run_info(run.path).status == "interrupted"
+    assert not (run.path / "logs" / "error.log").exists()                    # nothing failed: no traceback
+
+    ckpt = step_dir(run.path, 2)
+    ckpt.mkdir(parents=True)
+    (ckpt / MARKER).write_text("")
+    (ckpt / "driver.json").write_text(json.dumps({"step": 2}))
+    run.interrupt()
+    assert "run.resume=auto continues from step_000002" in capsys.readouterr().err
+    assert find_resume(str(tmp_path), "grpo", "auto") == (run.path, ckpt)   # an interrupted run is not live
