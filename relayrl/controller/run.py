@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config import Config, ConfigError
-from relayrl.controller.checkpoint import Checkpointer, durable_dir, fsync_path, write_durable
+from relayrl.controller.checkpoint import Checkpointer, durable_dir, fsync_path, latest, write_durable
 from relayrl.logs import capture, crash_tail
 from relayrl.monitor.runs import read_jsonl
 from relayrl.monitor.schema import REWARD_MEAN, TIMING_CHECKPOINT_STALL
@@ -106,8 +106,6 @@ class RunDir:
         """Ctrl-C: mark the run interrupted (no traceback: nothing failed) and say in one line what it keeps
         and how to go on. A checkpoint whose write was still pending is not committed (the trainer ranks got
         the signal too); ``run.resume=auto`` takes the latest committed one."""
-        from relayrl.controller.checkpoint import latest
-
         self.write_status("interrupted", steps_done=len(self.rewards))
         ckpt = latest(self.path)
         how = (f"run.resume=auto continues from {ckpt.name}" if ckpt else

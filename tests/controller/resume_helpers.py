@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from relayrl.controller.checkpoint import latest
 
@@ -43,22 +45,36 @@ def killed_at(run: Path) -> str:
     return ckpt.name
 
 
-def kill_after_step(cmd: list[str], out: Path, step: int) -> None:
-    """Start the run in its own process group and SIGKILL the whole group once ``step`` is logged and a
-    checkpoint is committed. With asynchronous checkpoints, step 2's is committed by the first step that
-    finds its write done: step 3's log on a fast box, step 4's save (which waits for it) on a slow one."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 600
+def start_until(cmd: list[str], ready: Callable[[], bool], **popen: Any) -> subprocess.Popen:
+    """Start the run in its own process group and return it once ``ready()`` holds (polled every 0.5 s, at
+    most 600 s). Fails, with the group SIGKILLed, if the run ended first."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **popen)
     try:
-        while time.time() < deadline and proc.poll() is None:
-            metrics = list(out.glob("grpo_tiny-*/metrics.jsonl"))
-            if metrics and len(metrics[0].read_text().splitlines()) >= step and latest(metrics[0].parent):
-                break
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None and not ready():
             time.sleep(0.5)
-        assert proc.poll() is None, "the run ended before it could be killed"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        assert proc.poll() is None, "the run ended before it got there"
+    except BaseException:
+        kill_group(proc)
+        raise
+    return proc
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def kill_after_step(cmd: list[str], out: Path, step: int) -> None:
+    """SIGKILL the run's whole process group once ``step`` is logged and a checkpoint is committed. With
+    asynchronous checkpoints, step 2's is committed by the first step that finds its write done: step 3's log
+    on a fast box, step 4's save (which waits for it) on a slow one."""
+    def ready() -> bool:
+        metrics = list(out.glob("grpo_tiny-*/metrics.jsonl"))
+        return (bool(metrics) and len(metrics[0].read_text().splitlines()) >= step
+                and latest(metrics[0].parent) is not None)
+
+    kill_group(start_until(cmd, ready, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 def crash_and_resume(tiny_llama: Path, tmp_path: Path, *extra: str) -> tuple[Path, list[dict]]:
