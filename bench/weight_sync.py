@@ -356,9 +356,11 @@ def trainer_order(sd: dict[str, torch.Tensor], path: Any) -> dict[str, torch.Ten
     return {n: sd[n] for n in [*order, *sorted(set(sd) - set(order))]}
 
 
-def phase_vllm(syncs: int, memcpy: float) -> None:
+def phase_vllm(syncs: int, memcpy: float, dtype: str = "float32") -> None:
     """The real SmolLM2 weights into a real vLLM engine per commit path; each engine takes shm, then broadcast
-    (the ``reload`` engine: shm only, the commit is what differs).
+    (the ``reload`` engine: shm only, the commit is what differs). ``dtype`` is ``model.dtype``: the engine's
+    weights and what a trainer sends (with ``bfloat16`` the trainer keeps float32 master weights and sends
+    bf16 shards, so the payload is half the bytes).
 
     The weights sent are the ones the engine loaded, so its prompt logprobs must not move
     (``|dlogp|``: max change on a 40-token probe after all syncs of that row). ``commit x memcpy`` is the
@@ -371,19 +373,21 @@ def phase_vllm(syncs: int, memcpy: float) -> None:
 
     path = resolve_model("smollm2")
     sd = trainer_order(load_file(str(path / "model.safetensors")), path)
+    sd = {name: t.to(getattr(torch, dtype)) for name, t in sd.items()}
     nbytes = nbytes_of(sd)
     copy_s = nbytes / memcpy / 1e9
-    print(f"\n[6] vLLM end to end: SmolLM2-135M real weights, {nbytes / 1e6:.0f} MB in {len(sd)} tensors "
+    print(f"\n[6] vLLM end to end: SmolLM2-135M real weights, model.dtype={dtype}, {nbytes / 1e6:.0f} MB in "
+          f"{len(sd)} tensors "
           f"(one memcpy: {copy_s * 1e3:.0f} ms); warm-up 1, median of {syncs}; times in s")
     print(f"    {'commit':<8} {'backend':<13} {'total':>6} {'start':>6} {'transfer':>8} {'(own)':>6} {'commit':>6} "
           f"{'stall':>6} {'GB/s xfer':>9} {'x memcpy':>8} {'commit x memcpy':>15} {'|dlogp|':>8}")
     firsts = {}
     for commit in COMMITS:
         variants = VARIANTS if commit == "inplace" else [("shm", DEFAULT_THREADS)]
-        firsts[commit] = vllm_rows(path, sd, commit, variants, syncs, memcpy, copy_s)
+        firsts[commit] = vllm_rows(path, sd, dtype, commit, variants, syncs, memcpy, copy_s)
     print(f"    inplace commit is {firsts['reload']['commit'] / firsts['inplace']['commit']:.2f}x faster than "
           f"reload (shm, default threads, same run)")
-    floor_report(sd, firsts["inplace"], copy_s)
+    floor_report(sd, dtype, firsts["inplace"], copy_s)
     del sd
 
 
@@ -391,7 +395,7 @@ SYNC_GOAL_S = 0.15
 """Issue 16 part 6: a SmolLM2 sync (shm, the default commit) within this many seconds."""
 
 
-def floor_report(sd: dict[str, torch.Tensor], inplace_shm: dict[str, float], copy_s: float) -> None:
+def floor_report(sd: dict[str, torch.Tensor], dtype: str, inplace_shm: dict[str, float], copy_s: float) -> None:
     """The floor of any sync into vLLM's CPU engine, beside the ``inplace`` shm row: one copy of the payload
     (the bytes must reach the engine) plus one oneDNN pack of every GEMM weight (vLLM's CPU linear reads
     only its packed copy, so each version must be packed once), measured here on the same weights."""
@@ -403,11 +407,12 @@ def floor_report(sd: dict[str, torch.Tensor], inplace_shm: dict[str, float], cop
           f"({DEFAULT_THREADS} threads, warm buffer, best of 3) = {floor_s * 1e3:.0f} ms; inplace shm: total "
           f"{inplace_shm['total'] * 1e3:.0f} ms = {inplace_shm['total'] / floor_s:.2f}x floor, commit "
           f"{inplace_shm['commit'] * 1e3:.0f} ms = {inplace_shm['commit'] / pack_s:.2f}x pack")
-    line(f"SmolLM2 sync <= {SYNC_GOAL_S} s (shm, inplace; floor {floor_s:.3f} s)", f"{inplace_shm['total']:.3f} s",
+    line(f"SmolLM2 {dtype} sync <= {SYNC_GOAL_S} s (shm, inplace; floor {floor_s:.3f} s)",
+         f"{inplace_shm['total']:.3f} s",
          inplace_shm["total"] <= SYNC_GOAL_S)
 
 
-def vllm_rows(path: Any, sd: dict[str, torch.Tensor], commit: str, variants: list, syncs: int,
+def vllm_rows(path: Any, sd: dict[str, torch.Tensor], dtype: str, commit: str, variants: list, syncs: int,
               memcpy: float, copy_s: float) -> dict[str, float]:
     """One engine with ``weightsync.commit=commit``; a row per (backend, threads); returns the first row's
     median stage seconds."""
@@ -416,8 +421,8 @@ def vllm_rows(path: Any, sd: dict[str, torch.Tensor], commit: str, variants: lis
     from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
     from relayrl.rollout import start_rollout_actor
 
-    actor = start_rollout_actor(str(path), ModelConfig(path=str(path)), RolloutConfig(kv_cache_gb=0.5), seed=0,
-                                sync_cfg=WeightSyncConfig(commit=commit))
+    actor = start_rollout_actor(str(path), ModelConfig(path=str(path), dtype=dtype), RolloutConfig(kv_cache_gb=0.5),
+                                seed=0, sync_cfg=WeightSyncConfig(commit=commit))
     try:
         ray.get(actor.info.remote())
         probe = list(range(100, 140))
@@ -478,6 +483,8 @@ def main() -> None:
     parser.add_argument("--vllm-only", action="store_true", help="only the memcpy baseline and the vLLM phase")
     parser.add_argument("--syncs", type=int, default=5, help="timed syncs per large case (after 1 warm-up)")
     parser.add_argument("--tiny-syncs", type=int, default=10, help="timed syncs for the tiny model")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="model.dtype of the vLLM phase's engine and payload")
     args = parser.parse_args()
     import ray
 
@@ -503,7 +510,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"\n[1] baseline, {nbytes / 1e6:.0f} MB: single-thread libc memcpy {memcpy:.2f} GB/s (best of 3); "
           f"torch copy_ ({DEFAULT_THREADS} threads) {tcopy:.2f} GB/s")
     if args.vllm_only:
-        phase_vllm(args.syncs, memcpy)
+        phase_vllm(args.syncs, memcpy, args.dtype)
         return
     receiver = ray.remote(ReceiverHost).options(num_cpus=0.5).remote()
     try:
@@ -516,7 +523,7 @@ def run(args: argparse.Namespace) -> None:
         ray.get(receiver.close.remote())
         ray.kill(receiver)
     if not args.quick:
-        phase_vllm(args.syncs, memcpy)
+        phase_vllm(args.syncs, memcpy, args.dtype)
     verdicts(ratios, overhead, flat, spread)
     print(f"\n{time.perf_counter() - t0:.0f} s; {load_note()} at the end")
 
