@@ -144,9 +144,11 @@ class RolloutConfig:
     """CPU engines only: OpenMP threads vLLM binds (0: every core, as the sync loop runs one phase at a time;
     ``mode=async`` with separate placement: the cores shared out among replicas and ranks, ``cluster.split_cores``)."""
     forkserver: bool = True
-    """CPU engines only: fork vLLM's engine-core and worker processes from a server with vLLM imported once
-    (``rollout/forkserver.py``) instead of spawning two fresh interpreters; false: vLLM's own spawn. ``relayrl
-    train`` starts that server at launch, its vLLM import beside the driver's start, for the engines to adopt."""
+    """CPU engines only: fork the engine's client (``AsyncLLM``, in an engine host: ``rollout/host.py``) and
+    vLLM's engine-core and worker processes from a server with vLLM imported once (``rollout/forkserver.py``),
+    so neither the rollout actor nor the engine's processes import vLLM; false: the actor imports vLLM and
+    vLLM spawns its two processes. ``relayrl train`` starts that server at launch, its vLLM import beside the
+    driver's start, for the engines to adopt."""
     queue_poll_us: int = 200
     """CPU engines with ``forkserver``: after each message, vLLM's queue readers (the engine core waiting on its
     worker, the worker waiting for its next call) check for the next one every this many microseconds for 1 s

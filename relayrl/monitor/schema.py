@@ -166,7 +166,7 @@ SCHEMA: tuple[Metric, ...] = (
     M(TIMING_WAIT, "s", "trainer idle waiting for a full batch since the last step"),
     M(TIMING_STEP, "s", "wall seconds since the previous step was logged"),
     # startup/* (the first step a driver process logs)
-    M("startup/engine_s", "s", "slowest rollout engine's construction (its vLLM import and AsyncLLM start)", when="first_step"),
+    M("startup/engine_s", "s", "slowest rollout engine's construction (AsyncLLM start; its vLLM import unless forked from the preloaded server)", when="first_step"),
     M("startup/engines_up_s", "s", "system start -> every engine answers (actors start concurrently)",
       when="first_step"),
     M("startup/actors_s", "s", "system start -> engines up, trainer ranks set up and connected to them",

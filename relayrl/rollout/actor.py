@@ -1,8 +1,12 @@
-"""The rollout actor: one vLLM ``AsyncLLM`` engine in a Ray actor, producing version-tagged groups.
+"""The rollout actor: one vLLM ``AsyncLLM`` engine behind a Ray actor, producing version-tagged groups.
 
     controller --generate(prompts, G)--> RolloutActor --one request per prompt, n=G--> AsyncLLM
     trainer rank 0 --start/update/finish_weight_update(v)--> RolloutActor --> vLLM weight-transfer engine
                                                                \\--> engine weight version := v
+
+``Rollout`` holds the ``AsyncLLM`` and does the work; ``RolloutActor`` (the Ray actor) runs it in its own
+process, or for a CPU engine with ``rollout.forkserver`` (the default) in an engine host forked from the
+server that has vLLM imported since launch (``relayrl.rollout.host``), so the actor never imports vLLM.
 
 Every completion token is tagged with the weight version that sampled it; vLLM itself reports
 these as contiguous spans (``CompletionOutput.weight_versions``), so a completion that straddles
@@ -14,19 +18,21 @@ what importance ratios pi/mu need.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Awaitable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from relayrl.config import (CPU_MALLOC_ENV, WORKER_ENV, Config, ModelConfig, RolloutConfig, WeightSyncConfig,
                             has_cuda, malloc_env, with_env)
 from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.rollout.cleanup import forget_owned
-from relayrl.rollout.forkserver import shared_actor_env, start_shared, stop_shared, use_forkserver
+from relayrl.rollout.forkserver import shared_actor_env, start_forkserver, start_shared, stop_shared
+from relayrl.rollout.host import HostedRollout
 from relayrl.rollout.queuepoll import POLL_ENV
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
@@ -90,22 +96,83 @@ def gpu_actor() -> bool:
 
 
 class RolloutActor:
-    """Owns one engine. Run it as a Ray actor (``start_rollout_actor``); methods are async."""
+    """Owns one engine. Run it as a Ray actor (``start_rollout_actor``); methods are async.
+
+    The engine's client (``Rollout``) runs in this process, or for a CPU engine with ``rollout.forkserver`` in
+    an engine host forked from the preloaded server (``relayrl.rollout.host``), so that this process never
+    imports vLLM. Every public method of ``Rollout`` is one of this class's (``_forward``)."""
+
+    def __init__(self, model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
+                 sync_cfg: WeightSyncConfig | None = None):
+        t0 = time.perf_counter()
+        args = (model_path, model_cfg, rollout_cfg, seed, sync_cfg)
+        if rollout_cfg.forkserver and not gpu_actor():
+            start_forkserver()
+            self.core: HostedRollout | LocalRollout = HostedRollout(*args)
+        else:
+            self.core = LocalRollout(*args)
+        self.start_seconds = time.perf_counter() - t0
+
+    async def info(self) -> dict[str, Any]:
+        """Static facts: engine start time, vLLM workers in this engine (group ranks a sync needs), dead
+        engines' shared-memory segments removed before it started, and where this actor runs (node, pid),
+        so that a replica hung beyond answering can still have its engine processes killed."""
+        import ray
+
+        return {**await self.core.call("info"), "start_seconds": self.start_seconds,
+                "node": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+    async def modules_loaded(self, names: list[str]) -> dict[str, list[bool]]:
+        """Which of ``names`` are imported in this actor's process, the engine's client and its first worker;
+        for tests."""
+        return {"actor": [name in sys.modules for name in names], **await self.core.call("modules_loaded", (names,))}
+
+    def shutdown(self) -> None:
+        """Shut the engine down (and its host), then forget the processes registered under this actor."""
+        self.core.close()
+        forget_owned(os.getpid())
+
+
+def _forward(name: str) -> Callable:
+    """``RolloutActor.<name>``: ``Rollout.<name>`` on this actor's core, same signature and docstring."""
+    async def method(self: RolloutActor, *args: Any, **kwargs: Any) -> Any:
+        return await self.core.call(name, args, kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = getattr(Rollout, name).__doc__
+    return method
+
+
+class LocalRollout:
+    """A ``Rollout`` in this process, called as ``HostedRollout`` calls its host's."""
+
+    def __init__(self, *args: Any) -> None:
+        self.rollout = Rollout(*args)
+
+    async def call(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        value = getattr(self.rollout, name)(*args, **(kwargs or {}))
+        return await value if inspect.isawaitable(value) else value
+
+    def close(self) -> None:
+        self.rollout.shutdown()
+
+
+class Rollout:
+    """One vLLM ``AsyncLLM`` and the calls the controller and trainers make on it (``RolloutActor`` runs it in
+    its own process or in an engine host)."""
 
     def __init__(self, model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
                  sync_cfg: WeightSyncConfig | None = None):
         from relayrl.rollout.cleanup import cleanup_engine_segments
 
-        t0 = time.perf_counter()
         # On this engine's host, before it starts: the message-queue segments of engines that died here
         # (a replica this one replaces, earlier runs killed with SIGKILL) go; live engines' stay.
         self.shm_removed = len(cleanup_engine_segments().removed)
         self.rollout_cfg = rollout_cfg
         self.sync_cfg = sync_cfg or WeightSyncConfig()
         os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))   # read by the engine's processes
-        if rollout_cfg.forkserver and not gpu_actor():
+        if rollout_cfg.forkserver:
             os.environ[POLL_ENV] = str(rollout_cfg.queue_poll_us)   # read by the processes the server forks
-            use_forkserver()
         import_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -115,20 +182,15 @@ class RolloutActor:
         self._update: tuple[int, float] | None = None   # (version, start time) of the open weight update
         self._watchdog: asyncio.Task | None = None
         self.last_abort = ""
-        self.start_seconds = time.perf_counter() - t0
 
     async def _call(self, call: Awaitable[T]) -> T:
         return await unless_dead(self.engine, call)
 
-    def info(self) -> dict[str, float]:
-        """Static facts: engine start time, vLLM workers in this engine (group ranks a sync needs), dead
-        engines' shared-memory segments removed before it started, and where this actor runs (node, pid),
-        so that a replica hung beyond answering can still have its engine processes killed."""
-        import ray
-
-        return {"start_seconds": self.start_seconds, "workers": self.engine.vllm_config.parallel_config.world_size,
-                "shm_segments_removed": self.shm_removed, "node": ray.util.get_node_ip_address(),
-                "pid": os.getpid()}
+    def info(self) -> dict[str, int]:
+        """vLLM workers in this engine, dead engines' shared-memory segments removed before it started, and the
+        pid of this process (the engine's client: the actor's or its engine host's)."""
+        return {"workers": self.engine.vllm_config.parallel_config.world_size,
+                "shm_segments_removed": self.shm_removed, "client_pid": os.getpid()}
 
     async def generate(self, prompts: list[Prompt], group_size: int) -> list[TrajectoryGroup]:
         """Sample ``group_size`` completions for each prompt, concurrently.
@@ -272,10 +334,10 @@ class RolloutActor:
         return (await self._call(self.engine.collective_rpc("relayrl_cpu_binding")))[0]
 
     async def modules_loaded(self, names: list[str]) -> dict[str, list[bool]]:
-        """Which of ``names`` are imported here and in the engine's first worker (``relayrl_modules_loaded``);
-        for tests."""
+        """Which of ``names`` are imported here (the engine's client) and in the engine's first worker
+        (``relayrl_modules_loaded``); for tests."""
         worker = (await self._call(self.engine.collective_rpc("relayrl_modules_loaded", args=(names,))))[0]
-        return {"actor": [name in sys.modules for name in names], "worker": worker}
+        return {"client": [name in sys.modules for name in names], "worker": worker}
 
     async def param_digests(self) -> dict[str, str]:
         """sha256 per engine parameter (first worker); tests use it to check syncs are bit-exact."""
@@ -302,7 +364,11 @@ class RolloutActor:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-        forget_owned(os.getpid())
+
+
+for _name, _fn in list(vars(Rollout).items()):
+    if callable(_fn) and not _name.startswith("_") and _name not in vars(RolloutActor):
+        setattr(RolloutActor, _name, _forward(_name))
 
 
 async def unless_dead(engine: Any, call: Awaitable[T]) -> T:

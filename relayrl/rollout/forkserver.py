@@ -1,14 +1,17 @@
 """CPU engines: vLLM's engine-core and worker processes forked from a server that has vLLM imported.
 
-A vLLM engine on CPU is three processes: the rollout actor (``AsyncLLM``), the engine core, and its worker
+A vLLM engine on CPU is three processes: its client (``AsyncLLM``), the engine core, and its worker
 (vLLM's CPU platform needs the multiprocess executor). vLLM starts each child with ``spawn``: a fresh
 interpreter that imports torch and vLLM again, 7.6 s per import of ``vllm.v1.engine.core`` on this 2-core
 box, twice, one after the other, before the engine loads a weight. (Plain ``fork`` is not an option: vLLM
 forces ``spawn`` inside a Ray actor, and a child forked from a process whose OpenMP runtime is already set
 up keeps the parent's thread count and never binds the cores vLLM's CPU worker asks for.)
 
-``use_forkserver`` makes both children come from one Python ``forkserver`` started by the actor, which
-imports vLLM once (``PRELOAD``) and forks a child per request. Each child then behaves as if spawned:
+``start_forkserver`` makes them come from one Python ``forkserver`` (started by the actor, or the driver's,
+below), which imports vLLM once (``PRELOAD``) and forks a child per request: the client itself, in an engine
+host (``relayrl.rollout.host``: the Ray actor then never imports vLLM), and the client's two children
+(``patch_vllm``, run in every child; ``use_forkserver`` does both in the calling process). Each child then
+behaves as if spawned:
 
 - it takes its parent's environment *as it is at* ``start()`` (``_Process``): vLLM sets the worker's
   ``OMP_NUM_THREADS`` and CPU binding variables around ``start()``, which a spawned child reads at birth;
@@ -22,7 +25,7 @@ imports vLLM once (``PRELOAD``) and forks a child per request. Each child then b
 
 The server is single-threaded and computes nothing; it exits when the actor and every child it made have
 closed their end of its "alive" pipe. The children stay in the actor's process tree (actor -> server ->
-engine core, worker), so ``cleanup.kill_process_tree(actor pid)`` still reaches them.
+engine host, engine core, worker), so ``cleanup.kill_process_tree(actor pid)`` still reaches them.
 
 **The driver's server.** ``relayrl train`` starts a server at launch (``start_shared``), so that its vLLM
 import runs on the core the driver's single-threaded start (config, tokenizer, ``ray.init``) leaves idle,
@@ -192,10 +195,15 @@ def use_forkserver() -> None:
     it can be adopted, else its own. Its own starts now and imports ``PRELOAD`` while the actor imports vLLM
     itself (two single-threaded imports side by side, instead of the server's after the actor's when
     ``AsyncLLM`` forks its first child)."""
+    start_forkserver()
+    patch_vllm()
+
+
+def start_forkserver() -> None:
+    """Adopt the driver's server (``adopt_shared``), else start this process's own, preloading ``PRELOAD``."""
     if not adopt_shared():
         CONTEXT.set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()
-    patch_vllm()
 
 
 @dataclass(frozen=True)

@@ -168,13 +168,13 @@ def test_commit_refuses_to_keep_a_prefix_cache_it_cannot_empty():
     running), the commit fails before the weights change instead of serving prompt KV of the old ones."""
     import asyncio
 
-    from relayrl.rollout.actor import RolloutActor
+    from relayrl.rollout.actor import Rollout
 
     class Engine:
         async def reset_prefix_cache(self):
             return False
 
-    rollout = object.__new__(RolloutActor)
+    rollout = object.__new__(Rollout)
     rollout.rollout_cfg, rollout.engine = RolloutConfig(), Engine()
     with pytest.raises(RuntimeError, match="prefix_sharing=false"):
         asyncio.run(rollout._drop_prefix_cache("commit of v3"))
@@ -212,8 +212,32 @@ def test_update_during_generation_splits_version_spans(unshared_actor, ray_sessi
 
 
 def test_eager_engine_never_imports_inductors_compiler(actor, ray_session):
-    """After a generate with logprobs, neither the actor (``AsyncLLM``) nor the worker forked from the preloaded
-    server has imported Inductor's lowering (``relayrl.vllm_import``: 2-2.5 s of one core per process here)."""
+    """After a generate with logprobs, neither the engine's client (``AsyncLLM``, in the engine host) nor the
+    worker forked from the preloaded server has imported Inductor's lowering (``relayrl.vllm_import``: 2-2.5 s
+    of one core per process here), and the Ray actor has not imported vLLM at all (``relayrl.rollout.host``)."""
     ray_session.get(actor.generate.remote(PROMPTS[:1], 2))
-    loaded = ray_session.get(actor.modules_loaded.remote(["torch._inductor.lowering", "vllm.env_override"]))
-    assert loaded == {"actor": [False, True], "worker": [False, True]}
+    loaded = ray_session.get(actor.modules_loaded.remote(["torch._inductor.lowering", "vllm.env_override", "vllm"]))
+    assert loaded == {"actor": [False, False, False], "client": [False, True, True], "worker": [False, True, True]}
+
+
+def test_a_killed_engine_host_fails_every_call_as_a_dead_replica(ray_session, tiny_llama):
+    """The engine's client runs in a host process forked from the preloaded server; once it is killed, every
+    call on the live actor raises ``EngineHostDied`` at once (no hang), which the controller reads as a dead
+    replica (``answers`` is False) and replaces."""
+    import os
+    import signal
+
+    import ray
+
+    from relayrl.controller.system import answers
+
+    engine = _engine(ray_session, tiny_llama)
+    handle = next(engine)
+    info = ray_session.get(handle.info.remote())
+    assert info["client_pid"] != info["pid"]
+    assert ray_session.get(handle.weight_version.remote()) == 0
+    os.kill(info["client_pid"], signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayTaskError, match="EngineHostDied"):
+        ray_session.get(handle.generate.remote(PROMPTS[:1], 2), timeout=60)
+    assert not answers(handle, timeout_s=60)
+    next(engine, None)

@@ -151,6 +151,19 @@ def _gone(pid: int, within_s: float = 30.0) -> bool:
     return False
 
 
+def _stopped(pid: int, within_s: float = 30.0) -> bool:
+    import time
+
+    import psutil
+
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def test_engine_processes_of_the_drivers_server_live_as_in_their_actors_tree():
     """A driver starts a server; an "actor" with the matching variable adopts it and starts two children.
     They are the server's children, yet write to the actor's stdout, leave the driver's process group and
@@ -175,6 +188,7 @@ def test_engine_processes_of_the_drivers_server_live_as_in_their_actors_tree():
         assert sorted(p.pid for p in owned(actor.pid)) == sorted(info["children"])
         stopped, running = info["children"]
         os.kill(stopped, signal.SIGSTOP)
+        assert _stopped(stopped)             # before the kill: a stop still pending lets its watcher run
         os.kill(actor.pid, signal.SIGKILL)
         actor.wait()
         assert _gone(running)                                       # it saw its actor die
