@@ -127,7 +127,7 @@ class RolloutActor:
         for tests."""
         return {"actor": [name in sys.modules for name in names], **await self.core.call("modules_loaded", (names,))}
 
-    def shutdown(self) -> None:
+    async def shutdown(self) -> None:
         """Shut the engine down (and its host), then forget the processes registered under this actor."""
         self.core.close()
         forget_owned(os.getpid())

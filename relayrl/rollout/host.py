@@ -59,7 +59,13 @@ class HostedRollout:
         self.next_id += 1
         future = asyncio.get_running_loop().create_future()
         self.pending[self.next_id] = future
-        self.conn.send((self.next_id, name, args, kwargs or {}))
+        try:
+            self.conn.send((self.next_id, name, args, kwargs or {}))
+        except (BrokenPipeError, OSError) as exc:      # gone before the reader saw its pipe close
+            self._died(exc)
+        except BaseException:                           # an argument that does not pickle: nothing was sent
+            del self.pending[self.next_id]
+            raise
         return await future
 
     def _read(self) -> None:
@@ -150,7 +156,12 @@ async def _answer(conn: Connection, rollout: Any, call_id: int, name: str, args:
     except Exception as exc:  # noqa: BLE001 - the actor re-raises it
         reply = (call_id, False, portable(exc))
     try:
-        conn.send(reply)
+        try:
+            conn.send(reply)                # pickles first: a result that does not pickle writes nothing
+        except (BrokenPipeError, OSError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the caller gets why instead of waiting forever
+            conn.send((call_id, False, portable(RuntimeError(f"{name}'s result could not be sent: {exc!r}"))))
     except (BrokenPipeError, OSError):      # the actor is gone; the host ends at the pipe's EOF
         pass
 
