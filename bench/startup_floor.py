@@ -65,26 +65,27 @@ def engine_child(work: Path, t0: float) -> None:
                             top_p=job["top_p"], logprobs=0, seed=job["seed"])
     outputs = llm.generate([p["prompt"] for p in job["prompts"]], params, use_tqdm=False)
     mark(work, "engine", "generated", t0)
-    rows = []
+    from relayrl.rewards import load_reward_fns
+
+    fns, rows = load_reward_fns(job["rewards"]), []
     for prompt, out in zip(job["prompts"], outputs):
         texts = [c.text for c in out.outputs]
         rows.append({"prompt_ids": list(out.prompt_token_ids),
                      "completion_ids": [list(c.token_ids) for c in out.outputs],
-                     "rewards": rewards(job["rewards"], prompt, texts)})
+                     "rewards": rewards(fns, prompt, texts)})
     tmp = work / "rollout.tmp"
     tmp.write_text(json.dumps(rows))
     tmp.rename(work / "rollout.json")
     mark(work, "engine", "scored", t0)
 
 
-def rewards(specs: list[list], prompt: dict, texts: list[str]) -> list[float]:
-    """The recipe's weighted reward of each completion of one prompt (``None`` counts 0)."""
-    from relayrl.rewards import load_reward_fn
-
+def rewards(fns: list[tuple], prompt: dict, texts: list[str]) -> list[float]:
+    """The recipe's weighted reward (``load_reward_fns``' ``[(name, fn, weight)]``) of each completion of one
+    prompt (``None`` counts 0)."""
+    columns = {k: [v] * len(texts) for k, v in prompt["columns"].items()}
     total = [0.0] * len(texts)
-    for spec, weight, kwargs in specs:
-        columns = {k: [v] * len(texts) for k, v in prompt["columns"].items()}
-        for i, r in enumerate(load_reward_fn(spec, kwargs)([prompt["prompt"]] * len(texts), texts, **columns)):
+    for _, fn, weight in fns:
+        for i, r in enumerate(fn([prompt["prompt"]] * len(texts), texts, **columns)):
             total[i] += weight * (r or 0.0)
     return total
 

@@ -18,7 +18,6 @@ what importance ratios pi/mu need.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.rollout.cleanup import forget_owned
 from relayrl.rollout.forkserver import shared_actor_env, start_forkserver, start_shared, stop_shared
-from relayrl.rollout.host import HostedRollout
+from relayrl.rollout.host import HostedRollout, invoke
 from relayrl.rollout.queuepoll import POLL_ENV
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
@@ -134,7 +133,7 @@ class RolloutActor:
 
 
 def _forward(name: str) -> Callable:
-    """``RolloutActor.<name>``: ``Rollout.<name>`` on this actor's core, same signature and docstring."""
+    """``RolloutActor.<name>``: ``Rollout.<name>`` on this actor's core, with its docstring."""
     async def method(self: RolloutActor, *args: Any, **kwargs: Any) -> Any:
         return await self.core.call(name, args, kwargs)
 
@@ -150,8 +149,7 @@ class LocalRollout:
         self.rollout = Rollout(*args)
 
     async def call(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
-        value = getattr(self.rollout, name)(*args, **(kwargs or {}))
-        return await value if inspect.isawaitable(value) else value
+        return await invoke(self.rollout, name, args, kwargs or {})
 
     def close(self) -> None:
         self.rollout.shutdown()

@@ -41,7 +41,7 @@ class HostedRollout:
         child.close()
         self.pending: dict[int, asyncio.Future] = {}
         self.next_id = 0
-        self.dead: BaseException | None = None
+        self.dead = ""                          # why the host is gone, once it is
         self.reading = False
         try:
             ok, value = self.conn.recv()        # the Rollout's construction: the engine up, or why not
@@ -53,8 +53,8 @@ class HostedRollout:
 
     async def call(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
         """``await rollout.<name>(*args, **kwargs)`` in the host."""
-        if self.dead is not None:
-            raise EngineHostDied(str(self.dead))
+        if self.dead:
+            raise EngineHostDied(self.dead)
         self._read()
         self.next_id += 1
         future = asyncio.get_running_loop().create_future()
@@ -87,20 +87,17 @@ class HostedRollout:
     def _died(self, why: BaseException) -> None:
         asyncio.get_running_loop().remove_reader(self.conn.fileno())
         self.process.join(timeout=1.0)
-        self.dead = EngineHostDied(f"the engine host (pid {self.process.pid}) is gone ({type(why).__name__}: "
-                                   f"{why}; exit code {self.process.exitcode})")
+        self.dead = (f"the engine host (pid {self.process.pid}) is gone ({type(why).__name__}: {why}; "
+                     f"exit code {self.process.exitcode})")
         for future in self.pending.values():
             if not future.done():
-                future.set_exception(EngineHostDied(str(self.dead)))
+                future.set_exception(EngineHostDied(self.dead))
         self.pending.clear()
 
     def close(self) -> None:
-        """End the host (it shuts its engine down when the pipe closes) and wait for it."""
+        """End the host (it shuts its engine down when the pipe closes) and wait for it. On the actor's loop."""
         if self.reading:
-            try:
-                asyncio.get_running_loop().remove_reader(self.conn.fileno())
-            except RuntimeError:            # no running loop: nothing is watching
-                pass
+            asyncio.get_running_loop().remove_reader(self.conn.fileno())
         self.conn.close()
         self.process.join(timeout=30.0)
         if self.process.is_alive():
@@ -147,23 +144,32 @@ async def _serve(conn: Connection, args: tuple) -> None:
     rollout.shutdown()
 
 
+async def invoke(rollout: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    """``rollout.<name>(*args, **kwargs)``, awaited if it is a coroutine (``Rollout`` has both kinds)."""
+    value = getattr(rollout, name)(*args, **kwargs)
+    return await value if inspect.isawaitable(value) else value
+
+
 async def _answer(conn: Connection, rollout: Any, call_id: int, name: str, args: tuple, kwargs: dict) -> None:
     try:
-        value = getattr(rollout, name)(*args, **kwargs)
-        if inspect.isawaitable(value):
-            value = await value
-        reply = (call_id, True, value)
+        reply = (call_id, True, await invoke(rollout, name, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - the actor re-raises it
         reply = (call_id, False, portable(exc))
     try:
-        try:
-            conn.send(reply)                # pickles first: a result that does not pickle writes nothing
-        except (BrokenPipeError, OSError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the caller gets why instead of waiting forever
-            conn.send((call_id, False, portable(RuntimeError(f"{name}'s result could not be sent: {exc!r}"))))
+        _send(conn, reply, name)
     except (BrokenPipeError, OSError):      # the actor is gone; the host ends at the pipe's EOF
         pass
+
+
+def _send(conn: Connection, reply: tuple, name: str) -> None:
+    """Send ``reply``. ``send`` pickles before it writes, so a result that does not pickle writes nothing and
+    is replaced by an error saying so (the caller learns why instead of waiting forever)."""
+    try:
+        conn.send(reply)
+    except (BrokenPipeError, OSError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any pickling failure
+        conn.send((reply[0], False, portable(RuntimeError(f"{name}'s result could not be sent: {exc!r}"))))
 
 
 def recv(conn: Connection) -> Any:
