@@ -45,9 +45,10 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     model_path = resolve_model_path(cfg)
     resume = resolve_resume(cfg)                        # (run dir, checkpoint, state) or None, before Ray starts
     run = RunDir.reopen(cfg, resume[0], resume[2]) if resume else RunDir.create(cfg)
-    start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
-    placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
-    try:
+    placement = None
+    try:                                       # from here on, status.json says how the run ended
+        start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
+        placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
         run.logger.ready()                     # wandb started beside ray.init; its error stops us before actors
         for restart in range(cfg.trainer.max_restarts + 1):
             try:
@@ -66,7 +67,8 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
         raise
     finally:
         run.logger.close()  # idempotent; metrics.jsonl is flushed line by line anyway
-        ray.util.remove_placement_group(placement.group)
+        if placement is not None:
+            ray.util.remove_placement_group(placement.group)
 
 
 def run_once(cfg: Config, model_path: Path, placement: Any, reward_fns: list, run: RunDir,

@@ -99,3 +99,22 @@ def test_generated_prompts_are_checked_with_the_chat_template(tmp_path, tiny_lla
                                     f"run.output_dir={tmp_path / 'runs'}"])
     with pytest.raises(ConfigError, match=r"arith row \d+ .* tokens; with rollout.max_tokens=8"):
         train(cfg)
+
+
+@pytest.mark.parametrize("raised, status", [(KeyboardInterrupt(), "interrupted"),
+                                            (RuntimeError("the raylet did not start"), "failed")])
+def test_a_run_stopped_while_ray_starts_says_so_in_status_json(raised, status, tmp_path, tiny_llama, monkeypatch):
+    """Ctrl-C or an error inside ray.init (the run directory exists by then) ends the run's status.json as
+    interrupted or failed, never left at running."""
+    def stopped(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(driver, "start_ray", stopped)
+    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", f"run.output_dir={tmp_path}", "logging.wandb=disabled"])
+    with pytest.raises(type(raised)):
+        train(cfg)
+    (run,) = tmp_path.glob("grpo_tiny-*")
+    record = json.loads((run / "status.json").read_text())
+    assert record["status"] == status and record["steps_done"] == 0
+    if status == "failed":
+        assert "the raylet did not start" in record["error"]
