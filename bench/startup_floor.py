@@ -22,6 +22,12 @@ run.steps=1``: generate, reward, update, sync, log. Both clocks start when this 
 relayrl's ends when its first step's metrics row is written (``wall_time``). Pairs alternate (bare, relayrl) so
 both sides share the box's drift. Nothing is asserted: a bench prints, tests prove.
 
+Both sides are CPU-bound on a small box, so each run also counts the work done until its first step: the box's
+busy CPU-seconds (``/proc/stat``) and, per role, the CPU time of the processes the run started (sampled every
+0.25 s from ``/proc/<pid>/stat``; a process keeps the role of the last name it had, so a Ray worker that became
+the trainer counts as the trainer). Busy CPU-seconds over the box's cores is the first step's floor for that much
+work: the time it would take with every core busy from launch on.
+
     .venv/bin/python bench/startup_floor.py [--pairs 2] [--recipe grpo_arith] [relayrl overrides ...]
 """
 
@@ -34,12 +40,111 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 GOAL_S = 30.0
 """Issue 16 part 5: the first step logged within this many seconds of launch."""
 BARE_ENV = {"TORCHDYNAMO_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+
+
+ROLES = (("trainer", ("TrainerActor", "--child trainer")),
+         ("reward pool", ("ray::Reward",)),
+         ("engine", ("VLLM::", "relayrl-engine-host", "RolloutActor", "multiprocessing.forkserver", "--child engine")),
+         ("Ray system", ("gcs_server", "raylet", "ray/dashboard", "monitor.py", "log_monitor", "ray::DashboardAgent",
+                         "ray::RuntimeEnvAgent", "ray::IDLE")),
+         ("driver", ("relayrl.cli",)))
+"""Which role a process plays, by a fragment of its name or command line (the first role that matches)."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- CPU accounting
+
+
+def role_of(name: str) -> str:
+    return next((role for role, marks in ROLES if any(m in name for m in marks)), "other")
+
+
+def box_busy_s(stat_line: str) -> float:
+    """Busy CPU-seconds since boot, all cores, from ``/proc/stat``'s ``cpu`` line: user, nice, system, irq and
+    softirq time (not idle, iowait, or steal: time the hypervisor gave to others)."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, stat_line.split()[1:8])
+    return (user + nice + system + irq + softirq) / TICK
+
+
+def proc_times(stat: str) -> tuple[float, int]:
+    """(CPU-seconds, start in ticks after boot) of one ``/proc/<pid>/stat`` text (its name may hold spaces)."""
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICK, int(fields[19])
+
+
+@dataclass
+class Sample:
+    at: float                                  # epoch seconds
+    busy_s: float                              # the box's busy CPU-seconds since boot
+    procs: dict[int, tuple[str, float]]        # pid -> (name, CPU-seconds), processes started since the meter
+
+
+@dataclass
+class CpuMeter:
+    """Samples the box's busy time and the CPU time of every process started after ``start`` (a thread)."""
+
+    period_s: float = 0.25
+    samples: list[Sample] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._since_ticks = int(time.clock_gettime(time.CLOCK_BOOTTIME) * TICK) - 1
+        self._names: dict[int, str] = {}
+        self._stop = threading.Event()
+        self.samples.append(self.sample())
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.samples.append(self.sample())
+
+    def sample(self) -> Sample:
+        with open("/proc/stat") as f:
+            busy = box_busy_s(f.readline())
+        procs = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    cpu_s, started = proc_times(f.read())
+                if started >= self._since_ticks:
+                    procs[int(pid)] = (self._name(int(pid)), cpu_s)
+                    self._names[int(pid)] = procs[int(pid)][0]
+            except OSError:             # it ended meanwhile
+                continue
+        return Sample(time.time(), busy, procs)
+
+    def _name(self, pid: int) -> str:
+        """The process's title (Ray and vLLM retitle their processes) or command line, read again each time:
+        a Ray worker takes its actor's name after it started. An exiting process has none left: it keeps the
+        name it had."""
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            name = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+        return name or self._names.get(pid, "")
+
+
+def cpu_until(samples: list[Sample], at: float) -> dict[str, float]:
+    """The box's busy CPU-seconds from the first sample to the first sample at or after ``at``, and per role the
+    CPU-seconds of the processes seen until then (each at its last sample, under the last name it had)."""
+    upto = [s for s in samples if s.at < at] + [s for s in samples if s.at >= at][:1]
+    last: dict[int, tuple[str, float]] = {}
+    for s in upto:
+        last.update(s.procs)
+    roles = {role: 0.0 for role, _ in ROLES} | {"other": 0.0}
+    for name, cpu_s in last.values():
+        roles[role_of(name)] += cpu_s
+    return {"busy CPU-s": upto[-1].busy_s - upto[0].busy_s, **roles}
 
 
 # ---------------------------------------------------------------- bare pipeline (child processes)
@@ -159,8 +264,9 @@ def write_job(recipe: str, overrides: list[str], work: Path) -> None:
     (work / "job.json").write_text(json.dumps(job))
 
 
-def run_bare(work: Path) -> dict[str, float]:
-    """Both bare children at once; ``{"role: event": seconds since their launch}``."""
+def run_bare(work: Path) -> tuple[dict[str, float], float]:
+    """Both bare children at once; ``{"role: event": seconds since their launch}`` and when the first step
+    ended (epoch seconds)."""
     (work / "marks.jsonl").unlink(missing_ok=True)
     (work / "rollout.json").unlink(missing_ok=True)
     env = {**os.environ, **BARE_ENV}
@@ -175,13 +281,15 @@ def run_bare(work: Path) -> dict[str, float]:
             sys.exit(f"bare {role} exited {proc.returncode}; see {work / (role + '.log')}")
     rows = [json.loads(line) for line in (work / "marks.jsonl").read_text().splitlines()]
     marks = {f"{r['role']}: {r['event']}": r["s"] for r in rows}
-    return {**marks, "(generate)": marks["engine: generated"] - marks["engine: engine ready"],
-            "(update)": marks["trainer: first step done"] - max(marks["engine: scored"],
-                                                              marks["trainer: model + AdamW ready"])}
+    figures = {**marks, "(generate)": marks["engine: generated"] - marks["engine: engine ready"],
+               "(update)": marks["trainer: first step done"] - max(marks["engine: scored"],
+                                                                 marks["trainer: model + AdamW ready"])}
+    return figures, t0 + marks["trainer: first step done"]
 
 
-def run_relayrl(recipe: str, overrides: list[str], work: Path) -> dict[str, float]:
-    """``relayrl train ... run.steps=1``; its launch -> first step and start-up metrics."""
+def run_relayrl(recipe: str, overrides: list[str], work: Path) -> tuple[dict[str, float], float]:
+    """``relayrl train ... run.steps=1``; its launch -> first step and start-up metrics, and when its first
+    step was logged (epoch seconds)."""
     from vs_trl import run_relayrl as run
 
     side = run(recipe, 1, overrides, work)
@@ -190,7 +298,35 @@ def run_relayrl(recipe: str, overrides: list[str], work: Path) -> dict[str, floa
     return {"step loop starts (engines + trainer up)": loop, "  of which engines up (startup/engines_up_s)":
             first["startup/engines_up_s"], "first step: generate": first["timing/generate"],
             "first step: update": first["timing/update"], "first step: sync": first["timing/sync"],
-            "first step logged": side.first_step_at}
+            "first step logged": side.first_step_at}, first["wall_time"]
+
+
+def metered(run, *args) -> tuple[dict[str, float], dict[str, float]]:
+    """``run(*args)``'s figures and the CPU work (``cpu_until``) from its launch to its first step's end."""
+    meter = CpuMeter()
+    meter.start()
+    try:
+        figures, first_step_at = run(*args)
+    finally:
+        meter.stop()
+    return figures, cpu_until(meter.samples, first_step_at)
+
+
+def report_cpu(bare: list[dict[str, float]], ours: list[dict[str, float]]) -> None:
+    """CPU-seconds until the first step, per pair and by role, and the floor they set on this box's cores."""
+    cores = os.cpu_count() or 1
+    print(f"\nCPU work from launch to the first step (CPU-seconds; pairs in order; {cores} cores):")
+    for name, side in (("bare", bare), ("relayrl", ours)):
+        print(f"  {name}:")
+        for key in side[0]:
+            if any(c[key] >= 0.05 for c in side):
+                print(f"    {key:<40} " + "  ".join(f"{c[key]:6.1f}" for c in side))
+    for name, side in (("bare", bare), ("relayrl", ours)):
+        busy = statistics.median(c["busy CPU-s"] for c in side)
+        print(f"    {name}: median {busy:.1f} busy CPU-s; / {cores} cores = {busy / cores:.1f} s, its first step "
+              f"with every core busy from launch on")
+    need = GOAL_S * cores
+    print(f"    the goal ({GOAL_S:g} s) allows at most {need:.0f} CPU-s on {cores} cores")
 
 
 def report(bare: list[dict[str, float]], ours: list[dict[str, float]]) -> None:
@@ -224,13 +360,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="relayrl-startup-"))
     print(f"work dir (logs): {work}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     write_job(args.recipe, overrides, work / "bare")
-    bare, ours = [], []
+    bare, ours, bare_cpu, our_cpu = [], [], [], []
     for i in range(args.pairs):
-        bare.append(run_bare(work / "bare"))
-        ours.append(run_relayrl(args.recipe, overrides, work / f"relayrl-{i}"))
-        print(f"pair {i + 1}: bare {bare[-1]['trainer: first step done']:.1f} s, relayrl "
-              f"{ours[-1]['first step logged']:.1f} s", flush=True)
+        for figures, cpu, run in ((bare, bare_cpu, (run_bare, work / "bare")),
+                                  (ours, our_cpu, (run_relayrl, args.recipe, overrides, work / f"relayrl-{i}"))):
+            got = metered(*run)
+            figures.append(got[0])
+            cpu.append(got[1])
+        print(f"pair {i + 1}: bare {bare[-1]['trainer: first step done']:.1f} s "
+              f"({bare_cpu[-1]['busy CPU-s']:.1f} CPU-s), relayrl {ours[-1]['first step logged']:.1f} s "
+              f"({our_cpu[-1]['busy CPU-s']:.1f} CPU-s)", flush=True)
     report(bare, ours)
+    report_cpu(bare_cpu, our_cpu)
 
 
 if __name__ == "__main__":
