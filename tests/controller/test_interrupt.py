@@ -17,12 +17,20 @@ from tests.controller.resume_helpers import command, kill_group, start_until
 pytestmark = pytest.mark.slow
 
 
+def like_a_terminal() -> None:
+    """The run takes SIGINT as a terminal's foreground job does, even when pytest itself was started in the
+    background of a non-interactive shell (``cmd &``), which sets SIGINT to ignored for everything it starts;
+    Python then installs no KeyboardInterrupt handler, and the run would go on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_with_one_line_and_marks_the_run_interrupted(tiny_llama, tmp_path):
     cmd = [*command(tiny_llama, tmp_path), "run.steps=40"]      # Hydra: the last value of a key wins
     def committed() -> bool:
         return any(latest(run) for run in tmp_path.glob("grpo_tiny-*"))
 
-    proc = start_until(cmd, committed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_until(cmd, committed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       preexec_fn=like_a_terminal)
     try:
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=300)
