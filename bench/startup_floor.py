@@ -96,7 +96,6 @@ class CpuMeter:
 
     def start(self) -> None:
         self._since_ticks = int(time.clock_gettime(time.CLOCK_BOOTTIME) * TICK) - 1
-        self._names: dict[int, str] = {}
         self._stop = threading.Event()
         self.samples.append(self.sample())
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -120,7 +119,6 @@ class CpuMeter:
                     cpu_s, started = proc_times(f.read())
                 if started >= self._since_ticks:
                     procs[int(pid)] = (self._name(int(pid)), cpu_s)
-                    self._names[int(pid)] = procs[int(pid)][0]
             except OSError:             # it ended meanwhile
                 continue
         return Sample(time.time(), busy, procs)
@@ -128,10 +126,12 @@ class CpuMeter:
     def _name(self, pid: int) -> str:
         """The process's title (Ray and vLLM retitle their processes) or command line, read again each time:
         a Ray worker takes its actor's name after it started. An exiting process has none left: it keeps the
-        name it had."""
+        name it had in the previous sample."""
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             name = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
-        return name or self._names.get(pid, "")
+        if name or not self.samples:
+            return name
+        return self.samples[-1].procs.get(pid, ("", 0.0))[0]
 
 
 def cpu_until(samples: list[Sample], at: float) -> dict[str, float]:
@@ -364,9 +364,9 @@ def main() -> None:
     for i in range(args.pairs):
         for figures, cpu, run in ((bare, bare_cpu, (run_bare, work / "bare")),
                                   (ours, our_cpu, (run_relayrl, args.recipe, overrides, work / f"relayrl-{i}"))):
-            got = metered(*run)
-            figures.append(got[0])
-            cpu.append(got[1])
+            figures_now, cpu_now = metered(*run)
+            figures.append(figures_now)
+            cpu.append(cpu_now)
         print(f"pair {i + 1}: bare {bare[-1]['trainer: first step done']:.1f} s "
               f"({bare_cpu[-1]['busy CPU-s']:.1f} CPU-s), relayrl {ours[-1]['first step logged']:.1f} s "
               f"({our_cpu[-1]['busy CPU-s']:.1f} CPU-s)", flush=True)

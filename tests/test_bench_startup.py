@@ -57,3 +57,32 @@ def test_cpu_until_counts_each_process_once_at_its_last_sample_under_its_last_na
     assert (got["driver"], got["trainer"], got["engine"]) == (pytest.approx(1.2), pytest.approx(0.9),
                                                              pytest.approx(0.4))
     assert got["Ray system"] == 0.0 and got["other"] == 0.0
+
+
+
+def test_cpu_meter_counts_only_what_started_after_it_and_an_exiting_process_keeps_its_name():
+    import subprocess
+    import sys
+    import time
+
+    from bench.startup_floor import CpuMeter
+
+    meter = CpuMeter(period_s=0.05)
+    meter.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)  # cpu-meter-probe"])
+    try:
+        deadline = time.time() + 60
+        while not any(child.pid in s.procs for s in meter.samples) and time.time() < deadline:
+            time.sleep(0.05)
+        meter.stop()
+        (name,) = {s.procs[child.pid][0] for s in meter.samples if child.pid in s.procs}
+        assert "cpu-meter-probe" in name
+        assert not any(1 in s.procs for s in meter.samples)     # init started before the meter: not counted
+        # exited, not yet reaped: a zombie, whose command line is empty
+        while not open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+            time.sleep(0.05)
+        assert open(f"/proc/{child.pid}/cmdline").read() == ""
+        assert meter._name(child.pid) == name
+    finally:
+        child.kill()
+        child.wait()
