@@ -52,9 +52,9 @@ def run_baseline(steps: int, model_name: str, prompts_per_step: int = 4, group: 
     from relayrl.data.sampler import PromptSampler, chat_formatter
     from relayrl.models import resolve_model
     from relayrl.rewards.builtin import last_number_correct
-    from relayrl.trainer.advantages import grpo_advantages
-    from relayrl.trainer.logprobs import token_logprobs
-    from relayrl.trainer.losses import masked_token_sum, ppo_clip_loss
+    from relayrl.algorithms.advantages import grpo_advantages
+    from relayrl.algorithms.logprobs import token_logprobs
+    from relayrl.algorithms.losses import masked_token_sum, ppo_clip_loss
 
     path = resolve_model(model_name)
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")

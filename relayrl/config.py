@@ -797,8 +797,8 @@ def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     """Valid names per algorithm field, read from the registries (pure torch modules, cheap to import)."""
-    from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS, WHITEN_MODES
-    from relayrl.trainer.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
+    from relayrl.algorithms.advantages import ADVANTAGES, CRITIC_ESTIMATORS, WHITEN_MODES
+    from relayrl.algorithms.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
 
     return {"name": (*ADVANTAGES, *CRITIC_ESTIMATORS), "policy_loss": tuple(POLICY_LOSSES),
             "loss_agg": tuple(LOSS_AGG), "kl_estimator": tuple(KL_ESTIMATORS), "whiten": WHITEN_MODES}
@@ -809,7 +809,7 @@ def _validate_tp(cfg: Config) -> None:
     (``TrainerConfig`` checks that tp_size divides the ranks; head counts are checked against the model in
     ``trainer/tp.py`` when it loads.)"""
     t = cfg.trainer
-    from relayrl.trainer.advantages import CRITIC_ESTIMATORS
+    from relayrl.algorithms.advantages import CRITIC_ESTIMATORS
 
     if t.tp_size > 1 and cfg.algorithm.name in CRITIC_ESTIMATORS:
         raise ConfigError(f"PPO's critic (algorithm.name={cfg.algorithm.name}) is trained with FSDP only; "

@@ -31,8 +31,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from relayrl.algorithms.filtering import dynamic_sampling_filter, trainable_groups
 from relayrl.monitor.schema import REWARD_MEAN, REWARD_PASS_RATE, REWARD_SPREAD_GROUPS, REWARD_STD
-from relayrl.trainer.groups import dynamic_sampling_filter, trainable_groups
 from relayrl.types import TrajectoryGroup   # torch-free, as everything the scorer and reward workers import
 
 RewardFns = list[tuple[str, Callable, float]]

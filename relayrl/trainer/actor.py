@@ -41,16 +41,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from relayrl.algorithms.advantages import CRITIC_ESTIMATORS
+from relayrl.algorithms.logprobs import token_logprobs
+from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from relayrl.rendezvous import client_store, master_store
 from relayrl.trainer import checkpoint, lora
-from relayrl.trainer.advantages import CRITIC_ESTIMATORS
 from relayrl.trainer.background import in_background
 from relayrl.trainer.batch import MicroBatch, build_train_batch, fetch_groups, micro_batches, split_batch
 from relayrl.trainer.critic import Critic, GaeTargets
 from relayrl.trainer.hf import export, hf_state_dict, load_sharded, pad_token_id
-from relayrl.trainer.logprobs import token_logprobs
-from relayrl.trainer.objective import build_loss
 from relayrl.trainer.optim import policy_adamw
 from relayrl.trainer.step import PolicyStep, step_totals
 from relayrl.trainer.tp import build_mesh

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.trainer.advantages import ADVANTAGES, CRITIC_ESTIMATORS, sequence_advantages
-from relayrl.trainer.groups import trainable_groups
+from relayrl.algorithms.advantages import ADVANTAGES, CRITIC_ESTIMATORS, sequence_advantages
+from relayrl.algorithms.filtering import trainable_groups
 from relayrl.trainer.packing import PackedRow, pack_rows, plan_chunks, segment_tokens
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 

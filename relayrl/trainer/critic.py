@@ -45,11 +45,11 @@ from dataclasses import dataclass
 
 import torch
 
+from relayrl.algorithms.advantages import masked_moments, moments_mean_var, outcome_gae, whiten_from_moments
+from relayrl.algorithms.losses import KL_ESTIMATORS, masked_token_sum, value_loss
 from relayrl.config import AlgorithmConfig, CriticConfig
-from relayrl.trainer.advantages import masked_moments, moments_mean_var, outcome_gae, whiten_from_moments
 from relayrl.trainer.fsdp import clip_and_step, shard_model
 from relayrl.trainer.hf import full_state_dict
-from relayrl.trainer.losses import KL_ESTIMATORS, masked_token_sum, value_loss
 from relayrl.trainer.optim import adamw
 from relayrl.trainer.packing import attention_mask_4d, place
 from relayrl.trainer.step import AllReduce, TokenSums

@@ -27,11 +27,11 @@ from typing import Any, Self
 import torch
 import torch.distributed as dist
 
+from relayrl.algorithms.logprobs import logits_entropy, target_logprobs
+from relayrl.algorithms.losses import entropy_bonus, kl_k3, kl_loss, masked_token_sum
+from relayrl.algorithms.objective import Objective
 from relayrl.trainer.batch import MicroBatch
 from relayrl.trainer.fsdp import clip_and_step
-from relayrl.trainer.logprobs import logits_entropy, target_logprobs
-from relayrl.trainer.losses import entropy_bonus, kl_k3, kl_loss, masked_token_sum
-from relayrl.trainer.objective import Objective
 from relayrl.trainer.packing import attention_mask_4d, place
 from relayrl.trainer.precision import autocast
 

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
+from relayrl.algorithms.logprobs import token_logprobs
 from relayrl.config import CPU_MALLOC_ENV, AlgorithmConfig, ModelConfig, TrainerConfig
-from relayrl.trainer.logprobs import token_logprobs
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
 TEMPERATURE = 0.8

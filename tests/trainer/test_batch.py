@@ -1,10 +1,12 @@
-"""Batch building on a hand example: padding, next-token alignment of masks/logprobs, advantages, splits."""
+"""Batch building on a hand example: padding, next-token alignment of masks/logprobs, advantages, splits,
+and DAPO's overlong penalty entering rewards before advantages."""
 
 import pytest
 import torch
 
+from relayrl.algorithms.filtering import trainable_groups
+from relayrl.algorithms.shaping import overlong_penalty
 from relayrl.trainer.batch import build_train_batch, split_batch
-from relayrl.trainer.groups import trainable_groups
 from relayrl.types import Exclusion, Trajectory, TrajectoryGroup, VersionSpan
 
 
@@ -146,3 +148,32 @@ def test_bad_completion_mask(mask, got):
     t.completion_mask = mask
     with pytest.raises(ValueError, match=f"one 0/1 per completion token \\(3\\), got {got}"):
         build_train_batch([TrajectoryGroup(0, "", {}, [t, _traj(0, 1, [1], [2], [-1.0], 1.0)])], 0)
+
+
+def _sized_group(prompt_id, rewards, lengths=None):
+    """One group whose completions have the given rewards and lengths (tokens of id 5)."""
+    lengths = lengths or [1] * len(rewards)
+    return TrajectoryGroup(prompt_id, f"p{prompt_id}", {}, [
+        _traj(prompt_id, i, [1, 2], [5] * n, [-0.5] * n, r) for i, (r, n) in enumerate(zip(rewards, lengths))])
+
+
+def test_overlong_shaping_enters_rewards_before_advantages():
+    # completions of 1, 3 | 4, 2 tokens; L_max 4, L_cache 2 (soft limit 2): penalties 0, -.5 | -1, 0
+    # rewards 1, 1 | 1, 0 -> shaped 1, .5 | 0, 0
+    # dr_grpo: group a mean .75 -> .25, -.25 ; group b: equal -> 0, 0
+    groups = [_sized_group(0, [1.0, 1.0], [1, 3]), _sized_group(1, [1.0, 0.0], [4, 2])]
+    shaping = lambda n: overlong_penalty(n, max_len=4, buffer_len=2)  # noqa: E731
+    batch = build_train_batch(groups, pad_token_id=0, estimator="dr_grpo", reward_shaping=shaping)
+    torch.testing.assert_close(batch.rewards, torch.tensor([1.0, 0.5, 0.0, 0.0]))
+    torch.testing.assert_close(batch.advantages, torch.tensor([0.25, -0.25, 0.0, 0.0]))
+    plain = build_train_batch(groups, pad_token_id=0, estimator="dr_grpo")
+    torch.testing.assert_close(plain.rewards, torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    torch.testing.assert_close(plain.advantages, torch.tensor([0.0, 0.0, 0.5, -0.5]))
+
+
+def test_critic_estimator_leaves_advantages_to_the_trainer():
+    batch = build_train_batch([_sized_group(0, [1.0, 0.5], [2, 3])], pad_token_id=0, estimator="gae")
+    assert batch.advantages.tolist() == [0.0, 0.0]
+    torch.testing.assert_close(batch.rewards, torch.tensor([1.0, 0.5]))
+    with pytest.raises(ValueError, match="gae"):
+        build_train_batch([_sized_group(0, [1.0, 0.5])], pad_token_id=0, estimator="ppo")

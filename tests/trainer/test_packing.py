@@ -12,12 +12,12 @@ import dataclasses
 import pytest
 import torch
 
+from relayrl.algorithms.logprobs import token_logprobs
+from relayrl.algorithms.losses import LOSS_AGG
+from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from relayrl.trainer.actor import TrainerActor
 from relayrl.trainer.batch import build_train_batch, empty_micro_batch, split_batch
-from relayrl.trainer.logprobs import token_logprobs
-from relayrl.trainer.losses import LOSS_AGG
-from relayrl.trainer.objective import build_loss
 from relayrl.trainer.packing import (PackedRow, attention_allowed, attention_mask_4d, pack_rows, place,
                                      plan_chunks, split_to_count)
 from relayrl.trainer.precision import keep_head_fp32

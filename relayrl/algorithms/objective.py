@@ -7,7 +7,9 @@ where config fields become callables with their keywords bound.
     kl, entropy     kl_coef * KL_ESTIMATORS[kl_estimator], entropy_coef
     select_groups   DAPO's dynamic sampling and overlong reward shaping (``shaping.py``)
 
-The micro-batch step (``step.py``) only calls these; no other trainer file reads the algorithm's loss fields.
+The micro-batch step (``trainer/step.py``) only calls these; no other trainer file reads the algorithm's loss
+fields. Unlike its neighbours this file reads a config object (``AlgorithmConfig``): it is the one place
+that turns those fields into the plain callables the others are.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from relayrl.algorithms.filtering import dynamic_sampling_filter, trainable_groups
+from relayrl.algorithms.losses import LOSS_AGG, POLICY_LOSSES
+from relayrl.algorithms.shaping import overlong_penalty
 from relayrl.config import AlgorithmConfig
-from relayrl.trainer.batch import MicroBatch
-from relayrl.trainer.groups import dynamic_sampling_filter, trainable_groups
-from relayrl.trainer.losses import LOSS_AGG, POLICY_LOSSES
-from relayrl.trainer.shaping import overlong_penalty
 from relayrl.types import TrajectoryGroup
+
+if TYPE_CHECKING:   # the trainer's record, named in one annotation; algorithms/ never imports trainer/
+    from relayrl.trainer.batch import MicroBatch
 
 
 @dataclass(frozen=True)

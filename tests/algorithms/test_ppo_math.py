@@ -6,9 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayrl.trainer.advantages import (gae_advantages, last_token_rewards, masked_moments, masked_whiten,
+from relayrl.algorithms.advantages import (gae_advantages, last_token_rewards, masked_moments, masked_whiten,
                                         moments_mean_var, outcome_gae, whiten_from_moments)
-from relayrl.trainer.losses import kl_penalized_rewards
+from relayrl.algorithms.losses import kl_penalized_rewards
 
 
 def test_outcome_gae_hand_numbers_gamma_lam_one():

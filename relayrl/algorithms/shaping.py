@@ -10,7 +10,7 @@ before computing advantages.
 
 Both act on sequence lengths in *tokens* and on the total reward, which only the trainer sees together
 (reward functions see text), so they live here rather than in ``relayrl.rewards``; the dynamic-sampling
-filter needs no tensors and lives in ``groups`` (the reward scorer counts what it keeps).
+filter needs no tensors and lives in ``filtering`` (the reward scorer counts what it keeps).
 """
 
 from __future__ import annotations

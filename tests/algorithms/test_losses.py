@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayrl.trainer.losses import (
+from relayrl.algorithms.losses import (
     KL_ESTIMATORS,
     LOSS_AGG,
     POLICY_LOSSES,

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from relayrl.algorithms.losses import LOSS_AGG, POLICY_LOSSES
+from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig
-from relayrl.trainer.losses import LOSS_AGG, POLICY_LOSSES
-from relayrl.trainer.objective import build_loss
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
 

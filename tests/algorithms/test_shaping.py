@@ -1,12 +1,11 @@
-"""DAPO's batch shaping on hand examples: the overlong penalty, the dynamic-sampling filter, and both wired
-into ``build_train_batch`` (rewards shaped before advantages)."""
+"""DAPO's batch shaping on hand examples: the overlong penalty and the dynamic-sampling filter (how the
+trainer wires them into a batch is tested in ``tests/trainer/test_batch.py``)."""
 
 import pytest
 import torch
 
-from relayrl.trainer.batch import build_train_batch
-from relayrl.trainer.groups import dynamic_sampling_filter, has_reward_spread
-from relayrl.trainer.shaping import overlong_penalty
+from relayrl.algorithms.filtering import dynamic_sampling_filter, has_reward_spread
+from relayrl.algorithms.shaping import overlong_penalty
 from relayrl.types import Exclusion, Trajectory, TrajectoryGroup, VersionSpan
 
 
@@ -48,25 +47,3 @@ def test_dynamic_sampling_drops_groups_without_reward_spread():
     assert [g.prompt_id for g in kept] == [0, 4] and dropped == 3
     assert not has_reward_spread(all_right) and has_reward_spread(varied)
     assert dynamic_sampling_filter([]) == ([], 0)
-
-
-def test_overlong_shaping_enters_rewards_before_advantages():
-    # completions of 1, 3 | 4, 2 tokens; L_max 4, L_cache 2 (soft limit 2): penalties 0, -.5 | -1, 0
-    # rewards 1, 1 | 1, 0 -> shaped 1, .5 | 0, 0
-    # dr_grpo: group a mean .75 -> .25, -.25 ; group b: equal -> 0, 0
-    groups = [_group(0, [1.0, 1.0], [1, 3]), _group(1, [1.0, 0.0], [4, 2])]
-    shaping = lambda n: overlong_penalty(n, max_len=4, buffer_len=2)  # noqa: E731
-    batch = build_train_batch(groups, pad_token_id=0, estimator="dr_grpo", reward_shaping=shaping)
-    torch.testing.assert_close(batch.rewards, torch.tensor([1.0, 0.5, 0.0, 0.0]))
-    torch.testing.assert_close(batch.advantages, torch.tensor([0.25, -0.25, 0.0, 0.0]))
-    plain = build_train_batch(groups, pad_token_id=0, estimator="dr_grpo")
-    torch.testing.assert_close(plain.rewards, torch.tensor([1.0, 1.0, 1.0, 0.0]))
-    torch.testing.assert_close(plain.advantages, torch.tensor([0.0, 0.0, 0.5, -0.5]))
-
-
-def test_critic_estimator_leaves_advantages_to_the_trainer():
-    batch = build_train_batch([_group(0, [1.0, 0.5], [2, 3])], pad_token_id=0, estimator="gae")
-    assert batch.advantages.tolist() == [0.0, 0.0]
-    torch.testing.assert_close(batch.rewards, torch.tensor([1.0, 0.5]))
-    with pytest.raises(ValueError, match="gae"):
-        build_train_batch([_group(0, [1.0, 0.5])], pad_token_id=0, estimator="ppo")

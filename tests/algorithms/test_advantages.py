@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayrl.trainer.advantages import (
+from relayrl.algorithms.advantages import (
     ADVANTAGES,
     WHITENED,
     discounted_returns,

@@ -1,6 +1,6 @@
 """Which prompt groups a step can learn from, decided on the groups alone (rewards and exclusions, no tensors).
 
-The trainer applies these before it builds a batch (``batch.build_train_batch``, DAPO's dynamic sampling in
+The trainer applies these before it builds a batch (``trainer.batch.build_train_batch``, DAPO's dynamic sampling in
 ``objective``); the reward scorer counts them for its metrics and error check (``rewards.scoring``), in a
 process that never imports torch (it would cost that Ray worker 1.5-2.7 s of a core on the 2-core box)."""
 

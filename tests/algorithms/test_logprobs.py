@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from relayrl.trainer.logprobs import token_entropy, token_logprobs
+from relayrl.algorithms.logprobs import token_entropy, token_logprobs
 
 
 def _logits():
