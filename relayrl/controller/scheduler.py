@@ -48,11 +48,11 @@ import ray
 
 from relayrl.config import Config
 from relayrl.controller.buffer import Entry
-from relayrl.controller.evaluation import TrainingEval
 from relayrl.controller.faults import GenerateError, generation_error, task_error_line, trainer_result
 from relayrl.controller.policy import Launch, PolicyConfig, StepPolicy
 from relayrl.controller.steplog import StepLog
 from relayrl.controller.system import generate_remote, is_death
+from relayrl.controller.training_eval import TrainingEval
 from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_SYNC, TIMING_TRAIN
 from relayrl.rewards.scoring import Scored
 

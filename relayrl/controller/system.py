@@ -69,7 +69,7 @@ class System:
         from relayrl.controller.cluster import SCORING_CPUS
         from relayrl.rewards.pool import RewardPool
         from relayrl.rollout import start_rollout_actor
-        from relayrl.trainer.group import TrainerGroup
+        from relayrl.trainer.ranks import TrainerGroup
 
         t0 = time.time()
         print(f"relayrl: starting {cfg.rollout.num_replicas} vLLM engine(s), {cfg.trainer.world_size} trainer rank(s) "

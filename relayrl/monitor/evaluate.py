@@ -22,7 +22,7 @@ it at a test file), and the summary says so.
 ``data`` scores the first rows as training loads them. Prompts go to the engine in chunks, so a progress
 bar (a line per chunk off a terminal) shows prompts done and the ETA.
 
-Evaluation during training (``eval.every``, ``controller/evaluation.py``) draws its prompts with
+Evaluation during training (``eval.every``, ``controller/training_eval.py``) draws its prompts with
 ``eval_rows`` and ``format_prompts`` and scores with ``completion_rows`` and ``summarize``, so both count
 a pass and pass@k alike.
 """

@@ -199,7 +199,7 @@ SCHEMA: tuple[Metric, ...] = (
     M(PERF_COMPLETIONS_PER_S, "1/s", "rollout/completions / timing/step: end-to-end completions per second"),
     M(PERF_TOKENS_PER_S, "tokens/s", "rollout/tokens / timing/step: end-to-end tokens per second"),
     M(PERF_TOKENS_PER_S_PER_REPLICA, "tokens/s", "perf/tokens_per_s / rollout.num_replicas"),
-    # eval/* - evaluation during training (relayrl.controller.evaluation): the step's synced weights
+    # eval/* - evaluation during training (relayrl.controller.training_eval): the step's synced weights
     # (step 0: the initial model) on eval.train_prompts held-out prompts
     M("eval/greedy_accuracy", "fraction", "greedy completions (temperature 0, one per prompt) that pass", "eval"),
     M("eval/sampled_accuracy", "fraction", "sampled completions (rollout.temperature) that pass", "eval"),

@@ -1,6 +1,6 @@
 """One trainer rank: an HF causal LM sharded with FSDP2 over a torch.distributed group.
 
-``TrainerGroup`` (group.py) starts ``world_size`` of these as Ray actors; every public method is a
+``TrainerGroup`` (ranks.py) starts ``world_size`` of these as Ray actors; every public method is a
 collective (FSDP2 all-gathers parameters in each forward), so the group calls it on all ranks at once.
 With ``trainer.tp_size > 1`` the ranks form a ("dp", "tp") mesh (``tp.py``): rows are split over dp,
 the ranks of a tp group hold the same rows and one model's layer shards, and every all-reduce of sums

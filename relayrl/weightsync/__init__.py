@@ -70,7 +70,7 @@ def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str
         return IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-    from relayrl.trainer.group import free_port
+    from relayrl.trainer.ranks import free_port
 
     return NCCLTrainerInitInfo(rank=rank, master_address=cfg.host, master_port=free_port(cfg.host),
                                world_size=1 + workers, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)

@@ -10,7 +10,7 @@ from math import comb
 import pytest
 
 from relayrl.config import ConfigError, EvalConfig, load_config
-from relayrl.controller.evaluation import due_versions, eval_metrics, is_due
+from relayrl.controller.training_eval import due_versions, eval_metrics, is_due
 from relayrl.monitor.schema import lookup, schema_gaps
 from relayrl.rewards.builtin import digit_fraction
 
@@ -97,7 +97,7 @@ def _evaluator(tiny_llama, tmp_path, every=2, before=True, replicas=2):
     """A TrainingEval on fake replicas and a fake run (the held-out draw and formatting are real)."""
     from types import SimpleNamespace
 
-    from relayrl.controller.evaluation import TrainingEval
+    from relayrl.controller.training_eval import TrainingEval
 
     cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", f"eval.every={every}", f"eval.samples={SAMPLES}",
                                     f"eval.train_prompts={PROMPTS}", f"eval.before_first_step={before}"])

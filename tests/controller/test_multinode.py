@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from relayrl.trainer.group import free_port
+from relayrl.trainer.ranks import free_port
 
 pytestmark = pytest.mark.slow
 

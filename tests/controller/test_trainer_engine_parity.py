@@ -13,7 +13,7 @@ from relayrl.config import load_config
 from relayrl.data import Prompt
 from relayrl.rewards import builtin, score_groups
 from relayrl.rollout import start_rollout_actor
-from relayrl.trainer.group import TrainerGroup
+from relayrl.trainer.ranks import TrainerGroup
 
 PROMPTS = [Prompt(i, f"What is {i} + {i + 1}?", {"answer": str(2 * i + 1)}) for i in range(4)]
 

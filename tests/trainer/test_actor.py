@@ -49,7 +49,7 @@ def _logprobs(model, ids):
 
 @pytest.fixture(scope="module")
 def runs(ray_session, tiny_llama):
-    from relayrl.trainer.group import TrainerGroup
+    from relayrl.trainer.ranks import TrainerGroup
 
     ray = ray_session
     groups = _synthetic_groups(vocab=_hf_model(tiny_llama).config.vocab_size)
@@ -152,7 +152,7 @@ VARIANTS = {
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def variant_runs(request, ray_session, tiny_llama):
-    from relayrl.trainer.group import TrainerGroup
+    from relayrl.trainer.ranks import TrainerGroup
 
     algo, _ = VARIANTS[request.param]
     groups = _synthetic_groups(vocab=_hf_model(tiny_llama).config.vocab_size)

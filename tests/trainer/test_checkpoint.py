@@ -12,7 +12,7 @@ from tests.trainer.test_actor import _synthetic_groups
 
 def two_rank_trainer(tiny_llama):
     """The 2-rank FSDP2 ``TrainerGroup`` the checkpoint tests save and load."""
-    from relayrl.trainer.group import TrainerGroup
+    from relayrl.trainer.ranks import TrainerGroup
 
     return TrainerGroup(2, str(tiny_llama), ModelConfig(path=str(tiny_llama)),
                         TrainerConfig(world_size=2, lr=1e-3, micro_batch_size=4, num_cpus=0.5),

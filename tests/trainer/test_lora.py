@@ -20,7 +20,7 @@ ADAPTED = ("self_attn.q_proj.weight", "self_attn.v_proj.weight", "mlp.down_proj.
 
 
 def lora_trainer(tiny_llama, world_size: int = 2):
-    from relayrl.trainer.group import TrainerGroup
+    from relayrl.trainer.ranks import TrainerGroup
 
     return TrainerGroup(world_size, str(tiny_llama), ModelConfig(path=str(tiny_llama)),
                         TrainerConfig(world_size=world_size, lr=1e-2, micro_batch_size=4, num_cpus=0.5, lora=LORA),
@@ -114,7 +114,7 @@ def test_save_hf_writes_the_merged_model(trained):
 def test_ppo_critic_trains_beside_a_lora_policy(ray_session, tiny_llama):
     """PPO (algorithm.name=gae) with LoRA: the critic is its own full-weight model and learns; the policy
     moves only in its adapted weights; the KL in the reward uses the base (adapters off)."""
-    from relayrl.trainer.group import TrainerGroup
+    from relayrl.trainer.ranks import TrainerGroup
 
     base = _hf_model(tiny_llama)
     trainer = TrainerGroup(1, str(tiny_llama), ModelConfig(path=str(tiny_llama)),

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from relayrl.config import load_config
-from relayrl.trainer.group import TrainerGroup
+from relayrl.trainer.ranks import TrainerGroup
 from tests.trainer.test_actor import _synthetic_groups
 
 pytestmark = pytest.mark.gpu

@@ -53,7 +53,7 @@ def _initial_state(path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def ppo_runs(ray_session, tiny_llama):
-    from relayrl.trainer.group import TrainerGroup
+    from relayrl.trainer.ranks import TrainerGroup
 
     initial = _initial_state(tiny_llama)
     vocab = initial["model.embed_tokens.weight"].shape[0]

@@ -43,7 +43,7 @@ def tp_friendly(base: Path, out: Path, kv_heads: int = 2, seed: int = 0) -> Path
 
 def train(path: Path, world_size: int, tp_size: int, micro: int, refs: list) -> dict:
     """Three train_steps; returns per-step stats, the gathered state and the live group (caller shuts it)."""
-    from relayrl.trainer.group import TrainerGroup
+    from relayrl.trainer.ranks import TrainerGroup
 
     cfg = TrainerConfig(world_size=world_size, tp_size=tp_size, lr=1e-3, micro_batch_size=micro,
                         grad_clip=GRAD_CLIP, num_cpus=0.5, num_threads=1)

@@ -7,7 +7,7 @@ import torch
 
 from relayrl.config import load_config
 from relayrl.rollout import start_rollout_actor
-from relayrl.trainer.group import TrainerGroup
+from relayrl.trainer.ranks import TrainerGroup
 
 pytestmark = pytest.mark.gpu
 PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231]

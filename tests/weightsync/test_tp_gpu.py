@@ -10,7 +10,7 @@ import torch
 
 from relayrl.config import load_config
 from relayrl.rollout import start_rollout_actor
-from relayrl.trainer.group import TrainerGroup
+from relayrl.trainer.ranks import TrainerGroup
 from tests.trainer.test_actor import _synthetic_groups
 from tests.trainer.test_tp import tp_friendly
 
