@@ -150,7 +150,7 @@ class ReceiverHost:
         return {"workers": 1}
 
     def init_weight_transfer(self, info: dict[str, Any]) -> None:
-        from relayrl.weightsync import RECEIVERS, load
+        from relayrl.weightsync.names import RECEIVERS, load
         from relayrl.weightsync.layout import FlatLayout
 
         self.close()

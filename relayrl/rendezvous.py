@@ -3,6 +3,7 @@
 ``torch.distributed.TCPStore(is_master=True)`` listens on every interface (``::``), so any host that
 can reach the machine could join a trainer group or feed a weight broadcast. The master here binds
 its socket to ``host`` itself and hands the listening fd to the store (``master_listen_fd``).
+``free_port`` finds a port for rendezvous that cannot pass a bound socket (vLLM's NCCL engine).
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ import socket
 from datetime import timedelta
 
 import torch.distributed as dist
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free on ``host`` now (the rendezvous of torch.distributed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def listen_socket(host: str, port: int = 0) -> socket.socket:

@@ -24,6 +24,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from relayrl.rollout.engine import Rollout
 from relayrl.rollout.forkserver import CONTEXT
 
 
@@ -115,8 +116,6 @@ def serve(conn: Connection, args: tuple) -> None:
 
 
 async def _serve(conn: Connection, args: tuple) -> None:
-    from relayrl.rollout.actor import Rollout
-
     try:
         rollout = Rollout(*args)
     except BaseException as exc:  # noqa: BLE001 - the actor re-raises it

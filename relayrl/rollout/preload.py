@@ -11,5 +11,5 @@ import vllm.v1.engine.core  # noqa: E402,F401
 import vllm.v1.executor.multiproc_executor  # noqa: E402,F401
 import vllm.v1.worker.cpu_worker  # noqa: E402,F401
 
-import relayrl.rollout.actor  # noqa: E402,F401
 import relayrl.rollout.forkserver  # noqa: E402,F401
+import relayrl.rollout.host  # noqa: E402,F401

@@ -6,7 +6,6 @@ return identical stats (train_step) or their share of a collective (state_dict: 
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import ray
@@ -14,13 +13,6 @@ import ray
 from relayrl.config import (AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig, malloc_env,
                             with_env)
 from relayrl.trainer.actor import TrainerActor, resolve_backend
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free on ``host`` now (the rendezvous of torch.distributed)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def rendezvous_host(rank0_options: dict[str, Any], world_size: int) -> str:

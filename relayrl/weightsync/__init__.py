@@ -12,7 +12,8 @@ vllm-native    nccl | ipc (weightsync.native)  vLLM's own engines, for GPU users
 =============  ==============================  ==============================================
 
 Trainer side: ``TrainerSync`` (``relayrl.weightsync.sync``). Engine side: ``engine_config(cfg)``
-goes into the engine args, and ``RolloutActor`` exposes the control-plane calls.
+goes into the engine args, and ``RolloutActor`` exposes the control-plane calls. Where each engine
+class lives, by name, is in ``relayrl.weightsync.names``.
 """
 
 from __future__ import annotations
@@ -22,23 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.config import WeightSyncConfig
-
-KEEP_ENV = "RELAYRL_KEEP_CPU_WEIGHTS"
-"""Set to 1 in a rollout actor's environment (inherited by its vLLM processes) when ``commit=inplace``
-(``commit.keep_cpu_weights_if_asked``). Here, not in ``commit``, so the actor reads it without torch."""
-
-# vLLM factory name -> (module, class); registered lazily, like vLLM's own engines. The worker side is
-# one engine for both transports (the trainer picks the transport at init); the trainer side is one
-# engine per transport.
-WORKER_ENGINES = {"relayrl": ("relayrl.weightsync.base", "RelayWeightEngine")}
-RECEIVERS = {   # transport -> engine-side receiver, chosen by the trainer in the init payload
-    "shm": ("relayrl.weightsync.shm", "ShmReceiver"),
-    "broadcast": ("relayrl.weightsync.broadcast", "BroadcastReceiver"),
-}
-TRAINER_ENGINES = {
-    "relayrl_shm": ("relayrl.weightsync.shm", "ShmTrainerEngine"),
-    "relayrl_broadcast": ("relayrl.weightsync.broadcast", "BroadcastTrainerEngine"),
-}
+from relayrl.weightsync.names import TRAINER_ENGINES, WORKER_ENGINES
 
 
 @dataclass(frozen=True)
@@ -70,7 +55,7 @@ def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str
         return IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-    from relayrl.trainer.ranks import free_port
+    from relayrl.rendezvous import free_port    # imports torch, which the rollout actor never loads
 
     return NCCLTrainerInitInfo(rank=rank, master_address=cfg.host, master_port=free_port(cfg.host),
                                world_size=1 + workers, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)
@@ -94,14 +79,6 @@ def register_with_vllm() -> None:
                 factory.register_engine(name, module, cls_name)
             except ValueError:   # already registered in this process
                 pass
-
-
-def load(entry: tuple[str, str]) -> Any:
-    """Import ``(module, attribute)`` from one of the registries above."""
-    import importlib
-
-    module, name = entry
-    return getattr(importlib.import_module(module), name)
 
 
 def engine_config(cfg: WeightSyncConfig) -> Any:

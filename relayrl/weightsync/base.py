@@ -38,6 +38,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from relayrl.weightsync.layout import FlatLayout, to_dtype
+from relayrl.weightsync.names import RECEIVERS, load
 
 
 @dataclass
@@ -89,8 +90,6 @@ class RelayWeightEngine(WeightTransferEngine):
         self._staged: torch.Tensor | None = None
 
     def init_transfer_engine(self, init_info: RelayInitInfo) -> None:
-        from relayrl.weightsync import RECEIVERS, load
-
         if init_info.transport not in RECEIVERS:
             raise ValueError(f"unknown transport {init_info.transport!r}; use one of {', '.join(RECEIVERS)}")
         self.shutdown()

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from relayrl.weightsync import KEEP_ENV
 from relayrl.weightsync.layout import FlatLayout, Slot, dtype_name, to_dtype
+from relayrl.weightsync.names import KEEP_ENV
 
 
 def keep_cpu_weights() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from relayrl.trainer.ranks import free_port
+from relayrl.rendezvous import free_port
 
 pytestmark = pytest.mark.slow
 

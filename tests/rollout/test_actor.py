@@ -168,7 +168,7 @@ def test_commit_refuses_to_keep_a_prefix_cache_it_cannot_empty():
     running), the commit fails before the weights change instead of serving prompt KV of the old ones."""
     import asyncio
 
-    from relayrl.rollout.actor import Rollout
+    from relayrl.rollout.engine import Rollout
 
     class Engine:
         async def reset_prefix_cache(self):

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from relayrl.rollout.actor import DEATH_POLL_S, unless_dead
+from relayrl.rollout.engine import DEATH_POLL_S, unless_dead
 
 
 class Engine:
