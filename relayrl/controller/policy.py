@@ -14,6 +14,11 @@ One cycle, as the scheduler calls it::
     launches(idle) ──▶ [generate] ──▶ on_scored(entry) | on_failed(seq)
     take_step() ──▶ [train, sync] ──▶ on_trained() ──▶ version + 1
 
+Work in flight has one record each, held here and shared with the scheduler: a ``Flight`` per chunk
+from its launch until it is scored or fails (``generating``, by seq), a ``Step`` from ``take_step`` to
+``on_trained`` (``training``). The scheduler writes the calls it waits on into them; the policy never
+reads those fields, so a simulation can leave them unset.
+
 ``mode=sync`` is k = 0. ``placement=colocated`` never generates and trains at once: no launch while a
 step trains, no step while a chunk generates.
 """
@@ -21,9 +26,10 @@ step trains, no step while a chunk generates.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from relayrl.config import Config
 from relayrl.controller.buffer import Admission, Entry, ReplayBuffer
 from relayrl.data.sampler import Prompt
 
@@ -39,17 +45,45 @@ class ShortStep(RuntimeError):
         self.useful, self.drawn = useful, drawn
 
 
+class Resumable(Protocol):
+    """The data source's cursor, saved and restored with the policy (``PromptSampler`` is one)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 @dataclass
-class Launch:
-    """Generate ``prompts`` on ``replica`` as chunk ``seq`` (the start order the buffer keeps)."""
+class Flight:
+    """A chunk in flight, from its launch until it is scored or its replica fails: generate ``prompts`` on
+    ``replica`` as chunk ``seq`` (the start order the buffer keeps).
+
+    The policy decides on the first three fields; the scheduler fills in the rest as the calls progress
+    (Ray handles, opaque here)."""
 
     seq: int
     replica: int
     prompts: Prompts
+    t0: float = 0.0                 # when its generate call started
+    actor: Any = None               # the rollout actor it runs on (the replica's slot may get a new one)
+    generated: Any = None           # its generate call's ref, once that finished and went to the scorer
+    scored: Any = None              # the scored groups' ref
+    generate_s: float = 0.0         # how long the generate call took
+    score_t0: float = 0.0           # when its scoring started
 
     @property
     def prompt_ids(self) -> list[int]:
         return [p.prompt_id for p in self.prompts]
+
+
+@dataclass
+class Step:
+    """The step in training, from ``take_step`` until ``on_trained``: the buffer's entries for it, and the
+    train call the scheduler started on them (one ref per trainer rank, opaque here)."""
+
+    entries: list[Entry]
+    refs: list[Any] = field(default_factory=list)
+    t0: float = 0.0                 # when the train call started
 
 
 @dataclass
@@ -66,7 +100,7 @@ class PolicyConfig:
     max_sampling_batches: int = 0   # refill: a step draws at most this many x B groups (0: no cap)
 
     @classmethod
-    def from_config(cls, cfg: Any, replicas: int) -> "PolicyConfig":
+    def from_config(cls, cfg: Config, replicas: int) -> PolicyConfig:
         algo = cfg.algorithm
         return cls(cfg.buffer.max_staleness if cfg.mode == "async" else 0, cfg.run.prompts_per_step,
                    replicas, cfg.buffer.capacity, cfg.buffer.drop_stale, cfg.placement.mode == "colocated",
@@ -77,7 +111,7 @@ class StepPolicy:
     """Admission, buffer, chunks and counts of one run. ``draw()`` returns the next chunk of prompts
     (the sampler's ``next_batch``); ``sampler``, when given, is saved and restored with the policy."""
 
-    def __init__(self, pc: PolicyConfig, draw: Callable[[], Prompts], sampler: Any = None):
+    def __init__(self, pc: PolicyConfig, draw: Callable[[], Prompts], sampler: Resumable | None = None):
         self.pc, self.draw, self.sampler = pc, draw, sampler
         self.B, self.chunk = pc.prompts_per_step, pc.prompts_per_step // pc.replicas
         self.admission = Admission(pc.max_staleness, self.B)
@@ -85,16 +119,16 @@ class StepPolicy:
         self.max_groups = pc.max_sampling_batches * self.B if pc.refill and pc.max_sampling_batches else None
         self.version = 0                                # optimizer steps taken = engines' weight version
         self.outstanding: dict[int, Prompts] = {}       # seq -> prompts issued, not yet taken by a step
-        self.generating: set[int] = set()               # seqs launched and not yet scored or failed
+        self.generating: dict[int, Flight] = {}         # seq -> chunk launched, not yet scored or failed
         self.retry: list[int] = []                      # seqs whose replica died: generate again first
         self.pending: list[Prompts] = []                # chunks unfinished at a checkpoint: issue first
-        self.training: list[Entry] | None = None        # the step being trained
+        self.training: Step | None = None               # the step being trained
         self.counts = {"issued": 0, "trained": 0, "dropped": 0}
         self.dropped_before_resume = 0                  # restored drops: the buffer's own count starts at 0
         self.next_seq = 0
 
     # ---- rollout side ----------------------------------------------------------------------------
-    def launches(self, idle: list[int]) -> list[Launch]:
+    def launches(self, idle: list[int]) -> list[Flight]:
         """Chunks to start now on the ``idle`` replicas (in that order): chunks to regenerate first
         (already admitted), then new ones while admission and the buffer's capacity allow."""
         if self.pc.colocated and self.training is not None:
@@ -102,10 +136,10 @@ class StepPolicy:
         out, free = [], list(idle)
         while free and self.retry:
             seq = self.retry.pop(0)
-            out.append(Launch(seq, free.pop(0), self.outstanding[seq]))
+            out.append(Flight(seq, free.pop(0), self.outstanding[seq]))
         while free and self.admission.allows(self.version, self.chunk) and self._room():
-            out.append(Launch(self._issue(), free.pop(0), self.outstanding[self.next_seq - 1]))
-        self.generating.update(launch.seq for launch in out)
+            out.append(Flight(self._issue(), free.pop(0), self.outstanding[self.next_seq - 1]))
+        self.generating.update((flight.seq, flight) for flight in out)
         return out
 
     def _issue(self) -> int:
@@ -124,7 +158,7 @@ class StepPolicy:
         """Chunk ``entry.seq`` came back scored. ``entry.useful`` holds its groups with reward spread;
         with dynamic sampling only those count towards a step, the rest free their admission budget
         (so more prompts are drawn); without it every group counts."""
-        self.generating.discard(entry.seq)
+        self.generating.pop(entry.seq, None)
         if self.pc.refill:
             self.admission.waste(entry.num_groups - entry.counted)
         else:
@@ -134,13 +168,13 @@ class StepPolicy:
     def on_failed(self, seq: int) -> None:
         """Chunk ``seq``'s replica died: generate the same prompts again under the same seq, so data
         order and accounting are as if nothing happened (it stays admitted and issued)."""
-        self.generating.discard(seq)
+        self.generating.pop(seq, None)
         self.retry.append(seq)
 
     # ---- trainer side ----------------------------------------------------------------------------
-    def take_step(self) -> list[Entry] | None:
-        """The next step's entries if the buffer can fill it now (and nothing trains; colocated: nothing
-        generates), else None. Chunks before the last one taken leave ``outstanding`` (dropped-stale
+    def take_step(self) -> Step | None:
+        """The next step, with its entries, if the buffer can fill it now (and nothing trains; colocated:
+        nothing generates), else None. Chunks before the last one taken leave ``outstanding`` (dropped-stale
         ones included: the buffer counted them)."""
         if self.training is not None or (self.pc.colocated and self.generating):
             return None
@@ -152,8 +186,8 @@ class StepPolicy:
             self._took(entries)
         for seq in range(min(self.outstanding), max(e.seq for e in entries) + 1):
             self.outstanding.pop(seq, None)
-        self.training = entries
-        return entries
+        self.training = Step(entries)
+        return self.training
 
     def _took(self, entries: list[Entry]) -> None:
         """Dynamic sampling: a step short of B useful groups within the cap would break the staleness
@@ -172,7 +206,7 @@ class StepPolicy:
         filtered out reached a step and count as trained; ``take_step`` counted the buffer's drops), bump
         the version.
         Returns the step's prompt ids in order (the prompt log's line)."""
-        trained = [p for e in self.training for p in e.prompt_ids]
+        trained = [p for e in self.training.entries for p in e.prompt_ids]
         self.counts["trained"] += len(trained)
         self.training = None
         self.version += 1
@@ -181,7 +215,7 @@ class StepPolicy:
     # ---- accounting and checkpoints --------------------------------------------------------------
     def in_flight(self) -> int:
         """Prompts issued and not yet trained or dropped: outstanding chunks and the step in training."""
-        training = sum(e.num_groups for e in self.training or [])
+        training = sum(e.num_groups for e in self.training.entries) if self.training else 0
         return sum(len(p) for p in self.outstanding.values()) + training
 
     def check_accounting(self) -> str:

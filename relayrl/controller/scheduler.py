@@ -41,46 +41,33 @@ The driver holds refs and counters only; trajectories go rollout -> scorer -> bu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import ray
 
 from relayrl.config import Config
 from relayrl.controller.buffer import Entry
 from relayrl.controller.faults import GenerateError, generation_error, task_error_line, trainer_result
-from relayrl.controller.policy import Launch, PolicyConfig, StepPolicy
+from relayrl.controller.policy import Flight, PolicyConfig, StepPolicy
+from relayrl.controller.run import RunDir
 from relayrl.controller.steplog import StepLog
-from relayrl.controller.system import generate_remote, is_death
+from relayrl.controller.system import System, generate_remote, is_death
 from relayrl.controller.training_eval import TrainingEval
 from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_SYNC, TIMING_TRAIN
 from relayrl.rewards.scoring import Scored
 
 
-@dataclass
-class Flight:
-    """A generate call in flight: the policy's launch, when it started, the actor it runs on (the
-    replica's slot may get a new actor meanwhile); once generated, its scoring."""
-
-    launch: Launch
-    t0: float
-    actor: Any
-    generated: ray.ObjectRef | None = None     # the generate ref, once it finished and went to the scorer
-    scored: ray.ObjectRef | None = None        # the scored groups' ref
-    generate_s: float = 0.0
-    score_t0: float = 0.0
-
-
 class Scheduler:
-    def __init__(self, cfg: Config, system: Any, run: Any):
+    """The ``ray.wait`` loop around one ``StepPolicy``: the policy holds the work in flight (its ``Flight``
+    records and ``Step``); this loop indexes the flights by the ref it waits on for each."""
+
+    def __init__(self, cfg: Config, system: System, run: RunDir):
         self.cfg, self.system, self.run = cfg, system, run
         self.n = len(system.rollouts)
         self.colocated = cfg.placement.mode == "colocated"
         self.policy = StepPolicy(PolicyConfig.from_config(cfg, self.n), system.sampler.next_batch, system.sampler)
-        self.generating: dict[ray.ObjectRef, Flight] = {}   # generate ref -> its flight
-        self.scoring: dict[ray.ObjectRef, Flight] = {}      # Scored ref -> its flight
+        self.generate_calls: dict[ray.ObjectRef, Flight] = {}   # generate ref -> the policy's flight
+        self.score_calls: dict[ray.ObjectRef, Flight] = {}      # Scored ref -> the policy's flight
         self.idle = list(range(self.n))
-        self.training: tuple[list[ray.ObjectRef], list[Entry], float] | None = None
         self.idle_since = time.perf_counter()
         self.bad_steps = 0                              # consecutive steps skipped for a NaN/inf gradient
         self.calls = [0] * self.n                       # generate calls scored, per replica
@@ -104,7 +91,8 @@ class Scheduler:
         while self.policy.version < self.cfg.run.steps:
             self._launch()
             self._start_training()
-            refs = [*self.generating, *self.scoring, *(self.training[0][:1] if self.training else [])]
+            step = self.policy.training
+            refs = [*self.generate_calls, *self.score_calls, *(step.refs[:1] if step else [])]
             if not refs:
                 raise RuntimeError(f"scheduler stalled at v{self.policy.version}: nothing generating or "
                                    "training and the buffer cannot fill a step; check buffer.capacity and "
@@ -112,9 +100,9 @@ class Scheduler:
             ready, _ = ray.wait(refs, num_returns=1, timeout=self._wait_s())
             if not ready:
                 self._expire_overdue()
-            elif ready[0] in self.generating:
+            elif ready[0] in self.generate_calls:
                 self._score(ready[0])
-            elif ready[0] in self.scoring:
+            elif ready[0] in self.score_calls:
                 self._finish_scoring(ready[0])
             else:
                 self._finish_training()
@@ -123,79 +111,81 @@ class Scheduler:
     # ---- rollout side ----------------------------------------------------------------------------
     def _launch(self) -> None:
         """Start every chunk the policy allows on the idle replicas."""
-        for launch in self.policy.launches(self.idle):
-            self.idle.remove(launch.replica)
-            actor = self.system.rollouts[launch.replica]
-            ref = generate_remote(self.cfg, actor, launch.prompts)
-            self.generating[ref] = Flight(launch, time.perf_counter(), actor)
+        for flight in self.policy.launches(self.idle):
+            self.idle.remove(flight.replica)
+            flight.actor = self.system.rollouts[flight.replica]
+            ref = generate_remote(self.cfg, flight.actor, flight.prompts)
+            flight.t0 = time.perf_counter()
+            self.generate_calls[ref] = flight
 
     def _wait_s(self) -> float | None:
         """How long ``ray.wait`` may block: until the oldest generate call's deadline (None: no limit)."""
         limit = self.cfg.rollout.generate_timeout_s
-        if not limit or not self.generating:
+        if not limit or not self.generate_calls:
             return None
-        oldest = min(f.t0 for f in self.generating.values())
+        oldest = min(f.t0 for f in self.generate_calls.values())
         return max(0.0, oldest + limit - time.perf_counter())
 
     def _expire_overdue(self) -> None:
         """Generate calls past ``rollout.generate_timeout_s``: their replica is hung; treat it as dead."""
         limit, now = self.cfg.rollout.generate_timeout_s, time.perf_counter()
-        for ref, flight in list(self.generating.items()):
+        for ref, flight in list(self.generate_calls.items()):
             if now - flight.t0 >= limit:
-                del self.generating[ref]
-                error = TimeoutError(f"generate call {flight.launch.seq} ran past rollout.generate_timeout_s="
+                del self.generate_calls[ref]
+                error = TimeoutError(f"generate call {flight.seq} ran past rollout.generate_timeout_s="
                                      f"{limit:g}")
                 self._replace_replica(flight, error)
 
     def _replace_replica(self, flight: Flight, error: BaseException) -> None:
         """A replica died mid-generation: start a new one (with the current weights) and generate its chunk
         again under the same sequence number, so data order and accounting are unchanged."""
-        replica = flight.launch.replica
+        replica = flight.replica
         if self.system.rollouts[replica] is flight.actor:    # not yet replaced (e.g. during a sync)
             self.system.restart_rollout(replica, self.policy.version, error)
-        self.policy.on_failed(flight.launch.seq)
+        self.policy.on_failed(flight.seq)
         self.idle.append(replica)
 
     def _score(self, ref: ray.ObjectRef) -> None:
         """A generate call finished (or failed): hand its ref to the scorer; its ``Scored`` joins the wait."""
-        flight = self.generating.pop(ref)
+        flight = self.generate_calls.pop(ref)
         now = time.perf_counter()
         flight.generated, flight.generate_s, flight.score_t0 = ref, now - flight.t0, now
         self.log.clock.generated(flight.t0, now)
         (flight.scored,), scored = self.system.score([ref])
-        self.scoring[scored] = flight
+        self.score_calls[scored] = flight
 
     def _finish_scoring(self, ref: ray.ObjectRef) -> None:
-        flight = self.scoring.pop(ref)
+        flight = self.score_calls.pop(ref)
         try:
             scored = self.system.rewards.result(ref)
         except Exception:
             if (error := generation_error(flight.generated)) is None:
                 raise
             if not is_death(error, flight.actor):
-                raise GenerateError(task_error_line(flight.launch.replica, error)) from None
+                raise GenerateError(task_error_line(flight.replica, error)) from None
             self._replace_replica(flight, error)
             return
-        self.idle.append(flight.launch.replica)
-        self.calls[flight.launch.replica] += 1
+        self.idle.append(flight.replica)
+        self.calls[flight.replica] += 1
         scored.metrics |= {TIMING_SCORE: time.perf_counter() - flight.score_t0, TIMING_GENERATE: flight.generate_s,
                            ROLLOUT_CALLS: 1.0}
-        self.policy.on_scored(scored_entry(flight.launch, flight.scored, scored))
+        self.policy.on_scored(scored_entry(flight, scored))
 
     # ---- trainer side ----------------------------------------------------------------------------
     def _start_training(self) -> None:
-        if self.training or (entries := self.policy.take_step()) is None:
+        if (step := self.policy.take_step()) is None:      # None while a step trains
             return
         self.log.clock.waited += time.perf_counter() - self.idle_since
         if self.colocated:
             self.log.clock.switches += 1
             self.system.to_trainer()
-        refs = self.system.trainer.train_step_async([e.ref for e in entries])
-        self.training = (refs, entries, time.perf_counter())
+        step.refs = self.system.trainer.train_step_async([e.ref for e in step.entries])
+        step.t0 = time.perf_counter()
 
     def _finish_training(self) -> None:
-        refs, entries, t0 = self.training
-        train_stats = trainer_result(self.system.trainer, refs)
+        step = self.policy.training
+        entries, t0 = step.entries, step.t0
+        train_stats = trainer_result(self.system.trainer, step.refs)
         self._check_finite(train_stats)
         t1 = time.perf_counter()
         sync_stats, offloaded = self.system.sync_and_verify(self.policy.version + 1, [entries[0].ref])
@@ -204,7 +194,6 @@ class Scheduler:
             self.log.clock.switches += 1
             self.log.clock.offloaded = offloaded
         self.log.clock.trainer_busy += t2 - t0
-        self.training = None
         self.idle_since = t2
         trained_at = self.policy.version
         self.log.prompts(trained_at + 1, self.policy.on_trained())
@@ -212,7 +201,7 @@ class Scheduler:
                  **self.evaluator.after_step(self.policy.version),   # engines hold this version now
                  TIMING_TRAIN: t1 - t0, TIMING_SYNC: t2 - t1}
         self.log.write(trained_at, entries, stats, self.policy.counts, self.system.restarts,
-                       [f.t0 for f in self.generating.values()])
+                       [f.t0 for f in self.generate_calls.values()])
         every = self.cfg.run.checkpoint_every
         if every and self.policy.version % every == 0:
             self.checkpoint()
@@ -225,8 +214,9 @@ class Scheduler:
                                "(trainer.max_bad_steps); lower trainer.lr or check the rewards for inf")
 
 
-def scored_entry(launch: Launch, ref: ray.ObjectRef, scored: Scored) -> Entry:
+def scored_entry(flight: Flight, scored: Scored) -> Entry:
     """The record the policy decides on, from the scorer's typed result for one call: the oldest and
-    newest policy version among the chunk's tokens, its groups with reward spread (metrics: logs only)."""
-    return Entry(launch.seq, ref, launch.prompt_ids, scored.min_version, scored.max_version, scored.metrics,
-                 useful=scored.useful)
+    newest policy version among the chunk's tokens, its groups with reward spread (metrics: logs only);
+    ``flight.scored`` is the ref of the scored groups."""
+    return Entry(flight.seq, flight.scored, flight.prompt_ids, scored.min_version, scored.max_version,
+                 scored.metrics, useful=scored.useful)

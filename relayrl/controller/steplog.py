@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.config import Config
 from relayrl.controller.buffer import Entry, staleness_histogram
+from relayrl.controller.run import RunDir
 from relayrl.monitor.schema import TIMING_STEP, TIMING_WAIT, reduction
 
 
@@ -43,7 +45,7 @@ class Clock:
 class StepLog:
     """Writes each step's metrics (``write``) and prompt ids (``prompts.jsonl``); owns the step's ``Clock``."""
 
-    def __init__(self, cfg: Any, run: Any, replicas: int, startup: dict[str, float], refill: bool):
+    def __init__(self, cfg: Config, run: RunDir, replicas: int, startup: dict[str, float], refill: bool):
         self.cfg, self.run, self.replicas, self.refill = cfg, run, replicas, refill
         self.clock = Clock()
         self.loop_start = time.time()            # the system is up: startup/first_step_s counts from here

@@ -35,6 +35,8 @@ from typing import Any
 import ray
 
 from relayrl.config import Config
+from relayrl.controller.run import RunDir
+from relayrl.controller.system import System
 from relayrl.data.sampler import Prompt, prompt_seed
 from relayrl.monitor.evaluate import completion_rows, eval_rows, format_prompts, summarize, write_rows
 from relayrl.monitor.runs import read_jsonl
@@ -75,7 +77,7 @@ def eval_metrics(greedy: list[dict[str, Any]], sampled: list[dict[str, Any]], sa
 class TrainingEval:
     """The scheduler's evaluator: ``before_first_step`` once, ``after_step`` at every step boundary."""
 
-    def __init__(self, cfg: Config, system: Any, run: Any):
+    def __init__(self, cfg: Config, system: System, run: RunDir):
         """Draw and format the held-out prompts once (nothing when ``eval.every`` is 0)."""
         self.cfg, self.system, self.run = cfg, system, run
         self.prompts: list[Prompt] = []

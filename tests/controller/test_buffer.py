@@ -117,11 +117,12 @@ def drive(policy: StepPolicy, steps: int, gen: list[float], train: list[float],
             idle.remove(launch.replica)
             heapq.heappush(events, (now + next(gens), next(order), launch, policy.version))
         try:
-            entries = None if training else policy.take_step()
+            step = None if training else policy.take_step()
         except ShortStep as exc:
             trace.short = exc
             return trace
-        if entries is not None:
+        if step is not None:
+            entries = step.entries
             assert not (policy.pc.colocated and policy.generating)
             training = True
             trace.taken.append((sum(e.counted for e in entries), sum(e.num_groups for e in entries)))
@@ -197,7 +198,7 @@ def test_a_failed_chunk_is_regenerated_first_with_the_same_seq_and_prompts():
     policy.on_failed(0)
     (again,) = policy.launches([1, 0])                      # k=0: B started, only the retry may start
     assert (again.seq, again.replica, again.prompt_ids) == (0, 1, [0])
-    assert policy.generating == {0, 1} and policy.counts["issued"] == 2     # not issued twice
+    assert set(policy.generating) == {0, 1} and policy.counts["issued"] == 2     # not issued twice
 
 
 def test_useful_groups_fill_a_step_and_wasted_ones_reopen_admission():
@@ -236,7 +237,7 @@ def test_a_step_with_surplus_useful_groups_credits_admission():
     policy.B = policy.admission.groups_per_step = 4
     (launch,) = policy.launches([0])
     policy.on_scored(Entry(launch.seq, None, launch.prompt_ids, 0, 0, useful=5))
-    assert [e.seq for e in policy.take_step()] == [0] and policy.admission.surplus == 1
+    assert [e.seq for e in policy.take_step().entries] == [0] and policy.admission.surplus == 1
 
 
 def test_state_dict_round_trip_regenerates_unfinished_chunks_first():
@@ -246,7 +247,7 @@ def test_state_dict_round_trip_regenerates_unfinished_chunks_first():
     for x in policy.launches([0]) + policy.launches([0]):     # k=1 at v0: two steps' worth
         policy.on_scored(Entry(x.seq, None, x.prompt_ids, 0, 0))
     assert policy.launches([0]) == []
-    assert [e.seq for e in policy.take_step()] == [0]
+    assert [e.seq for e in policy.take_step().entries] == [0]
     policy.on_trained()
     assert [x.seq for x in policy.launches([0])] == [2]      # v1: one more chunk admitted, in flight
     state = {"step": policy.version, **policy.state_dict()}

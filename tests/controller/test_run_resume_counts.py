@@ -24,7 +24,7 @@ def test_dropped_count_is_kept_across_a_resume():
     policy.outstanding = {10: [{"prompt_id": 20}, {"prompt_id": 21}], 11: [{"prompt_id": 22}, {"prompt_id": 23}]}
     policy.on_scored(Entry(10, None, [20, 21], min_version=2, max_version=2))   # too stale at v5 (k=1)
     policy.on_scored(Entry(11, None, [22, 23], min_version=5, max_version=5))
-    assert [e.seq for e in policy.take_step()] == [11]
+    assert [e.seq for e in policy.take_step().entries] == [11]
     assert policy.on_trained() == [22, 23]
     assert policy.buffer.stats()["buffer/dropped/stale>1"] == 2                  # the buffer counts from zero
     assert policy.counts == {"issued": 14, "trained": 12, "dropped": 6}

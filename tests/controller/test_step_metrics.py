@@ -28,13 +28,13 @@ def test_every_schema_reduction_is_known_and_counts_are_summed():
 
 def test_the_policy_entry_reads_the_typed_fields_not_the_metric_keys():
     """scored_entry takes versions and useful groups from Scored's fields; metrics ride along for logs."""
-    from relayrl.controller.policy import Launch
+    from relayrl.controller.policy import Flight
     from relayrl.data import Prompt
     from relayrl.controller.scheduler import scored_entry
     from relayrl.rewards.scoring import Scored
 
     metrics = {"rollout/min_version": 9.0, "rollout/max_version": 9.0, "reward/spread_groups": 9.0}
-    entry = scored_entry(Launch(3, 0, [Prompt(5, "p5"), Prompt(6, "p6")]), "ref", Scored(1, 2, 4, metrics))
+    entry = scored_entry(Flight(3, 0, [Prompt(5, "p5"), Prompt(6, "p6")], scored="ref"), Scored(1, 2, 4, metrics))
     assert (entry.seq, entry.ref, entry.prompt_ids) == (3, "ref", [5, 6])
     assert (entry.min_version, entry.max_version, entry.useful, entry.metrics) == (2, 4, 1, metrics)
 
