@@ -18,6 +18,7 @@ import argparse
 import sys
 
 from relayrl.config import RECIPES_DIR, ConfigError
+from relayrl.logs import show_on_console
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -196,6 +197,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    show_on_console("stderr" if args.command == "eval" else "stdout")   # eval's stdout is its result
     try:
         return {"train": _train, "plot": _plot, "runs": _runs, "eval": _eval, "plan": _plan}[args.command](args)
     except ConfigError as exc:

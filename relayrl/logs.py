@@ -1,4 +1,10 @@
-"""A quiet console: actor and engine output goes to files under ``<run dir>/logs/``.
+"""A quiet console: relayrl's own lines on it, actor and engine output in files under ``<run dir>/logs/``.
+
+relayrl's modules log through ``logging`` (``logging.getLogger(__name__)``, under the ``relayrl``
+logger); ``show_on_console`` puts those records on the console as bare lines, as the program's
+entry points want them: the CLI, ``relayrl.train`` and the actors whose output Ray streams to the
+driver call it. INFO goes to stdout (``relayrl eval``: stderr, beside its progress), WARNING and
+above to stderr.
 
 Ray's log monitor tails every worker process's stdout and stderr and streams the lines to the driver
 (vLLM's EngineCore and its workers inherit their actor's fds, so their lines arrive as the actor's);
@@ -35,6 +41,39 @@ PER_PROCESS = ("rollout", "trainer")
 HANDLER = "relayrl_logs"          # our handler's name in Ray's dispatcher
 RAY_PRINTER = "ray_print_logs"    # Ray's console printer's name there
 _NEEDS_USER = re.compile(r"^\s*relayrl|\b(ERROR|CRITICAL)\b")
+
+
+class ConsoleHandler(logging.Handler):
+    """relayrl's records as bare lines: INFO and below to ``info_stream`` (``stdout`` or ``stderr``),
+    WARNING and above to stderr. The stream is looked up per record, so a redirected ``sys.stdout``
+    (pytest's capture, ``contextlib.redirect_stdout``) gets the lines."""
+
+    def __init__(self, info_stream: str = "stdout") -> None:
+        super().__init__()
+        self.info_stream = info_stream
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            name = "stderr" if record.levelno >= logging.WARNING else self.info_stream
+            stream = getattr(sys, name)
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+            self.handleError(record)
+
+
+def show_on_console(info_stream: str = "stdout") -> ConsoleHandler:
+    """Show relayrl's INFO lines on this process's console (once: a second call returns the handler the
+    first installed). The level is set to INFO only where nobody set one on the ``relayrl`` logger."""
+    log = logging.getLogger("relayrl")
+    handler = next((h for h in log.handlers if isinstance(h, ConsoleHandler)), None)
+    if handler is None:
+        handler = ConsoleHandler(info_stream)
+        log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    return handler
 
 
 class WorkerLogRouter:

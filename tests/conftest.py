@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -52,3 +53,18 @@ def ray_session():
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def console():
+    """relayrl's log lines on the console, as the CLI and ``relayrl.train`` show them (pytest captures them
+    for ``capsys``). The handler goes again after the test unless an earlier one had installed it."""
+    from relayrl import logs
+
+    log = logging.getLogger("relayrl")
+    had = any(isinstance(h, logs.ConsoleHandler) for h in log.handlers)
+    handler = logs.show_on_console()
+    yield handler
+    if not had:
+        log.removeHandler(handler)
+

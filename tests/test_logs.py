@@ -141,7 +141,7 @@ def test_rays_own_messages_stay_on_the_console(tmp_path, capsys):
     assert (tmp_path / "ray.log").read_text() == f"(worker pid=raylet) {kill}\n"
 
 
-def test_a_failed_run_shows_the_dead_process_last_lines_and_files_them(tmp_path, capsys):
+def test_a_failed_run_shows_the_dead_process_last_lines_and_files_them(tmp_path, capsys, console):
     from relayrl.controller.run import RunDir
 
     router = logs.capture(tmp_path / "logs")
@@ -155,3 +155,32 @@ def test_a_failed_run_shows_the_dead_process_last_lines_and_files_them(tmp_path,
     shown = [heading, "  loss is nan at step 3", "  Fatal Python error: Aborted"]
     assert capsys.readouterr().err.splitlines() == shown
     assert (tmp_path / "logs" / "error.log").read_text().splitlines()[-3:] == shown
+
+
+def test_console_handler_prints_relayrl_lines_as_the_library_printed_them(capsys):
+    """INFO bare on stdout (``relayrl eval``: stderr), WARNING and above bare on stderr; installed once."""
+    import logging
+
+    log = logging.getLogger("relayrl.test_logs")
+    handler = logs.ConsoleHandler()
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False           # the relayrl logger may hold a console handler from an earlier test
+    try:
+        log.info("relayrl: an info line")
+        log.warning("relayrl: a warning line")
+        assert capsys.readouterr() == ("relayrl: an info line\n", "relayrl: a warning line\n")
+        handler.info_stream = "stderr"
+        log.info("relayrl: eval: starting the engine")
+        assert capsys.readouterr() == ("", "relayrl: eval: starting the engine\n")
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(logging.NOTSET)
+        log.propagate = True
+
+
+def test_show_on_console_installs_one_handler(console):
+    import logging
+
+    assert logs.show_on_console("stderr") is console
+    assert [h for h in logging.getLogger("relayrl").handlers if isinstance(h, logs.ConsoleHandler)] == [console]

@@ -11,6 +11,7 @@ then switches shared-memory weight sync to broadcast.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from relayrl import logs
 from relayrl.config import (WORKER_ENV, Config, PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig,
                             has_cuda)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -124,8 +127,8 @@ def sync_config(ws: WeightSyncConfig, placement: Placement) -> WeightSyncConfig:
         return ws
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     host = ips.get(placement.trainer_nodes[0], ws.host)
-    print(f"relayrl: rollout replicas span {len(set(placement.rollout_nodes) | set(placement.trainer_nodes))} "
-          f"nodes; weightsync.backend=shm -> broadcast (store on {host})")
+    logger.info(f"relayrl: rollout replicas span {len(set(placement.rollout_nodes) | set(placement.trainer_nodes))} "
+                f"nodes; weightsync.backend=shm -> broadcast (store on {host})")
     return dataclasses.replace(ws, backend="broadcast", host=host)
 
 

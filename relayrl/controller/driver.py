@@ -19,6 +19,7 @@ in order, strictly on-policy; ``mode=async`` overlaps generation with training, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ from relayrl.controller.cluster import make_placement, needed_cpus, split_cores,
 from relayrl.controller.run import RunDir, RunResult
 from relayrl.controller.faults import TrainerDied
 from relayrl.controller.system import System
+from relayrl.logs import show_on_console
 from relayrl.rollout.actor import keep_driver_forkserver
+
+logger = logging.getLogger(__name__)
 
 
 def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
@@ -39,6 +43,7 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     If a trainer rank dies, the whole system is torn down and started again from the run's latest
     checkpoint (from scratch if there is none yet), at most ``trainer.max_restarts`` times.
     """
+    show_on_console()                                   # the Python API's console, as the CLI's
     cfg = split_cores(cfg)                              # async on CPU: engines and ranks share the cores
     keep_driver_forkserver(cfg)                         # `relayrl train` started one at launch
     reward_fns = resolve_rewards(cfg, rewards)          # import errors surface before Ray starts
@@ -57,8 +62,8 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
                 if restart == cfg.trainer.max_restarts:
                     raise
                 resume, run = restart_point(cfg, run)
-                print(f"relayrl: {exc}; restarting from {resume[1].name if resume else 'the start'} "
-                      f"({restart + 1}/{cfg.trainer.max_restarts})")
+                logger.warning(f"relayrl: {exc}; restarting from {resume[1].name if resume else 'the start'} "
+                               f"({restart + 1}/{cfg.trainer.max_restarts})")
     except KeyboardInterrupt:
         run.interrupt()                        # Ctrl-C: status.json says interrupted; one line says what is kept
         raise
@@ -105,7 +110,7 @@ def loop(cfg: Config, system: System, run: RunDir, resume: tuple | None = None) 
         system.trainer.load_checkpoint(str(ckpt))
         system.sync_weights(state["step"])
         scheduler.restore(state)
-        print(f"relayrl: resumed {run.path} from {ckpt.name} (step {state['step']})")
+        logger.info(f"relayrl: resumed {run.path} from {ckpt.name} (step {state['step']})")
     scheduler.run_steps()
 
 
@@ -120,7 +125,7 @@ def resolve_resume(cfg: Config) -> tuple[Path, Path, dict] | None:
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
     if found is None:
-        print(f"relayrl: run.resume=auto found no complete checkpoint of {cfg.run.name!r}; starting fresh")
+        logger.info(f"relayrl: run.resume=auto found no complete checkpoint of {cfg.run.name!r}; starting fresh")
         return None
     state = checkpoint.driver_state(found[1])
     return found[0], found[1], state

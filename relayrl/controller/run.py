@@ -6,10 +6,10 @@ rewards.log, ray.log)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -21,6 +21,8 @@ from relayrl.controller.checkpoint import Checkpointer, durable_dir, fsync_path,
 from relayrl.logs import capture, crash_tail
 from relayrl.monitor.runs import read_jsonl
 from relayrl.monitor.schema import REWARD_MEAN, TIMING_CHECKPOINT_STALL
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,7 +79,7 @@ class RunDir:
         run.write_status("running", **status)
         capture(path / "logs", cfg.logging.verbose)      # actor and engine output -> logs/*.log
         hint = "" if cfg.logging.verbose else " (--verbose: on the console too)"
-        print(f"relayrl: run dir {path}; actor and engine output in {path / 'logs'}{hint}", flush=True)
+        logger.info(f"relayrl: run dir {path}; actor and engine output in {path / 'logs'}{hint}")
         run.logger = make_logger(cfg.logging, path, config_dict, cfg.run.steps)
         return run
 
@@ -97,7 +99,7 @@ class RunDir:
         (self.path / "logs").mkdir(exist_ok=True)
         tail = crash_tail(exc)
         if tail:
-            print("\n".join(tail), file=sys.stderr, flush=True)
+            logger.error("\n".join(tail))
         text = "".join(traceback.format_exception(exc)) + "".join(x + "\n" for x in tail)
         (self.path / "logs" / "error.log").write_text(text)
         self.write_status("failed", error=error_line(exc), steps_done=len(self.rewards))
@@ -110,8 +112,8 @@ class RunDir:
         ckpt = latest(self.path)
         how = (f"run.resume=auto continues from {ckpt.name}" if ckpt else
                "it has no checkpoint yet, so run.resume=auto would start over")
-        print(f"relayrl: interrupted after {len(self.rewards)} step(s); {self.path} keeps their metrics; {how}",
-              file=sys.stderr, flush=True)
+        logger.warning(f"relayrl: interrupted after {len(self.rewards)} step(s); {self.path} keeps their "
+                       f"metrics; {how}")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Log one step under the schema's names (``monitor.schema.to_schema``: the one renaming place)."""
@@ -142,8 +144,9 @@ class RunDir:
         self.write_status("finished", steps_done=len(self.rewards))
         result = RunResult(self.path, list(self.rewards), checkpoint)
         first, last = result.window_means()
-        print(reward_curve_ascii(self.rewards))
-        print(f"reward: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({last - first:+.3f}); run dir {self.path}")
+        logger.info(reward_curve_ascii(self.rewards))
+        logger.info(f"reward: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({last - first:+.3f}); "
+                    f"run dir {self.path}")
         return result
 
 

@@ -40,6 +40,7 @@ The driver holds refs and counters only; trajectories go rollout -> scorer -> bu
 
 from __future__ import annotations
 
+import logging
 import time
 
 import ray
@@ -54,6 +55,8 @@ from relayrl.controller.system import System, generate_remote, is_death
 from relayrl.controller.training_eval import TrainingEval
 from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_SYNC, TIMING_TRAIN
 from relayrl.rewards.scoring import Scored
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -106,7 +109,7 @@ class Scheduler:
                 self._finish_scoring(ready[0])
             else:
                 self._finish_training()
-        print(self.policy.check_accounting())
+        logger.info(self.policy.check_accounting())
 
     # ---- rollout side ----------------------------------------------------------------------------
     def _launch(self) -> None:

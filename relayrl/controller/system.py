@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from relayrl.monitor.schema import (MISMATCH_MEAN_ABS, ROLLOUT_COMPLETIONS, ROLL
                                     ROLLOUT_TOKENS)
 from relayrl.rewards.scoring import version_span
 from relayrl.weightsync.client import abort_update
+
+logger = logging.getLogger(__name__)
 
 RewardFns = list[tuple[str, Callable, float]]
 
@@ -72,8 +75,8 @@ class System:
         from relayrl.trainer.ranks import TrainerGroup
 
         t0 = time.time()
-        print(f"relayrl: starting {cfg.rollout.num_replicas} vLLM engine(s), {cfg.trainer.world_size} trainer rank(s) "
-              "and the reward pool", flush=True)
+        logger.info(f"relayrl: starting {cfg.rollout.num_replicas} vLLM engine(s), {cfg.trainer.world_size} "
+                    "trainer rank(s) and the reward pool")
         sampler = make_sampler(cfg, model_path)
         rollouts = [start_rollout_actor(str(model_path), cfg.model, rollout_config(cfg), cfg.run.seed + i,
                                         sync_cfg=cfg.weightsync, **opts)
@@ -89,8 +92,8 @@ class System:
         trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts)
         startup = {"startup/engine_s": max(float(i["start_seconds"]) for i in infos),
                    "startup/engines_up_s": engines_up - t0, "startup/actors_s": time.time() - t0}
-        print(f"relayrl: engines up in {engines_up - t0:.0f}s, trainer ready and connected in "
-              f"{startup['startup/actors_s']:.0f}s; training", flush=True)
+        logger.info(f"relayrl: engines up in {engines_up - t0:.0f}s, trainer ready and connected in "
+                    f"{startup['startup/actors_s']:.0f}s; training")
         return cls(cfg, sampler, rollouts, trainer, rewards, model_path, placement,
                    procs=[(i["node"], int(i["pid"])) for i in infos], startup=startup)
 
@@ -103,14 +106,14 @@ class System:
         replacement that dies while it starts is one more attempt, after a backoff (``restart_backoff_s``);
         every attempt counts towards ``rollout.max_restarts``, past which the run stops naming the last
         error. Recovery that gives up on the first hiccup would end runs a second try survives."""
-        print(f"relayrl: rollout replica {i} died{during} ({type(error).__name__}); restarting it")
+        logger.warning(f"relayrl: rollout replica {i} died{during} ({type(error).__name__}); restarting it")
         for attempt in range(self.cfg.rollout.max_restarts + 1):
             if self.restarts >= self.cfg.rollout.max_restarts:
                 break
             if attempt:
                 delay = restart_backoff_s(attempt)
-                print(f"relayrl: replacement of rollout replica {i} died or hung while starting "
-                      f"({type(error).__name__}); attempt {attempt + 1} in {delay:g}s")
+                logger.warning(f"relayrl: replacement of rollout replica {i} died or hung while starting "
+                               f"({type(error).__name__}); attempt {attempt + 1} in {delay:g}s")
                 time.sleep(delay)
             self.restarts += 1
             try:

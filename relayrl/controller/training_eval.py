@@ -29,6 +29,7 @@ two evaluations of the same weights give the same completions, greedy and sample
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -41,6 +42,8 @@ from relayrl.data.sampler import Prompt, prompt_seed
 from relayrl.monitor.evaluate import completion_rows, eval_rows, format_prompts, summarize, write_rows
 from relayrl.monitor.runs import read_jsonl
 from relayrl.monitor.schema import EVAL_TIME_S
+
+logger = logging.getLogger(__name__)
 
 GREEDY_ACCURACY = "eval/greedy_accuracy"
 SAMPLED_ACCURACY = "eval/sampled_accuracy"
@@ -93,8 +96,8 @@ class TrainingEval:
         check_prompt_lengths(cfg, self.system.model_path, rows)
         prompts = format_prompts(cfg, self.system.model_path, rows)
         first = " and before step 1" if cfg.eval.before_first_step else ""
-        print(f"relayrl: eval every {cfg.eval.every} steps{first}: {len(prompts)} prompts x (1 greedy + "
-              f"{cfg.eval.samples} sampled); {where}", flush=True)
+        logger.info(f"relayrl: eval every {cfg.eval.every} steps{first}: {len(prompts)} prompts x (1 greedy + "
+                    f"{cfg.eval.samples} sampled); {where}")
         return [dataclasses.replace(p, seed=prompt_seed(cfg.eval.seed, p.prompt_id)) for p in prompts]
 
     def before_first_step(self, version: int) -> None:
@@ -125,7 +128,7 @@ class TrainingEval:
         rows = [{"decoding": "greedy", **r} for r in greedy] + [{"decoding": "sampled", **r} for r in sampled]
         write_rows(self.run.path / "eval" / f"step_{version}", rows, {"version": version, **metrics})
         figures = " | ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in metrics.items())
-        print(f"relayrl: eval of v{version}: {figures}", flush=True)
+        logger.info(f"relayrl: eval of v{version}: {figures}")
         return metrics
 
     def _generate(self) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:

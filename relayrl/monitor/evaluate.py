@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +43,8 @@ from relayrl.config import Config, ConfigError, DataConfig
 from relayrl.data import ARITH_QUESTION, Prompt, chat_formatter, load_heldout, load_task, make_arith_rows
 from relayrl.monitor.metrics import _clock
 from relayrl.monitor.passk import mean_pass_at_k
+
+logger = logging.getLogger(__name__)
 
 CHUNK_COMPLETIONS = 64
 """Completions per generate call: the unit of progress (one bar update, one ETA estimate)."""
@@ -110,7 +112,7 @@ def evaluate(cfg: Config, model: str | Path | None = None, n: int = 1, ks: tuple
     model_path = resolve_model_path(cfg)
     reward_fns = resolve_rewards(cfg, None)
     rows, split = eval_rows(cfg, cfg.eval.num_prompts if limit is None else limit)
-    print(f"relayrl: eval: {len(rows)} prompts x {n} samples; {split}", file=sys.stderr)
+    logger.info(f"relayrl: eval: {len(rows)} prompts x {n} samples; {split}")
     prompts = format_prompts(cfg, model_path, rows)
     groups = generate(cfg, model_path, prompts, n, temperature)
     result = dataclasses.replace(summarize(str(model_path), score(groups, reward_fns), n, ks), split=split)
@@ -196,7 +198,7 @@ def generate(cfg: Config, model_path: Path, prompts: list[Prompt], n: int,
     start_ray(cfg.run.ray_address, cfg.placement, rollout_cfg.num_cpus)
     actor = start_rollout_actor(str(model_path), cfg.model, rollout_cfg, cfg.run.seed)
     try:
-        print("relayrl: eval: starting the engine", file=sys.stderr)
+        logger.info("relayrl: eval: starting the engine")
         ray.get(actor.info.remote())          # engine up: the progress clock (and its ETA) is generation only
         return generate_chunks(actor, prompts, n)
     finally:

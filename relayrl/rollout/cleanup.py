@@ -18,11 +18,14 @@ for its lifetime).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 VLLM_PREFIX = "psm_"
@@ -118,8 +121,8 @@ def cleanup_engine_segments() -> Cleanup:
     and prints one line when it freed any."""
     result = remove_orphaned_segments()
     if result.removed:
-        print(f"relayrl: removed {len(result.removed)} shared-memory segment(s) of dead vLLM engines "
-              f"({result.bytes_freed / 2**20:.0f} MiB in {SHM_DIR})")
+        logger.info(f"relayrl: removed {len(result.removed)} shared-memory segment(s) of dead vLLM engines "
+                    f"({result.bytes_freed / 2**20:.0f} MiB in {SHM_DIR})")
     return result
 
 

@@ -24,6 +24,7 @@ from typing import Any, Awaitable, TypeVar
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
 from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
+from relayrl.logs import show_on_console
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
 from relayrl.rollout.outputs import model_turn, parse_version
 from relayrl.rollout.queuepoll import POLL_ENV
@@ -85,6 +86,7 @@ class Rollout:
                  sync_cfg: WeightSyncConfig | None = None):
         from relayrl.rollout.cleanup import cleanup_engine_segments
 
+        show_on_console()           # INFO lines to this process's stdout: the actor's, which Ray streams
         # On this engine's host, before it starts: the message-queue segments of engines that died here
         # (a replica this one replaces, earlier runs killed with SIGKILL) go; live engines' stay.
         self.shm_removed = len(cleanup_engine_segments().removed)

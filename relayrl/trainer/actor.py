@@ -32,6 +32,7 @@ The model stays in eval mode: dropout off, so the old logprobs and the first epo
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import time
@@ -45,6 +46,7 @@ from relayrl.algorithms.advantages import CRITIC_ESTIMATORS
 from relayrl.algorithms.logprobs import token_logprobs
 from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig
+from relayrl.logs import show_on_console
 from relayrl.rendezvous import client_store, master_store
 from relayrl.trainer import checkpoint, lora
 from relayrl.trainer.background import in_background
@@ -56,6 +58,8 @@ from relayrl.trainer.step import PolicyStep, step_totals
 from relayrl.trainer.tp import build_mesh
 from relayrl.types import TrainBatch
 from relayrl.vllm_import import import_vllm
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_backend(backend: str) -> str:
@@ -72,6 +76,7 @@ class TrainerActor:
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, model_path: str,
                  model_cfg: ModelConfig, trainer_cfg: TrainerConfig, algo_cfg: AlgorithmConfig,
                  temperature: float, seed: int, timeout_s: float = 600.0, critic_cfg: CriticConfig | None = None):
+        show_on_console()           # this rank's INFO lines to its stdout, which Ray streams to the driver
         self.rank, self.world_size = rank, world_size
         self.critic_cfg, self.critic = critic_cfg or CriticConfig(), None   # Critic, made in setup for gae
         self.master = (master_addr, master_port)   # port 0: rank 0 binds one the OS picks (``listen``)
@@ -132,7 +137,7 @@ class TrainerActor:
         self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 and not self.uses_lora else None
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)
         if self.uses_lora and self.rank == 0:
-            print(lora.summary_line(self.model, self.cfg.lora), flush=True)
+            logger.info(lora.summary_line(self.model, self.cfg.lora))
         self.pad_token_id = pad_token_id(self.model.config)
         self.trained = {"policy": (self.model, self.optimizer)}      # checkpoint name -> (module, optimizer)
         if ppo:

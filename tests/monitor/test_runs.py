@@ -84,7 +84,7 @@ def test_step_0_eval_line_is_not_a_step(tmp_path):
     assert (info.steps_done, info.steps_total, info.status, info.best_reward) == (3, 3, "finished", 0.7)
 
 
-def test_interrupted_run_says_what_it_keeps_and_resume_auto_takes_it(tmp_path, capsys):
+def test_interrupted_run_says_what_it_keeps_and_resume_auto_takes_it(tmp_path, capsys, console):
     from relayrl.controller.checkpoint import MARKER, find_resume, step_dir
 
     run = make_run(tmp_path, "grpo-7", [0.1, 0.2, 0.3], steps_total=9)
