@@ -14,7 +14,7 @@ Models: ``tiny`` (the test model's shapes, ~0.4M params) and ``smollm2`` (SmolLM
 
 Usage::
 
-    .venv/bin/python bench/checkpoint.py [--models tiny smollm2] [--saves 3] [--dir /tmp]
+    .venv/bin/python -m bench.checkpoint [--models tiny smollm2] [--saves 3] [--dir /tmp]
 """
 
 from __future__ import annotations

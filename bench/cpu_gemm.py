@@ -14,7 +14,7 @@ gate/up fused as vLLM fuses them, o, down, the tied LM head; random weights of t
 
 Usage::
 
-    .venv/bin/python bench/cpu_gemm.py [--model smollm2] [--batch 8 32] [--decode-steps 32] [--reps 50]
+    .venv/bin/python -m bench.cpu_gemm [--model smollm2] [--batch 8 32] [--decode-steps 32] [--reps 50]
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from collections import Counter
 
 import torch
 
+from bench.common import timings
+from bench.floor import engine_weights, gemm_weights, meta_model, pack_floor_s
+
 
 def median_ms(fn, reps: int) -> float:
-    from floor import timings                                           # bench/floor.py, beside this script
-
     return statistics.median(timings(fn, reps, warmup=3)) * 1e3
 
 
@@ -54,7 +55,6 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=32, help="decode steps per generate call")
     ap.add_argument("--reps", type=int, default=50, help="timed calls per shape")
     args = ap.parse_args()
-    from floor import engine_weights, gemm_weights, meta_model, pack_floor_s   # bench/floor.py, beside this script
 
     cfg = {"model": {"path": args.model}}
     sd = engine_weights(meta_model(cfg), cfg)

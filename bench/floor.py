@@ -23,7 +23,7 @@ steady steps (steps 2..N), with the gap measured / floor:
 and the start-up the run measured (``startup/*``) beside its first step. Prompt tokens per group come from
 the run's sample rows (the prompt text the engines saw), tokenized with the model's tokenizer.
 
-    .venv/bin/python bench/floor.py runs/<id>
+    .venv/bin/python -m bench.floor runs/<id>
 """
 
 from __future__ import annotations
@@ -31,9 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.common import best_of, timings
+
+if TYPE_CHECKING:   # torch is imported inside the functions that measure the box
+    import torch
 
 PHASES = {"update": "timing/update", "generate": "timing/generate", "sync": "timing/sync", "step": "timing/step"}
 
@@ -105,22 +110,6 @@ def measure_box(dtype: str = "float32", weights: dict | None = None) -> Box:
     return Box(flops=2 * 2048 ** 3 / best_of(lambda: torch.mm(a, b)),
                copy_bps=src.numel() * 4 / best_of(lambda: dst.copy_(src)),
                pack_s=pack_floor_s(weights) if weights else 0.0)
-
-
-def timings(fn, n: int, warmup: int = 1) -> list[float]:
-    """Seconds of each of ``n`` calls of ``fn`` after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def best_of(fn, n: int = 5) -> float:
-    return min(timings(fn, n))
 
 
 def gemm_weights(sd: dict[str, torch.Tensor]) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ measured by the profile runs. Step times are medians after the warm-up step. Tar
 measured| / measured < 0.25. Last, it says which measured layout the planner ranks first and which
 measured fastest, and whether they agree (what ``relayrl plan``'s recommendation rests on).
 
-    .venv/bin/python bench/plan_accuracy.py [--recipe grpo_arith] [--steps 16] \\
+    .venv/bin/python -m bench.plan_accuracy [--recipe grpo_arith] [--steps 16] \\
         [--profile-layout shared:2:2:sync:0] \\
         [--layouts separate:1:1:async:1 separate:1:1:sync:0 shared:2:2:sync:0] [overrides ...]
 """

@@ -28,7 +28,7 @@ busy CPU-seconds (``/proc/stat``) and, per role, the CPU time of the processes t
 the trainer counts as the trainer). Busy CPU-seconds over the box's cores is the first step's floor for that much
 work: the time it would take with every core busy from launch on.
 
-    .venv/bin/python bench/startup_floor.py [--pairs 2] [--recipe grpo_arith] [relayrl overrides ...]
+    .venv/bin/python -m bench.startup_floor [--pairs 2] [--recipe grpo_arith] [relayrl overrides ...]
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.common import ROOT, load_note, prompt_rows, run_relayrl
 
 GOAL_S = 30.0
 """Issue 16 part 5: the first step logged within this many seconds of launch."""
@@ -244,7 +246,6 @@ def batch(rows: list[dict]):
 def write_job(recipe: str, overrides: list[str], work: Path) -> None:
     """The first step's job, from the recipe, as the bare children read it (``work/job.json``)."""
     from transformers import AutoTokenizer
-    from vs_trl import prompt_rows            # bench/vs_trl.py, beside this script
 
     from relayrl.config import load_config
     from relayrl.models import resolve_model
@@ -271,8 +272,8 @@ def run_bare(work: Path) -> tuple[dict[str, float], float]:
     (work / "rollout.json").unlink(missing_ok=True)
     env = {**os.environ, **BARE_ENV}
     t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, __file__, "--child", role, str(work), str(t0)], env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.startup_floor", "--child", role, str(work), str(t0)],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
              for role in ("engine", "trainer") for log in [(work / f"{role}.log").open("w")]]
     for role, proc in zip(("engine", "trainer"), procs):
         if proc.wait() != 0:
@@ -287,12 +288,10 @@ def run_bare(work: Path) -> tuple[dict[str, float], float]:
     return figures, t0 + marks["trainer: first step done"]
 
 
-def run_relayrl(recipe: str, overrides: list[str], work: Path) -> tuple[dict[str, float], float]:
+def first_step(recipe: str, overrides: list[str], work: Path) -> tuple[dict[str, float], float]:
     """``relayrl train ... run.steps=1``; its launch -> first step and start-up metrics, and when its first
     step was logged (epoch seconds)."""
-    from vs_trl import run_relayrl as run
-
-    side = run(recipe, 1, overrides, work)
+    side = run_relayrl(recipe, 1, overrides, work)
     first = json.loads((side.run_dir / "metrics.jsonl").read_text().splitlines()[0])
     loop = side.first_step_at - first["startup/first_step_s"]
     return {"step loop starts (engines + trainer up)": loop, "  of which engines up (startup/engines_up_s)":
@@ -358,12 +357,12 @@ def main() -> None:
         role, work, t0 = args.child
         return (engine_child if role == "engine" else trainer_child)(Path(work), float(t0))
     work = Path(tempfile.mkdtemp(prefix="relayrl-startup-"))
-    print(f"work dir (logs): {work}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    print(f"work dir (logs): {work}; {load_note()}", flush=True)
     write_job(args.recipe, overrides, work / "bare")
     bare, ours, bare_cpu, our_cpu = [], [], [], []
     for i in range(args.pairs):
         for figures, cpu, run in ((bare, bare_cpu, (run_bare, work / "bare")),
-                                  (ours, our_cpu, (run_relayrl, args.recipe, overrides, work / f"relayrl-{i}"))):
+                                  (ours, our_cpu, (first_step, args.recipe, overrides, work / f"relayrl-{i}"))):
             figures_now, cpu_now = metered(*run)
             figures.append(figures_now)
             cpu.append(cpu_now)

@@ -18,7 +18,7 @@ the model computes per step (padded: rows x longest row; packed: the rows' real 
 step's real tokens, and max / mean |logprob - baseline logprob| over the loss tokens before any update.
 Usage::
 
-    .venv/bin/python bench/trainer_step.py [--steps 3] [--budget 2048] [--tiny] [--system-malloc]
+    .venv/bin/python -m bench.trainer_step [--steps 3] [--budget 2048] [--tiny] [--system-malloc]
 
 It runs under the trainer ranks' glibc malloc settings (``relayrl.config.CPU_MALLOC_ENV``, re-executing
 itself with them: glibc reads them only at start-up), so its figures are those of the product's ranks;

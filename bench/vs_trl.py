@@ -32,10 +32,15 @@ each first reaches 90 % of the default run's best 3-step mean reward (parity: wi
 steps), the post-sync probe's mean |engine - trainer| logprob (``mismatch/mean_abs``, every
 ``weightsync.verify_every`` steps), ``policy/behaviour_kl``, launch -> first step and ``startup/engine_s``.
 ``spawn`` is the default job with ``rollout.forkserver=false`` (start-up). ``--no-trl`` skips the TRL side.
+For ``async`` it also prints the overlap's ideal speedup, (Tg + Tt) / max(Tg, Tt) from the default run's
+generate + reward (Tg) and train + sync (Tt) seconds per step, beside the measured one (target: >= 0.9 of
+ideal). To measure the overlap alone, give rollout and trainer one core each: ``placement=separate
+rollout.num_cpus=1 trainer.num_cpus=1 rollout.num_threads=1 trainer.num_threads=1``; the learning parity
+on grpo_tiny-sized work: ``--recipe grpo_tiny --steps 30 --variants async --no-trl``.
 Last, ``bench/floor.py``'s table for the default run: each phase's physical floor on this box (from the
 box's GEMM and copy rates, measured then) beside the run's median, and the gap.
 
-    .venv/bin/python bench/vs_trl.py [--steps 25] [--recipe grpo_arith] [--trl-set k=v ...] \\
+    .venv/bin/python -m bench.vs_trl [--steps 25] [--recipe grpo_arith] [--trl-set k=v ...] \\
         [--variants async,bf16,spawn] [--no-trl] [relayrl overrides ...]
 """
 
@@ -45,69 +50,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from async_vs_sync import best_mean, steps_to   # the same parity rule as bench/async_vs_sync.py --parity
-
-RELAYRL = ["logging.wandb=disabled", "run.save_final=false"]
-"""relayrl overrides beyond the recipe: no wandb, no final model (TRL saves none either)."""
-
-
-@dataclass
-class Side:
-    """What one side's run measured: per-step figures and process times (seconds, from launch)."""
-
-    step_s: list[float]            # [steps] wall seconds per step
-    completions: list[float]       # [steps] completions trained on per step
-    rewards: list[float]           # [steps] mean reward of the step's completions
-    lengths: list[float]           # [steps] mean completion length in tokens
-    first_step_at: float           # launch -> first step logged
-    wall: float                    # launch -> process exit
-    load: tuple[float, float]      # 1-min load average before and after
-    mismatch: list[float] = field(default_factory=list)       # relayrl: mismatch/mean_abs at each probe
-    behaviour_kl: list[float] = field(default_factory=list)   # relayrl: policy/behaviour_kl per step
-    engine_s: float = float("nan")                             # relayrl: startup/engine_s
-    run_dir: Path | None = None                                # relayrl: the run directory
-
-
-# ---------------------------------------------------------------- relayrl side
-
-
-def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Side:
-    """``relayrl train`` in a subprocess; its figures come from the run's ``metrics.jsonl``."""
-    out = work / "relayrl"
-    work.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "relayrl.cli", "train", "--config-name", recipe,
-           f"run.steps={steps}", f"run.output_dir={out}", *RELAYRL, *overrides]
-    load0, start = os.getloadavg()[0], time.time()
-    _run(cmd, work / "relayrl.log")
-    wall = time.time() - start
-    metrics_file = next(out.glob("*/metrics.jsonl"))
-    metrics = metrics_file.read_text().splitlines()
-    rows = [json.loads(line) for line in metrics]
-    return Side(step_s=[r["timing/step"] for r in rows],
-                completions=[r["rollout/completions"] for r in rows],
-                rewards=[r["reward/mean"] for r in rows],
-                lengths=[r["rollout/len_mean"] for r in rows],
-                first_step_at=rows[0]["wall_time"] - start, wall=wall,
-                load=(load0, os.getloadavg()[0]),
-                mismatch=[r["mismatch/mean_abs"] for r in rows if "mismatch/mean_abs" in r],
-                behaviour_kl=[r.get("policy/behaviour_kl", float("nan")) for r in rows],
-                engine_s=rows[0].get("startup/engine_s", float("nan")), run_dir=metrics_file.parent)
-
-
-def _run(cmd: list[str], log: Path) -> None:
-    """Run ``cmd`` with its output in ``log``; on failure show the log's tail and stop."""
-    with log.open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-    if rc != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-        sys.exit(f"{' '.join(cmd[:6])} ... exited {rc}; last lines of {log}:\n{tail}")
+from bench.common import (PARITY_FRACTION, PARITY_STEPS, Side, best_mean, prompt_rows, run_logged, run_relayrl,
+                          steps_to)
+from bench.floor import report as floor_report
 
 
 # ---------------------------------------------------------------- TRL side
@@ -116,10 +66,10 @@ def _run(cmd: list[str], log: Path) -> None:
 def run_trl(recipe: str, steps: int, overrides: list[str], trl_set: list[str], work: Path) -> Side:
     """This file with ``--trl-child`` in a subprocess; it writes its step records to JSON."""
     result = work / "trl.json"
-    cmd = [sys.executable, __file__, "--trl-child", str(result), "--recipe", recipe,
+    cmd = [sys.executable, "-m", "bench.vs_trl", "--trl-child", str(result), "--recipe", recipe,
            "--steps", str(steps), *[f"--trl-set={kv}" for kv in trl_set], *overrides]
     load0, start = os.getloadavg()[0], time.time()
-    _run(cmd, work / "trl.log")
+    run_logged(cmd, work / "trl.log")
     wall = time.time() - start
     rec = json.loads(result.read_text())
     ends = [rec["train_begin"]] + [s["end"] for s in rec["steps"]]
@@ -179,18 +129,6 @@ def job_args(cfg, per_step: int, output_dir: Path) -> dict:
                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                 reward_weights=[spec.weight for spec in cfg.rewards], shuffle_dataset=False,
                 logging_steps=1, save_strategy="no", report_to=[])
-
-
-def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
-    """The prompts relayrl's run sees, in order: ``{"prompt": chat-formatted text, **columns}``."""
-    from relayrl.data import load_task
-    from relayrl.data.sampler import PromptSampler, chat_formatter
-
-    sampler = PromptSampler(load_task(cfg.data), cfg.run.prompts_per_step, cfg.data.seed,
-                            chat_formatter(tokenizer, cfg.data.chat_template),
-                            sampling_seed=cfg.run.seed)
-    batches = [sampler.next_batch() for _ in range(steps)]
-    return [{**p.columns, "prompt": p.prompt} for batch in batches for p in batch]
 
 
 def parse_sets(pairs: list[str]) -> dict:
@@ -254,11 +192,6 @@ VARIANTS = {"async": ["mode=async", "buffer.max_staleness=1"], "bf16": ["trainer
 """relayrl runs beside the default (sync, fp32) one, same job: async with one step of staleness, bf16
 trainer compute (fp32 master weights; the engine keeps model.dtype), and CPU engines whose processes vLLM
 spawns itself instead of relayrl's forkserver (start-up)."""
-PARITY_FRACTION, PARITY_STEPS = 0.9, 1.25
-"""Learning parity: the threshold is 90 % of the sync run's best 3-step mean reward; a variant is at parity
-when it first reaches it within 1.25x the steps the sync run needed (issue 16's rule)."""
-
-
 def report_variants(base: Side, variants: dict[str, Side]) -> None:
     """Each variant against the default run: speed, learning parity, trainer/engine logprob agreement."""
     best = best_mean(base.rewards)
@@ -281,6 +214,20 @@ def report_variants(base: Side, variants: dict[str, Side]) -> None:
               f"{rate / b['steady completions/s (steps 2..N)']:>9.2f}x{str(reached):>13}{parity:>8}"
               f"{last:>14.3f}{probe:>18}{kl:>14.2e}{side.first_step_at:>12.1f}{side.engine_s:>9.1f}")
         print(f"{'':10}reward: " + " ".join(f"{x:.2f}" for x in side.rewards))
+    if "async" in variants:
+        print(overlap_line(base, variants["async"]))
+
+
+def overlap_line(sync: Side, asyn: Side) -> str:
+    """Async against its ideal: with generate + reward (Tg) and train + sync (Tt) seconds per step of the
+    sync run, overlapping them at best gives (Tg + Tt) / max(Tg, Tt); steady steps only (2..N)."""
+    tg, tt = statistics.mean(sync.generate_s[1:] or sync.generate_s), statistics.mean(sync.train_s[1:] or sync.train_s)
+    ideal = (tg + tt) / max(tg, tt)
+    rate = [summary(side)["steady completions/s (steps 2..N)"] for side in (asyn, sync)]
+    measured = rate[0] / rate[1]
+    return (f"async overlap: Tg={tg:.2f}s Tt={tt:.2f}s, ideal (Tg+Tt)/max(Tg,Tt) = {ideal:.2f}x; measured "
+            f"{measured:.2f}x = {measured / ideal:.2f} of ideal -> {'PASS' if measured >= 0.9 * ideal else 'MISS'}"
+            " (target >= 0.9)")
 
 
 def main() -> None:
@@ -310,8 +257,6 @@ def main() -> None:
         report(relayrl, trl, args.steps, args.trl_set, overrides)
     if variants:
         report_variants(relayrl, variants)
-    from floor import report as floor_report     # bench/floor.py, beside this script
-
     print("\n" + "\n".join(floor_report(relayrl.run_dir)))
 
 

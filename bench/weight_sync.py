@@ -37,7 +37,7 @@ line over 64..512 MB; s/GB alone would also count the fixed overhead ``a`` again
 
 Usage::
 
-    .venv/bin/python bench/weight_sync.py [--quick | --vllm-only] [--syncs 5] [--tiny-syncs 10]
+    .venv/bin/python -m bench.weight_sync [--quick | --vllm-only] [--syncs 5] [--tiny-syncs 10]
 """
 
 from __future__ import annotations
@@ -46,13 +46,15 @@ import argparse
 import contextlib
 import ctypes
 import gc
-import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from bench.common import load_note
+from bench.floor import pack_floor_s
 
 BACKENDS = ("shm", "broadcast")
 DEFAULT_THREADS = torch.get_num_threads()
@@ -399,7 +401,6 @@ def floor_report(sd: dict[str, torch.Tensor], dtype: str, inplace_shm: dict[str,
     """The floor of any sync into vLLM's CPU engine, beside the ``inplace`` shm row: one copy of the payload
     (the bytes must reach the engine) plus one oneDNN pack of every GEMM weight (vLLM's CPU linear reads
     only its packed copy, so each version must be packed once), measured here on the same weights."""
-    from floor import pack_floor_s      # bench/floor.py, beside this script
 
     pack_s = pack_floor_s(sd)
     floor_s = copy_s + pack_s
@@ -471,10 +472,6 @@ def verdicts(ratios: dict[str, float], overhead_ms: dict[str, float], flat: dict
 
 def line(what: str, got: str, ok: bool) -> None:
     print(f"    {'PASS' if ok else 'MISS'}  {what:<52} {got}")
-
-
-def load_note() -> str:
-    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
 
 
 def main() -> None:
