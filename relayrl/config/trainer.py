@@ -110,6 +110,9 @@ class TrainerConfig:
             raise ConfigError(f"trainer.world_size={self.world_size} is not divisible by trainer.tp_size="
                               f"{self.tp_size}; set trainer.world_size to a multiple of {self.tp_size} (or lower "
                               "trainer.tp_size)")
+        if self.lora.r and self.tp_size > 1:
+            raise ConfigError(f"trainer.lora.r={self.lora.r} runs with FSDP only (the adapters are not "
+                              "split over tp ranks); set trainer.tp_size=1 or trainer.lora.r=0")
         if self.max_tokens_per_micro_batch < 0:
             raise ConfigError(f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be "
                               ">= 0 (0: padded micro-batches); set e.g. trainer.max_tokens_per_micro_batch=2048")

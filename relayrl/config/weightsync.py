@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from relayrl.config.base import ConfigError, choices_of, one_of, positive
+from relayrl.config.runtime import has_cuda
 
 SyncBackend = Literal["shm", "broadcast", "vllm-native"]
 """``weightsync.backend`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
@@ -46,6 +47,9 @@ class WeightSyncConfig:
 
     def __post_init__(self) -> None:
         one_of("weightsync.backend", self.backend, SyncBackend)
+        if self.backend == "vllm-native" and not has_cuda():
+            raise ConfigError("weightsync.backend=vllm-native runs vLLM's nccl/ipc engines, which need GPUs; "
+                              "on CPU use weightsync.backend=shm (one host) or broadcast")
         one_of("weightsync.native_engine", self.native_engine, NativeEngine)
         positive("weightsync", self, "timeout_s", "bucket_mb", "verify_samples", "max_mismatch")
         if self.verify_every < 0:
