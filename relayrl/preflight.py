@@ -1,28 +1,30 @@
 """Pre-start checks: the config against the world, before Ray or any actor starts.
 
-A bad input found here stops ``relayrl train`` (and ``relayrl eval``) with one ``ConfigError`` line naming
-the field and the fix, instead of a task error on every replica and retry. ``controller.driver.train``
-runs them in this order (``monitor.evaluate.evaluate`` runs the first two, model first)::
+A bad input found here stops ``relayrl train`` (and ``relayrl eval``) with one ``ConfigError`` line
+naming the field and the fix, instead of a task error on every replica and retry.
+``controller.driver.train`` runs them in this order (``monitor.evaluate.evaluate`` runs the first
+two, model first)::
 
-    resolve_rewards         every reward function imports and builds (``rewards``, ``reward.sandbox``)
-    resolve_model_path      ``model.path`` resolves to a local model directory, then:
-      check_context           trainer.tp_size divides its heads; model.max_model_len within its positions
-                              and above rollout.max_tokens
+    resolve_rewards         every reward function imports and builds (rewards, reward.sandbox)
+    resolve_model_path      model.path resolves to a local model directory, then:
+      check_context           trainer.tp_size divides its heads; model.max_model_len is within its
+                              positions and above rollout.max_tokens
         check_kv_cache        rollout.kv_cache_gb holds one model.max_model_len sequence
       check_data              the dataset loads and has rows
-        check_prompt_lengths  every prompt, formatted, leaves rollout.max_tokens of room in the context
+        check_prompt_lengths  every prompt, formatted, leaves rollout.max_tokens in the context
 
-(``controller.evaluation`` also runs ``check_prompt_lengths`` on its held-out prompts.) What the config
-alone decides is checked earlier, when it loads (``relayrl.config``: each field in its section's
-``__post_init__``, the rules that span sections in ``validate``); the checks here need the model's files,
-its tokenizer, the dataset's rows or the reward functions themselves. The resume point
-(``run.resume``) is looked up by the driver itself, beside the run directory it reopens.
+(``controller.evaluation`` also runs ``check_prompt_lengths`` on its held-out prompts.) What the
+config alone decides is checked earlier, when it loads (``relayrl.config``: each field in its
+section's ``__post_init__``, the rules that span sections in ``validate``); the checks here need
+the model's files, its tokenizer, the dataset's rows or the reward functions themselves. The resume
+point (``run.resume``) is looked up by the driver itself, beside the run directory it reopens.
 
-Why a top-level module and not ``controller/``: ``relayrl eval`` (``monitor/evaluate.py``) runs these
-checks too, and importing them from the controller closed a circle (driver -> scheduler -> evaluation ->
-monitor/evaluate -> driver). The models, data, rewards and trainer imports stay inside the functions,
-as they were in the driver (``trainer.tp`` imports torch; ``rewards`` imports monitor and trainer
-modules), so importing this module adds only ``relayrl.config`` to its importer's graph.
+Why a top-level module and not ``controller/``: ``relayrl eval`` (``monitor/evaluate.py``) runs
+these checks too, and importing them from the controller closed a circle (driver -> scheduler ->
+evaluation -> monitor/evaluate -> driver). The models, data, rewards and trainer imports stay
+inside the functions, as they were in the driver (``trainer.tp`` imports torch; ``rewards`` imports
+monitor and trainer modules), so importing this module adds only ``relayrl.config`` to its
+importer's graph.
 """
 
 from __future__ import annotations

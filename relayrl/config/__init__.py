@@ -2,10 +2,10 @@
 
 The dataclasses are the single source of truth. Recipes in ``recipes/`` hold only what differs from
 their defaults and are validated against them when composed (a wrong key or type is an error). Each
-section checks its own fields when it is built (``__post_init__``); ``validate`` then checks the rules
-that span sections. Every error is raised as ``ConfigError`` with one line naming the field and the fix,
-before any actor starts. Checks that need the model, the dataset rows or the reward functions themselves
-run later, still before Ray starts: ``relayrl.preflight``.
+section checks its own fields when it is built (``__post_init__``); ``validate`` then checks the
+rules that span sections. Every error is raised as ``ConfigError`` with one line naming the field
+and the fix, before any actor starts. Checks that need the model, the dataset rows or the reward
+functions themselves run later, still before Ray starts: ``relayrl.preflight``.
 
 One module per section::
 
@@ -41,9 +41,10 @@ from relayrl.config.validation import validate
 from relayrl.config.weightsync import WeightSyncConfig
 
 __all__ = [
-    "CPU_MALLOC_ENV", "FILE_TASKS", "GENERATED_TASKS", "GROUPED_ESTIMATORS", "LLAMA_LINEARS", "RECIPES_DIR",
-    "WORKER_ENV", "AlgorithmConfig", "BufferConfig", "Config", "ConfigError", "CriticConfig", "DataConfig",
-    "EnvConfig", "EvalConfig", "LoggingConfig", "LoraConfig", "ModelConfig", "PlacementConfig", "RewardConfig",
-    "RewardSpec", "RolloutConfig", "RunConfig", "TrainerConfig", "WeightSyncConfig", "has_cuda",
-    "load_config", "malloc_env", "register_configs", "validate", "with_env",
+    "CPU_MALLOC_ENV", "FILE_TASKS", "GENERATED_TASKS", "GROUPED_ESTIMATORS", "LLAMA_LINEARS",
+    "RECIPES_DIR", "WORKER_ENV", "AlgorithmConfig", "BufferConfig", "Config", "ConfigError",
+    "CriticConfig", "DataConfig", "EnvConfig", "EvalConfig", "LoggingConfig", "LoraConfig",
+    "ModelConfig", "PlacementConfig", "RewardConfig", "RewardSpec", "RolloutConfig", "RunConfig",
+    "TrainerConfig", "WeightSyncConfig", "has_cuda", "load_config", "malloc_env",
+    "register_configs", "validate", "with_env",
 ]

@@ -2,7 +2,8 @@
 fields) and ``critic``, PPO's value model.
 
 The names of estimators and losses are checked against the registries that implement them
-(``trainer.advantages``, ``trainer.losses``): a new entry there is a valid choice here, with no second list.
+(``trainer.advantages``, ``trainer.losses``): a new entry there is a valid choice here, with no
+second list.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Literal
 from relayrl.config.base import ConfigError, one_of, positive
 
 OffPolicy = Literal["auto", "tis", "tis_sequence", "decoupled", "none"]
-"""``algorithm.off_policy`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
+"""Values of ``algorithm.off_policy``, a ``str`` field checked against them (``base`` says why)."""
 
 GROUPED_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 """Advantage estimators whose baseline comes from the other samples of the same prompt (need G >= 2)."""

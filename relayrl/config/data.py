@@ -1,4 +1,5 @@
-"""The ``data`` section: where prompts come from (a generated task or a local dataset) and how they are split."""
+"""The ``data`` section: where prompts come from (a generated task or a local dataset) and how they
+are split."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from relayrl.config.base import ConfigError, one_of
 FileTask = Literal["jsonl", "hf"]
 GeneratedTask = Literal["arith", "countdown", "wordproblem"]
 Task = Literal[GeneratedTask, FileTask]
-"""``data.task`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
+"""Values of ``data.task``, a ``str`` field checked against them (``base`` says why)."""
 
 FILE_TASKS: tuple[str, ...] = get_args(FileTask)
 """``data.task`` values that read a local dataset (``data.path``); the others generate their rows."""

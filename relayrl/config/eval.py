@@ -8,7 +8,7 @@ from typing import Literal
 from relayrl.config.base import ConfigError, choices_of
 
 EvalSplit = Literal["heldout", "data"]
-"""``eval.split`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
+"""Values of ``eval.split``, a ``str`` field checked against them (``base`` says why)."""
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""``load_config``: compose a recipe with overrides against the schema, check it, return a typed ``Config``.
-Hydra/OmegaConf's errors become one-line ``ConfigError``s naming the field and the fix."""
+"""``load_config``: compose a recipe with overrides against the schema, check it, return a typed
+``Config``. Hydra/OmegaConf's errors become one-line ``ConfigError``s naming the field and the
+fix."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def _unknown_key(full_key: str) -> str:
     for part in parents:
         node = typing.get_type_hints(node).get(part)
         if not dataclasses.is_dataclass(node):
-            return f"unknown config key {full_key!r}; remove it or check the schema in relayrl/config/"
+            return (f"unknown config key {full_key!r}; remove it or check the schema in "
+                    "relayrl/config/")
     fields = [f.name for f in dataclasses.fields(node) if f.name != "defaults"]
     close = difflib.get_close_matches(leaf, fields, n=1)
     hint = f"did you mean {'.'.join([*parents, close[0]])!r}?" if close else f"valid keys: {', '.join(fields)}"

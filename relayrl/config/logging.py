@@ -8,7 +8,7 @@ from typing import Literal
 from relayrl.config.base import one_of
 
 WandbMode = Literal["offline", "online", "disabled"]
-"""``logging.wandb`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
+"""Values of ``logging.wandb``, a ``str`` field checked against them (``base`` says why)."""
 
 
 @dataclass

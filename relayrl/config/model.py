@@ -8,7 +8,7 @@ from typing import Literal
 from relayrl.config.base import one_of, positive
 
 ModelDtype = Literal["float32", "bfloat16"]
-"""``model.dtype`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
+"""Values of ``model.dtype``, a ``str`` field checked against them (``base`` says why)."""
 
 
 @dataclass

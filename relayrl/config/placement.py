@@ -1,4 +1,5 @@
-"""The ``placement`` config group (``placement=separate|colocated``): where rollout and trainer run."""
+"""The ``placement`` config group (``placement=separate|colocated``): where rollout and trainer
+run."""
 
 from __future__ import annotations
 

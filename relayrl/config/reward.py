@@ -1,5 +1,5 @@
-"""The ``rewards`` list (which functions score a completion, with their weights) and the ``reward`` section
-(how they run: worker pool, timeouts, the code sandbox)."""
+"""The ``rewards`` list (which functions score a completion, with their weights) and the ``reward``
+section (how they run: worker pool, timeouts, the code sandbox)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,10 @@ class RewardConfig:
         self._check_sandbox()
 
     def _check_sandbox(self) -> None:
-        """The one place ``reward.sandbox`` is checked: a mode of ``rewards.sandbox.MODES`` (the sandbox
-        owns its modes), and ``required`` only where this host can isolate programs. A rule that also
-        depends on the ``rewards`` list (e.g. which rewards run programs) spans sections: ``validation.py``."""
+        """The one place ``reward.sandbox`` is checked: a mode of ``rewards.sandbox.MODES`` (the
+        sandbox owns its modes), and ``required`` only where this host can isolate programs. A
+        rule that also reads the ``rewards`` list (which rewards run programs) spans sections: it
+        would go in ``validation.py``."""
         from relayrl.rewards.sandbox import MODES, namespaces_available, namespaces_missing
 
         one_of("reward.sandbox", self.sandbox, MODES)

@@ -1,5 +1,5 @@
-"""The ``rollout`` section: the vLLM engines that generate completions (how many, how they sample, their
-deadlines and restarts)."""
+"""The ``rollout`` section: the vLLM engines that generate completions (how many, how they sample,
+their deadlines and restarts)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ class RolloutConfig:
     a new one started and the chunk generated again under the same seq. 0: no deadline."""
 
     def __post_init__(self) -> None:
-        positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "kv_cache_gb")
+        positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size",
+                 "kv_cache_gb")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]; set rollout.top_p=1.0")
         if self.temperature <= 0:

@@ -1,5 +1,5 @@
-"""The root ``Config``: one field per section, and its registration in Hydra's ConfigStore (the one place
-the schema is stored, so recipes are composed and checked against it)."""
+"""The root ``Config``: one field per section, and its registration in Hydra's ConfigStore (the one
+place the schema is stored, so recipes are composed and checked against it)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from relayrl.config.trainer import TrainerConfig
 from relayrl.config.weightsync import WeightSyncConfig
 
 Mode = Literal["sync", "async"]
-"""``mode`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
+"""Values of ``mode``, a ``str`` field checked against them (``base`` says why)."""
 
 
 @dataclass

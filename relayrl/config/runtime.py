@@ -1,5 +1,5 @@
-"""Process settings that follow from the host rather than from a recipe: whether CUDA is there, and the
-environment variables every Ray worker of a run gets."""
+"""Process settings that follow from the host rather than from a recipe: whether CUDA is there, and
+the environment variables every Ray worker of a run gets."""
 
 from __future__ import annotations
 

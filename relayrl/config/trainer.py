@@ -1,4 +1,5 @@
-"""The ``trainer`` section: the FSDP2/TP ranks, their optimizer and micro-batching; ``trainer.lora``."""
+"""The ``trainer`` section: the FSDP2/TP ranks, their optimizer and micro-batching; and
+``trainer.lora``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from relayrl.config.base import ConfigError, choices_of, one_of, positive
 TrainerBackend = Literal["auto", "gloo", "nccl"]
 """``trainer.backend`` values."""
 TrainerDtype = Literal["float32", "bf16"]
-"""``trainer.dtype`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
+"""Values of ``trainer.dtype``, a ``str`` field checked against them (``base`` says why)."""
 
 
 LLAMA_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -102,7 +103,8 @@ class TrainerConfig:
     root nor RLIMIT_NICE)."""
 
     def __post_init__(self) -> None:
-        positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs", "num_cpus")
+        positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs",
+                 "num_cpus")
         if not 0 <= self.setup_nice <= 19:
             raise ConfigError(f"trainer.setup_nice={self.setup_nice} is not a niceness increment; set 0 (off) to 19")
         one_of("trainer.backend", self.backend, TrainerBackend)
@@ -111,8 +113,9 @@ class TrainerConfig:
                               f"{self.tp_size}; set trainer.world_size to a multiple of {self.tp_size} (or lower "
                               "trainer.tp_size)")
         if self.lora.r and self.tp_size > 1:
-            raise ConfigError(f"trainer.lora.r={self.lora.r} runs with FSDP only (the adapters are not "
-                              "split over tp ranks); set trainer.tp_size=1 or trainer.lora.r=0")
+            raise ConfigError(f"trainer.lora.r={self.lora.r} runs with FSDP only (the adapters "
+                              "are not split over tp ranks); set trainer.tp_size=1 or "
+                              "trainer.lora.r=0")
         if self.max_tokens_per_micro_batch < 0:
             raise ConfigError(f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be "
                               ">= 0 (0: padded micro-batches); set e.g. trainer.max_tokens_per_micro_batch=2048")

@@ -1,6 +1,6 @@
 """The rules that span sections, in one place. Each section checks its own fields when it is built
-(``__post_init__``); ``validate`` checks the combinations, and ``fill_defaults`` sets the defaults that
-depend on another section. ``load_config`` runs both on every composed recipe."""
+(``__post_init__``); ``validate`` checks the combinations, and ``fill_defaults`` sets the defaults
+that depend on another section. ``load_config`` runs both on every composed recipe."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def _validate_placement(cfg: Config) -> None:
 
 def _validate_tp(cfg: Config) -> None:
     """``trainer.tp_size`` trains no critic; ``rollout.tp_size`` > 1 needs its own bundles.
-    (``TrainerConfig`` checks that tp_size divides the ranks, ``RolloutConfig`` that tp_size > 1 has GPUs;
-    head counts are checked against the model by ``preflight.check_context`` and ``trainer/tp.py``.)"""
+    (``TrainerConfig`` checks that tp_size divides the ranks, ``RolloutConfig`` that tp_size > 1
+    has GPUs; ``preflight.check_context`` and ``trainer/tp.py`` check head counts against the
+    model.)"""
     t = cfg.trainer
     from relayrl.trainer.advantages import CRITIC_ESTIMATORS
 

@@ -9,7 +9,7 @@ from relayrl.config.base import ConfigError, choices_of, one_of, positive
 from relayrl.config.runtime import has_cuda
 
 SyncBackend = Literal["shm", "broadcast", "vllm-native"]
-"""``weightsync.backend`` values (a plain ``str`` field checked against these: ``relayrl.config.base``)."""
+"""Values of ``weightsync.backend``, a ``str`` field checked against them (``base`` says why)."""
 NativeEngine = Literal["nccl", "ipc"]
 """``weightsync.native_engine`` values."""
 CommitMode = Literal["inplace", "reload"]
