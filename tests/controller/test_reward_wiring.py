@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.config import load_config
-from relayrl.controller.driver import resolve_rewards
+from relayrl.preflight import resolve_rewards
 
 CODE = "rewards=[{fn: code_exec, weight: 1.0}]"
 

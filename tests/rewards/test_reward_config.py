@@ -3,7 +3,7 @@
 import pytest
 
 from relayrl.config import ConfigError, load_config
-from relayrl.controller.driver import resolve_rewards
+from relayrl.preflight import resolve_rewards
 
 
 def test_defaults_and_overrides():

@@ -101,7 +101,7 @@ def test_bad_tp_config_is_one_line_before_ray(overrides, expected):
 def test_heads_tp_cannot_split_fail_before_ray(tiny_llama):
     """tiny-llama has 1 KV head: tp_size=2 is refused when the model is resolved, before Ray starts."""
     from relayrl.config import ConfigError, load_config
-    from relayrl.controller.driver import check_context
+    from relayrl.preflight import check_context
 
     cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", "trainer.world_size=2", "trainer.tp_size=2"])
     with pytest.raises(ConfigError, match=r"trainer.tp_size=2 must divide the model's attention heads \(2\) and KV "
