@@ -11,8 +11,9 @@ Layout under the run directory::
 
 Everything is written into ``.step_000040.tmp``; once every rank's shards are on disk, ``driver.json``,
 ``COMPLETE`` and the manifest are written, every file and directory is fsynced, and the directory is
-renamed (then its parent fsynced). A crash at any point leaves either the previous checkpoints or a
-``.tmp`` directory that ``latest`` never considers and the next save deletes. ``checkpoints/final`` (HF
+renamed (then its parent fsynced). A crash or a failed write at any point leaves either the previous
+checkpoints or a ``.tmp`` directory that ``latest`` never considers and the next save deletes; a failed
+write costs that checkpoint, not the run (``Checkpointer._commit_or_drop``). ``checkpoints/final`` (HF
 format) is written the same way (``durable_dir``).
 
 Resuming loads only a checkpoint that ``manifest.verify`` accepts (this user's, unchanged since its
@@ -187,16 +188,21 @@ class Checkpointer:
     def save(self, step: int, trainer: Any, state: dict[str, Any]) -> None:
         """Start checkpoint ``step``: the previous one is committed first (waiting for its write), leftovers
         of a crashed save are deleted, then the trainer writes (in the background when asynchronous).
-        ``state`` is serialised now: the loop changes its counts before the write commits."""
+        ``state`` is serialised now: the loop changes its counts before the write commits. A write that
+        fails here is dropped as ``poll`` drops one (``_commit_or_drop``)."""
         t0 = time.perf_counter()
-        self.commit(wait=True)
+        self._commit_or_drop(wait=True)
         clean_temp(self.checkpoints)
         tmp = temp_dir(step_dir(self.checkpoints.parent, step))
-        tmp.mkdir(parents=True)
-        trainer.save_checkpoint(str(tmp), self.asynchronous)
-        self.pending = Pending(step, tmp, trainer, json.dumps({"step": step, **state}))
-        if not self.asynchronous:
-            self.commit(wait=True)
+        try:
+            tmp.mkdir(parents=True)
+            trainer.save_checkpoint(str(tmp), self.asynchronous)
+        except Exception as exc:   # noqa: BLE001 - as in _commit_or_drop
+            _not_written(step, exc)
+        else:
+            self.pending = Pending(step, tmp, trainer, json.dumps({"step": step, **state}))
+            if not self.asynchronous:
+                self._commit_or_drop(wait=True)
         self.stall_s += time.perf_counter() - t0
 
     def commit(self, wait: bool) -> Path | None:
@@ -215,26 +221,35 @@ class Checkpointer:
         return final
 
     def poll(self) -> None:
-        """Once per step: commit the pending checkpoint if its write finished (never blocks on it). A
-        write that failed, or a rank that died, costs this checkpoint, not the run: the message is
-        printed, the ``.tmp`` directory waits for the next save to delete it, and a dead rank is found
-        by the next train step (which restarts from the previous checkpoint)."""
-        pending = self.pending
-        try:
-            self.commit(wait=False)
-        except Exception as exc:   # noqa: BLE001 - any failure of the write: report it and go on
-            self.pending = None
-            first = (str(exc).strip().splitlines() or [""])[0]
-            print(f"relayrl: checkpoint step {pending.step} was not written ({type(exc).__name__}: {first}); "
-                  "training goes on")
+        """Once per step: commit the pending checkpoint if its write finished (never blocks on it)."""
+        self._commit_or_drop(wait=False)
 
     def finish(self) -> None:
         """End of the run: wait for the last write and commit it."""
         t0 = time.perf_counter()
-        self.commit(wait=True)
+        self._commit_or_drop(wait=True)
         self.stall_s += time.perf_counter() - t0
+
+    def _commit_or_drop(self, wait: bool) -> None:
+        """``commit``, where a write that failed (disk full, no permission) or a rank that died costs this
+        checkpoint, not the run: one line is printed, the previous checkpoints stay as they were, the
+        ``.tmp`` directory waits for the next save to delete it, and a dead rank is found by the next
+        train step (which restarts from the previous checkpoint)."""
+        pending = self.pending
+        try:
+            self.commit(wait)
+        except Exception as exc:   # noqa: BLE001 - any failure of the write: report it and go on
+            self.pending = None
+            _not_written(pending.step, exc)
 
     def take_stall(self) -> float:
         """Stall seconds since the last call (what ``checkpoint/stall_s`` reports), reset to 0."""
         stall, self.stall_s = self.stall_s, 0.0
         return stall
+
+
+def _not_written(step: int, exc: Exception) -> None:
+    cause = getattr(exc, "cause", None) or exc        # a rank's error arrives wrapped in RayTaskError
+    first = (str(cause).strip().splitlines() or [""])[0]
+    print(f"relayrl: checkpoint step {step} was not written ({type(cause).__name__}: {first}); "
+          "the earlier checkpoints stay as they were", flush=True)

@@ -100,12 +100,12 @@ class Saver:
         path.mkdir(parents=True, exist_ok=True)
         for model, optim in parts.values():
             init_optimizer_state(model, optim)
-        _save_rng(path, rank)
         state, target = _modules(parts), str(path / "dcp")
         if asynchronous:
             self._future = dcp.async_save(state, checkpoint_id=target, process_group=self._pg())
         else:
             dcp.save(state, checkpoint_id=target)
+        _save_rng(path, rank)    # after DCP's collectives: a rank failing here leaves none waiting
         return time.perf_counter() - t0
 
     def _pg(self) -> dist.ProcessGroup | None:

@@ -1,8 +1,8 @@
 """Run checkpoints on disk (``controller/checkpoint.py``, ``controller/run.py``), with a fake trainer:
-a crash at any point of a save leaves nothing that looks complete, an async write is committed only
-once it is on disk (with the driver state of its step), resume skips a checkpoint that fails
-verification, torn jsonl lines and a mismatched prompt log on resume, run dirs that cannot collide, and
-``resume=auto`` that leaves a live run alone."""
+a crash or a failed write at any point of a save leaves nothing that looks complete and the previous
+checkpoint loadable, an async write is committed only once it is on disk (with the driver state of its
+step), resume skips a checkpoint that fails verification, torn jsonl lines and a mismatched prompt log
+on resume, run dirs that cannot collide, and ``resume=auto`` that leaves a live run alone."""
 
 from __future__ import annotations
 
@@ -48,11 +48,11 @@ def _state(trained: int) -> dict:
     return {"counts": {"issued": trained, "trained": trained, "dropped": 0}, "sampler": {}, "pending": []}
 
 
-def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up(tmp_path):
+def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up(tmp_path, capsys):
     ckpt = Checkpointer(tmp_path, keep=2)
     ckpt.save(2, FakeTrainer(), _state(8))
-    with pytest.raises(RuntimeError, match="mid-write"):
-        ckpt.save(4, FakeTrainer(fail_after_first_file=True), _state(16))
+    ckpt.save(4, FakeTrainer(fail_after_first_file=True), _state(16))           # reported, not raised
+    assert "step 4 was not written (RuntimeError: killed mid-write)" in capsys.readouterr().out
     assert (tmp_path / "checkpoints" / ".step_000004.tmp" / "dcp").is_dir()     # the torn write is there
     assert latest(tmp_path) == checkpoint.step_dir(tmp_path, 2)                 # ... and ignored
     assert find_resume(str(tmp_path), "x", str(tmp_path))[1].name == "step_000002"
@@ -64,7 +64,7 @@ def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up
     assert checkpoint.driver_state(latest(tmp_path))["step"] == 4
 
 
-def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, monkeypatch):
+def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, monkeypatch, capsys):
     real = checkpoint.write_durable
 
     def crash_on_marker(path: Path, text: str) -> None:
@@ -73,9 +73,10 @@ def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, mon
         real(path, text)
 
     monkeypatch.setattr(checkpoint, "write_durable", crash_on_marker)
-    with pytest.raises(OSError):
-        Checkpointer(tmp_path, keep=2, asynchronous=False).save(2, FakeTrainer(), _state(8))
+    Checkpointer(tmp_path, keep=2, asynchronous=False).save(2, FakeTrainer(), _state(8))
+    assert "step 2 was not written (OSError: power cut)" in capsys.readouterr().out
     assert (tmp_path / "checkpoints" / ".step_000002.tmp" / "driver.json").exists()
+    assert not (tmp_path / "checkpoints" / ".step_000002.tmp" / MANIFEST).exists()
     assert latest(tmp_path) is None
     assert not (tmp_path / "checkpoints" / "step_000002").exists()
 
@@ -219,6 +220,74 @@ def test_a_failed_background_write_costs_the_checkpoint_not_the_run(tmp_path, ca
     ckpt.save(6, FakeTrainer(), _state(24))          # goes on; the failed write's dir is deleted
     ckpt.finish()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002", "step_000006"]
+
+
+# ---- failed writes in save() and finish() --------------------------------------------------------------
+class FullDisk(FakeTrainer):
+    """Its shard write runs out of space half-way."""
+
+    def save_checkpoint(self, path: str, asynchronous: bool) -> float:
+        (Path(path) / "dcp").mkdir()
+        (Path(path) / "dcp" / "shard0.distcp").write_bytes(b"x" * 16)
+        raise OSError(28, "No space left on device")
+
+
+def _fail_at(monkeypatch, name: str) -> None:
+    """Make the commit's write of ``name`` (driver.json or the manifest) run out of space half-way."""
+    real = checkpoint.write_durable
+
+    def write_durable(path: Path, text: str) -> None:
+        if path.name == name:
+            path.write_text(text[:3])
+            raise OSError(28, "No space left on device")
+        real(path, text)
+
+    def write_manifest(root: Path) -> None:
+        write_durable(root / MANIFEST, '{"files": {}}')
+
+    monkeypatch.setattr(checkpoint, "write_durable", write_durable)
+    monkeypatch.setattr(checkpoint.manifest, "write", write_manifest)
+
+
+@pytest.mark.parametrize("where", ["shards", "driver.json", MANIFEST])
+def test_a_failed_write_in_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
+                                                                              capsys, where):
+    ckpt = Checkpointer(tmp_path, keep=1, asynchronous=False)
+    ckpt.save(2, FakeTrainer(), _state(8))
+    capsys.readouterr()
+    if where != "shards":
+        _fail_at(monkeypatch, where)
+    ckpt.save(4, FullDisk() if where == "shards" else FakeTrainer(), _state(16))    # does not raise
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["relayrl: checkpoint step 4 was not written (OSError: [Errno 28] No space left on "
+                     "device); the earlier checkpoints stay as they were"]
+    assert latest(tmp_path).name == "step_000002" and ckpt.pending is None
+    manifest.verify(latest(tmp_path))                                     # still loadable, untouched
+    torn = tmp_path / "checkpoints" / ".step_000004.tmp"
+    assert torn.is_dir() and not checkpoint.step_dir(tmp_path, 4).exists()
+    if where != MANIFEST:
+        assert not (torn / MANIFEST).exists()                             # a torn write gets no manifest
+    monkeypatch.undo()
+    ckpt.save(6, FakeTrainer(), _state(24))                               # the run goes on
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000006"]
+
+
+def test_a_failed_write_found_by_finish_is_one_line(tmp_path, capsys):
+    class Failing(FakeTrainer):
+        def checkpoint_written(self, wait: bool) -> bool:
+            if wait:
+                raise PermissionError(13, "Permission denied")
+            return False
+
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(2, FakeTrainer(), _state(8))
+    ckpt.save(4, Failing(), _state(16))              # commits step 2; step 4's write is in flight
+    ckpt.finish()                                    # does not raise
+    assert capsys.readouterr().out.splitlines() == [
+        "relayrl: checkpoint step 4 was not written (PermissionError: [Errno 13] Permission denied); "
+        "the earlier checkpoints stay as they were"]
+    assert latest(tmp_path).name == "step_000002"
+    manifest.verify(latest(tmp_path))
 
 
 # ---- verification on resume --------------------------------------------------------------------------
