@@ -83,13 +83,13 @@ def run_once(cfg: Config, model_path: Path, placement: Any, reward_fns: list, ru
 
 
 def restart_point(cfg: Config, run: RunDir) -> tuple[tuple | None, RunDir]:
-    """After a trainer death: the run's latest complete checkpoint (or none) and the run dir reopened at it.
+    """After a trainer death: the run's latest verified checkpoint (or none) and the run dir reopened at it.
     A checkpoint whose background write was still pending is given up (the dead rank's shards may be
     missing); the next save deletes its temporary directory."""
     from relayrl.controller import checkpoint
 
     run.logger.close()
-    ckpt = checkpoint.latest(run.path)
+    ckpt = checkpoint.latest_verified(run.path)
     resume = (run.path, ckpt, checkpoint.driver_state(ckpt)) if ckpt else None
     return resume, RunDir.reopen(cfg, run.path, resume[2] if resume else None)
 
@@ -111,17 +111,19 @@ def loop(cfg: Config, system: System, run: RunDir, resume: tuple | None = None) 
 
 
 def resolve_resume(cfg: Config) -> tuple[Path, Path, dict] | None:
-    """``run.resume`` -> (run dir, checkpoint dir, driver state), or None to start fresh."""
+    """``run.resume`` -> (run dir, checkpoint dir, driver state), or None to start fresh. The checkpoint
+    is verified here, before its ``driver.json`` is read, and again by each trainer rank that loads it."""
     from relayrl.controller import checkpoint
+    from relayrl.trainer.manifest import UntrustedCheckpoint
 
     if not cfg.run.resume:
         return None
     try:
         found = checkpoint.find_resume(cfg.run.output_dir, cfg.run.name, cfg.run.resume)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, UntrustedCheckpoint) as exc:
         raise ConfigError(str(exc)) from None
     if found is None:
-        print(f"relayrl: run.resume=auto found no complete checkpoint of {cfg.run.name!r}; starting fresh")
+        print(f"relayrl: run.resume=auto found no verified checkpoint of {cfg.run.name!r}; starting fresh")
         return None
     state = checkpoint.driver_state(found[1])
     return found[0], found[1], state

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.trainer import manifest
 from tests.trainer.test_actor import PROBE, TEMPERATURE, _hf_model, _logprobs, _synthetic_groups
 
 STEPS = 3
@@ -164,6 +165,7 @@ def test_tp2_checkpoint_resumes_exactly(tp2, refs, tmp_path):
     """DCP round trip of TP-sharded weights and AdamW moments: the step after a reload is bit-identical."""
     trainer = tp2["trainer"]
     trainer.save_checkpoint(str(tmp_path))
+    manifest.write(tmp_path)                      # the driver's commit
     saved = trainer.state_dict()
     first = trainer.train_step(refs)
     trainer.load_checkpoint(str(tmp_path))
