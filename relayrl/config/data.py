@@ -4,7 +4,7 @@ are split."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from relayrl.config.base import ConfigError, one_of
@@ -35,6 +35,10 @@ class DataConfig:
     answer_key: str | None = "answer"
     """``hf`` only: the column holding the reference answer, carried as ``answer``; null: rows have none
     (rewards that need no reference, e.g. a reward model)."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """``hf`` only: row field -> the dataset's column, copied into each row for the rewards, e.g. HumanEval
+    for ``code_exec``: ``{tests: test, test_setup: prompt, code_prefix: prompt, entry_point: entry_point}``;
+    MBPP: ``{tests: test_list, test_setup: test_setup_code}``; APPS: ``{stdio: input_output}``."""
     split: str = "train"
     """``hf`` with a save_to_disk DatasetDict directory: the split training reads (a file has one split)."""
     heldout_fraction: float = 0.0
@@ -71,7 +75,7 @@ class DataConfig:
         """Fields that only a file task (or only ``hf``) reads must not be set for another task."""
         if self.task != "hf":
             for key, default in (("prompt_key", "question"), ("answer_key", "answer"), ("split", "train"),
-                                 ("eval_split", None)):
+                                 ("eval_split", None), ("columns", {})):
                 if getattr(self, key) != default:
                     raise ConfigError(f"data.{key} applies to data.task=hf; set data.task=hf or drop data.{key}")
         if self.task not in FILE_TASKS and (self.heldout_fraction or self.eval_path):

@@ -38,9 +38,9 @@ class RewardConfig:
     """Prompt groups (of G completions each) per reward call: a failure excludes one call's completions,
     so 1 confines it to one prompt; more amortises per-call overhead (e.g. a reward model's batches)."""
     sandbox: str = "auto"
-    """How ``code_exec`` isolates programs (docs/rewards.md): auto (namespaces where the host allows,
-    else rlimits only, said once and logged as ``reward/sandbox_isolation``) | required (namespaces or
-    a config error, before anything starts) | rlimits."""
+    """How ``code_exec`` isolates programs (docs/rewards.md): auto (full isolation: namespaces and an
+    allowlist root; where the host cannot, loading a ``code_exec`` reward fails before anything starts)
+    | rlimits (weaker isolation, accepted knowingly; logged as ``reward/sandbox_isolation`` 1)."""
 
     def __post_init__(self) -> None:
         positive("reward", self, "timeout_s", "num_workers", "groups_per_call")
@@ -50,13 +50,9 @@ class RewardConfig:
         self._check_sandbox()
 
     def _check_sandbox(self) -> None:
-        """The one place ``reward.sandbox`` is checked: a mode of ``rewards.sandbox.MODES`` (the
-        sandbox owns its modes), and ``required`` only where this host can isolate programs. A
-        rule that also reads the ``rewards`` list (which rewards run programs) spans sections: it
-        would go in ``validation.py``."""
-        from relayrl.rewards.sandbox import MODES, namespaces_available, namespaces_missing
+        """The one place ``reward.sandbox``'s value is checked: a mode of ``rewards.sandbox.MODES`` (the
+        sandbox owns its modes). Whether this host gives ``auto`` is asked only where a ``code_exec``
+        reward is built (``preflight.resolve_rewards``), so a config without one never probes."""
+        from relayrl.rewards.sandbox import MODES
 
         one_of("reward.sandbox", self.sandbox, MODES)
-        if self.sandbox == "required" and not namespaces_available():
-            raise ConfigError(f"reward.sandbox=required, but this host cannot isolate programs "
-                              f"({namespaces_missing() or 'unshare(2) failed'}); set reward.sandbox=auto")
