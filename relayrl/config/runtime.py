@@ -26,12 +26,10 @@ at every commit). By default glibc serves blocks over its dynamic mmap threshold
 ``mmap``s and unmaps them on free, so each re-allocation faults in fresh zeroed pages. A fixed 1 GiB
 threshold and no trimming keep freed memory in the heap for reuse (RSS stays at its peak).
 
-Measured on this 2-core box. SmolLM2 trainer step on a recorded grpo_arith batch, in a process started
-with and without them, steady steps: 4.9 s against 5.6 s, and 0 against 650k page faults per step. The first
-two updates of a real grpo_arith run: 6.4-7.5 s with them (four runs), 10-12 s without (~1.1 s of system
-time per second). ``bench/trainer_step.py`` (which runs under them unless ``--system-malloc``), packed+prefix
-step on its random batch, load ~1.5: 3.73 s with them against 4.02 s without. Engine commit: the in-place
-copy of 538 MB took a steady 0.025 s against 0.03-1.4 s (``bench/weight_sync.py`` times whole commits).
+Why it pays: without them every step faults in its large temporaries again (hundreds of thousands of
+page faults per trainer step), and an engine's commit copies into freshly mapped pages; with them both
+reuse their heap. ``bench/trainer_step.py --system-malloc`` and ``bench/weight_sync.py`` show the gap
+(figures: docs/benchmarks.md).
 
 Read by glibc when a process starts, so they go in each actor's runtime env (inherited by vLLM's processes)."""
 
