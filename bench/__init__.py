@@ -11,5 +11,6 @@ and the command behind each are in docs/benchmarks.md.
     weight_sync     weight-sync transports and commits, against memcpy
     checkpoint      synchronous vs background checkpoint saves
     cpu_gemm        vLLM's packed CPU GEMM against unpacked weights
+    code_reward     the ``code_exec`` reward's judge against a one-process baseline
     plan_accuracy   ``relayrl plan``'s predictions against measured layouts
 """

@@ -88,7 +88,7 @@ def trl_child(out: Path, recipe: str, steps: int, overrides: list[str],
     from trl import GRPOConfig, GRPOTrainer
 
     from relayrl.config import load_config
-    from relayrl.controller.driver import resolve_rewards
+    from relayrl.preflight import resolve_rewards
     from relayrl.models import resolve_model
 
     cfg = load_config(recipe, [f"run.steps={steps}", *overrides])

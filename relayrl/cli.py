@@ -8,7 +8,7 @@
     relayrl runs [runs]                                           # runs with status and best reward
     relayrl plan runs/<id> --devices 8                            # predicted step time of each placement
 
-Recipes are Hydra configs composed against the typed schema (relayrl/config.py). A bad key, type or
+Recipes are Hydra configs composed against the typed schema (relayrl/config/). A bad key, type or
 combination exits with status 2 and one line naming the field and the fix, before Ray starts.
 """
 

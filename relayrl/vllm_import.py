@@ -2,11 +2,12 @@
 
 Importing vLLM imports Inductor's lowering and compiler (``torch._inductor.lowering``, ``compile_fx``) twice
 over: ``vllm.env_override`` wraps Inductor's fallback list, and ``vllm.utils.deep_gemm`` calls
-``torch.compile`` at import, which builds Inductor's wrapper first. That is 2-2.5 s of one core on the 2-core
-box (``import torch._inductor.lowering`` 5.6-6.8 s against ``torch._dynamo`` 3.3-4.3 s) in every process that
-imports vLLM: the engines' fork server, each rollout actor, each trainer rank (weight sync). No relayrl
-process compiles: eager CPU engines run with Dynamo off (``rollout.actor.EAGER_ENV``), the rollout actor and
-the trainer never call a vLLM kernel. ``import_vllm`` leaves both imports for the first compile:
+``torch.compile`` at import, which builds Inductor's wrapper first. Inductor is a heavy import on top of
+Dynamo, paid at start-up, on the path to the first step, in every process that imports vLLM: the engines'
+fork server, each engine client (the engine host, or the rollout actor without one), each trainer rank
+(weight sync). No relayrl process compiles: eager CPU engines run with Dynamo off
+(``rollout.actor.EAGER_ENV``), the rollout actor and the trainer never call a vLLM kernel. ``import_vllm``
+leaves both imports for the first compile:
 
 - vLLM's patch of the fallback list runs when ``torch._inductor.lowering`` is first imported, if ever (the
   way vLLM defers its own pattern-matcher patch), so a process that does compile gets vLLM's behaviour;

@@ -2,7 +2,8 @@
 
 The trainer applies these before it builds a batch (``trainer.batch.build_train_batch``, DAPO's dynamic sampling in
 ``objective``); the reward scorer counts them for its metrics and error check (``rewards.scoring``), in a
-process that never imports torch (it would cost that Ray worker 1.5-2.7 s of a core on the 2-core box)."""
+process that never imports torch (importing it would cost that Ray worker seconds of CPU at start-up, beside
+the engines and trainer ranks that need the cores then)."""
 
 from __future__ import annotations
 

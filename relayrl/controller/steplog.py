@@ -89,7 +89,7 @@ def seconds_since_launch() -> float:
     Linux: the kernel's boot clock now, less the process's start in ticks after boot (``/proc/self/stat``
     field 22), both exact to a tick. ``psutil``'s ``create_time`` adds that start to ``/proc/stat``'s boot
     time, which the kernel gives in whole seconds, so an age taken from it reads long by the boot time's
-    fraction (0.84 s on this box's boot of 2026-11-25). Elsewhere: ``psutil``."""
+    fraction (up to a second). Elsewhere: ``psutil``."""
     try:
         stat = open("/proc/self/stat").read()
         boot_now = time.clock_gettime(time.CLOCK_BOOTTIME)

@@ -42,6 +42,7 @@ from relayrl.data.sampler import Prompt, prompt_seed
 from relayrl.monitor.evaluate import completion_rows, eval_rows, format_prompts, summarize, write_rows
 from relayrl.monitor.runs import read_jsonl
 from relayrl.monitor.schema import EVAL_TIME_S
+from relayrl.preflight import check_prompt_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +90,6 @@ class TrainingEval:
 
     def _draw(self) -> list[Prompt]:
         """The formatted prompts, each with its sampling seed, checked against the context length."""
-        from relayrl.controller.driver import check_prompt_lengths
-
         cfg = self.cfg
         rows, where = eval_rows(cfg, cfg.eval.train_prompts)
         check_prompt_lengths(cfg, self.system.model_path, rows)

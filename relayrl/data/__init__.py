@@ -101,7 +101,7 @@ def _read(data_cfg: DataConfig, path: str, split: str) -> Rows:
     if data_cfg.task == "jsonl":
         rows = load_jsonl(path)
     else:
-        rows = load_hf(path, data_cfg.prompt_key, data_cfg.answer_key, split)
+        rows = load_hf(path, data_cfg.prompt_key, data_cfg.answer_key, split, dict(data_cfg.columns))
     if not data_cfg.chat_template and any(not isinstance(r["question"], str) for r in rows):
         raise ConfigError(f"{path}: prompts are chat messages, which the chat template formats; "
                           "set data.chat_template=true")

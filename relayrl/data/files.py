@@ -33,17 +33,22 @@ ROLES = ("system", "user", "assistant")
 
 
 def load_hf(path: str | Path, prompt_key: str = "question", answer_key: str | None = "answer",
-            split: str = "train") -> list[dict[str, Any]]:
-    """Every row of the local dataset at ``path`` as ``{"question", "answer", **other columns}``;
-    raise ``ConfigError`` (one line: the cause and the fix) for a missing file, split or column."""
+            split: str = "train", columns: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every row of the local dataset at ``path`` as ``{"question", "answer", **other columns}``, plus
+    ``columns`` (field -> column) copied under their field names; raise ``ConfigError`` (one line: the
+    cause and the fix) for a missing file, split or column."""
     table = _load_table(Path(path), split)
-    missing = [k for k in (prompt_key, answer_key) if k is not None and k not in table.column_names]
+    columns = columns or {}
+    missing = [k for k in (prompt_key, answer_key, *columns.values())
+               if k is not None and k not in table.column_names]
     if missing:
         raise ConfigError(f"{path}: no column {', '.join(map(repr, missing))} (has: {', '.join(table.column_names)}"
-                          "); set data.prompt_key / data.answer_key to the dataset's column names")
+                          "); set data.prompt_key / data.answer_key / data.columns to the dataset's column "
+                          "names")
     if table.num_rows == 0:
         raise ConfigError(f"{path}: the dataset has no rows; point data.path at a non-empty dataset")
-    return [_row(raw, i, path, prompt_key, answer_key) for i, raw in enumerate(table)]
+    return [{**_row(raw, i, path, prompt_key, answer_key), **{f: raw[c] for f, c in columns.items()}}
+            for i, raw in enumerate(table)]
 
 
 def _load_table(path: Path, split: str) -> Any:

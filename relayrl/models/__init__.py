@@ -43,7 +43,7 @@ def resolve_model(path: str | Path, cache_dir: str | Path | None = None) -> Path
 def load_tokenizer(path: str | Path, cache_dir: str | Path | None = None):
     """The tokenizer of ``resolve_model(path)``, loaded the way vLLM loads it (``AutoTokenizer``), once per
     process and path: the driver's prompt check (before Ray) and its prompt sampler (as the actors start)
-    share one load, 0.3-0.5 s for SmolLM2's on this box. Callers only read it."""
+    share one load instead of paying for two on the driver's single-threaded start. Callers only read it."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model(path, cache_dir))

@@ -43,6 +43,7 @@ from relayrl.config import Config, ConfigError, DataConfig
 from relayrl.data import ARITH_QUESTION, Prompt, chat_formatter, load_heldout, load_task, make_arith_rows
 from relayrl.monitor.metrics import _clock
 from relayrl.monitor.passk import mean_pass_at_k
+from relayrl.preflight import resolve_model_path, resolve_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +104,6 @@ def evaluate(cfg: Config, model: str | Path | None = None, n: int = 1, ks: tuple
     """Sample ``n`` completions for each of ``limit`` (default ``eval.num_prompts``) prompts of the
     ``eval.split`` split with ``model`` (default ``cfg.model.path``), score them with ``cfg.rewards``;
     write completions.jsonl and summary.json into ``out_dir`` when given."""
-    from relayrl.controller.driver import resolve_model_path, resolve_rewards
-
     bad_k = [k for k in ks if not 1 <= k <= n]
     if bad_k:
         raise ConfigError(f"pass@k needs 1 <= k <= n; got k={bad_k} with n={n}; raise -n or lower -k")

@@ -197,7 +197,7 @@ class WandbSink:
     ``resume="allow"``, so a resumed run's dashboard continues. Offline, each open writes its own
     ``offline-run-*-<id>`` folder; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads them into that one run.
 
-    ``wandb.init`` (about 1 s: the import and its service process) runs on a helper thread, so that the
+    ``wandb.init`` (its import and its service process) runs on a helper thread, so that the
     driver starts Ray meanwhile; ``ready()`` (the driver calls it before any actor starts, through
     ``MetricsLogger.ready``) waits for it and raises its error, and ``run`` waits too.
     """

@@ -16,8 +16,8 @@ from relayrl.monitor.schema import TIMING_STEP
 from relayrl.plan.model import Layout, Profile, overrides, predict
 
 TINY_WORK = ["run.prompts_per_step=4", "algorithm.group_size=8"]
-"""grpo_tiny at 4 prompts x 8 completions (512 tokens a step): steps of ~0.5 s on one core, long enough that
-the driver's jitter is small next to them."""
+"""grpo_tiny at 4 prompts x 8 completions (512 tokens a step): steps long enough that the driver's jitter
+is small next to them, short enough that a check of several layouts stays a few minutes."""
 
 QUIET = ["logging.wandb=disabled", "logging.console=false", "run.save_final=false", "weightsync.verify_every=0"]
 """A measuring run logs metrics.jsonl only, saves no model and skips the logprob probe (a cost every
@@ -63,11 +63,12 @@ class Check:
 
 def check_layouts(recipe: str, profile_layout: Layout, targets: list[Layout], steps: int, extra: list[str],
                   output_dir: str | Path, bracket: bool = True) -> tuple[Profile, list[Check]]:
-    """Profile ``recipe`` in ``profile_layout`` (one core per device on this box), then predict and run each
+    """Profile ``recipe`` in ``profile_layout`` (one core per device on a CPU box), then predict and run each
     target layout. ``bracket``: profile again after the targets and use both profile runs (their costs
-    averaged), so that a machine whose load drifts during the check (this shared box: 2x within minutes)
-    is profiled at the targets' mean time. The profile runs are the first checks: their errors show the drift
-    (one profile run reproduces its own median exactly). A target equal to the profile layout is not run again."""
+    averaged), so that a machine whose load drifts during the check (a shared box's step times can move
+    severalfold within minutes) is profiled at the targets' mean time. The profile runs are the first
+    checks: their errors show the drift (one profile run reproduces its own median exactly). A target equal
+    to the profile layout is not run again."""
     cores = os.cpu_count()
     targets = [layout for layout in targets if layout != profile_layout]     # the profile runs measure it
     runs = [run_layout(recipe, profile_layout, steps, extra, output_dir)]

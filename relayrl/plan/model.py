@@ -41,31 +41,29 @@ Shared is relayrl's default on a CPU box: ``placement=separate mode=sync`` with 
 whose ``num_threads=0`` each take every core. Sync mode runs one side at a time, so each has all N cores
 while it works and nothing is put to sleep (no switch). It exists only for CPU profiles: two GPU processes
 cannot take turns on one device without colocated's sleep/wake. N threads in one process do not scale
-perfectly: training uses the same e(N) as N ranks (the SmolLM2 update was seen ~1.6x faster on 2 threads
-than on 1 on the 2-core box, e = 0.8; give ``train_efficiency`` when it matters), and generation a factor
-g = ``gen_efficiency`` (0.8 assumed unless given: the update's 2-thread figure, as vLLM's CPU decode runs
-the same kind of GEMM kernels). N one-thread replicas, in contrast, are data parallel and keep g = 1. A
+perfectly (they share caches and memory bandwidth): training uses the same e(N) as N ranks (give
+``train_efficiency`` when it matters), and generation a factor g = ``gen_efficiency`` (0.8 assumed unless
+given: what a trainer update gains from a second thread, as vLLM's CPU decode runs the same kind of GEMM
+kernels). N one-thread replicas, in contrast, are data parallel and keep g = 1. A
 profile of a shared run turns its measured Tg into one device's cost as Tg * N * g / tokens (and the
 update as update * N * e(N) / tokens), so a shared run and a one-thread run of the same work give the same
 per-device costs.
 
 The colocated slowdown c: colocated on an N-core box runs r = N one-thread replicas, and their generation
-measured about twice what r data-parallel replicas would give: c = 2. It was first put down to each
-EngineCore spinning beside its worker (2r busy processes on r cores), but with the spinner gone
-(``rollout.queue_poll_us``) colocated 2:2 on grpo_arith still generated in 8.44 s a step against 8.78 s with
-it: what remains fits memory bandwidth (a decode step reads every weight once per replica, so r replicas on
-one memory bus move r times the bytes for the same tokens). It agrees in direction with the colocated
-measurements (grpo_tiny, colocated 2:2: 0.430 s/step predicted without c, 1.133 s measured). A
-profile taken from a colocated CPU run has c divided out of its generation cost. Give
-``colocated_gen_slowdown`` (e.g. measured) to replace it.
+measures about twice what r data-parallel replicas would give: c = 2. It was first put down to each
+EngineCore spinning beside its worker (2r busy processes on r cores), but removing the spin
+(``rollout.queue_poll_us``) left colocated generation as slow: what remains fits memory bandwidth (a decode
+step reads every weight once per replica, so r replicas on one memory bus move r times the bytes for the
+same tokens). A profile taken from a colocated CPU run has c divided out of its generation cost. Give
+``colocated_gen_slowdown`` (e.g. measured) to replace it; ``bench/plan_accuracy.py`` checks a prediction
+against a real run.
 
 The overlap slowdown s: GPUs don't share their devices, so s = 1 there. On a CPU box a vLLM engine runs
 its scheduler (EngineCore) as one more busy process beside its worker thread, so r one-thread replicas keep
 2r processes busy. In a sync step only one side runs and the other cores absorb that; when both sides
-overlap, 2r + t busy processes share r + t cores and both slow by that ratio (1.5x for 1:1; measured on
-the 2-core box: training 1.4-1.9x and generation 1.0-1.5x slower in async than in sync). The factor
-outlived the spinning EngineCore it counts (``rollout.queue_poll_us``: async 1:1 ran 12.43 s a step
-against 12.32 s with the spin), so it stands as a measured factor; shared memory bandwidth fits better.
+overlap, 2r + t busy processes share r + t cores and both slow by that ratio (1.5x for 1:1). The factor
+outlived the spinning EngineCore it counts (with ``rollout.queue_poll_us`` async runs were no faster), so it
+stands as an empirical factor; shared memory bandwidth explains it better.
 """
 
 from __future__ import annotations

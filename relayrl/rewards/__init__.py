@@ -75,7 +75,7 @@ def load_reward_fns(specs: list[tuple], sandbox: str | None = None) -> RewardFns
     """``[(spec, weight)]`` or ``[(spec, weight, kwargs)]`` -> ``[(name, fn, weight)]`` for the scorers.
 
     ``sandbox`` (``reward.sandbox``) is given to the rewards that run programs (``code_exec``) unless the
-    spec's kwargs set it, so ``required`` fails here, before any worker starts.
+    spec's kwargs set it, so ``auto`` on a host without full isolation fails here, before any worker starts.
 
     The name (used in ``traj.rewards`` and metrics as ``reward/<name>``) is the built-in name or the part
     after ``:``; a repeated name gets its position appended (``arith_correct_2``) so no breakdown is

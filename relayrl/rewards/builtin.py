@@ -172,43 +172,59 @@ def extract_code(completion: str) -> str:
 
 
 SANDBOX_ISOLATION = "reward/sandbox_isolation"
-"""Metric: how ``code_exec`` isolates programs on the scorer's host (2 namespaces, 1 rlimits only)."""
+"""Metric: how ``code_exec`` isolates programs on the scorer's host (2 namespaces, 1 rlimits)."""
+CREDITS = ("pass", "partial")
 
 
 class CodeExec:
-    """1.0 where the completion's last code block passes every ``assert`` of the row's ``tests``, proved
-    by ``rewards.harness`` (the program reports values, the checks run here), else 0.0; None where the row
-    has no tests. Programs run in ``rewards.sandbox`` (``sandbox``: auto | required | rlimits),
-    ``max_parallel`` at a time; keep ``timeout_s * len(completions) / max_parallel`` under
-    ``reward.timeout_s``. ``sandbox=required`` raises here, at load, on a host without namespaces.
+    """Score the completion's last code block against the row's tests, judged by ``rewards.harness``
+    (the tests run in a trusted judge, the code in ``rewards.sandbox``); None where the row has no tests.
+
+    Row columns (map a dataset's own names with ``data.columns``): ``tests`` (asserts, or HumanEval's
+    ``check`` with ``entry_point``), ``test_setup`` (trusted code run before the tests: HumanEval's
+    prompt, MBPP's ``test_setup_code``), ``stdio`` (input/output cases), ``code_prefix`` (prepended to the
+    code: HumanEval's prompt, for completions that write only the function's body).
+
+    ``credit``: ``pass`` scores 1.0 when every case held, else 0.0; ``partial`` scores the fraction of
+    cases that held (``reward/pass_rate`` still counts only full passes). ``sandbox``: auto (full
+    isolation, or an error here, at load) | rlimits. ``max_parallel`` programs at a time; keep
+    ``timeout_s * len(completions) / max_parallel`` under ``reward.timeout_s``.
     """
 
     def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, max_parallel: int = 2,
-                 sandbox: str = "auto") -> None:
+                 sandbox: str = "auto", credit: str = "pass") -> None:
         from relayrl.rewards.sandbox import resolve_isolation
 
+        if credit not in CREDITS:
+            raise ValueError(f"code_exec credit={credit!r} is not one of {', '.join(CREDITS)}")
         self.timeout_s, self.memory_mb, self.max_parallel, self.sandbox = timeout_s, memory_mb, max_parallel, sandbox
+        self.credit = credit
         self.level = resolve_isolation(sandbox)          # fails closed now, before any worker starts
         self.__name__ = "code_exec"
 
-    def __call__(self, prompts: list[str], completions: list[str], tests: list[str | None],
-                 **_: Any) -> list[float | None]:
+    def __call__(self, prompts: list[str], completions: list[str], tests: list | None = None,
+                 entry_point: list | None = None, test_setup: list | None = None, stdio: list | None = None,
+                 code_prefix: list | None = None, **_: Any) -> list[float | None]:
         from concurrent.futures import ThreadPoolExecutor
 
+        n = len(completions)
+        rows = zip(completions, *((column or [None] * n) for column in (tests, entry_point, test_setup, stdio,
+                                                                         code_prefix)))
         with ThreadPoolExecutor(max_workers=self.max_parallel) as pool:
-            return list(pool.map(self.score, completions, tests))
+            return list(pool.map(lambda row: self.score(*row), rows))
 
-    def score(self, completion: str, tests: str | None) -> float | None:
-        """One completion against its tests (None: no tests); raises ValueError for tests it cannot prove."""
-        from relayrl.rewards.harness import RUNNER, plan_tests, verify
-        from relayrl.rewards.sandbox import run_sandboxed
+    def score(self, completion: str, tests: Any = None, entry_point: str | None = None,
+              test_setup: str | None = None, stdio: Any = None, code_prefix: str | None = None) -> float | None:
+        """One completion against its row's tests (None: no tests); ValueError for tests that cannot prove
+        a pass (raised before any program runs)."""
+        from relayrl.rewards.harness import judge, plan_tests
 
-        if not tests:
+        if not tests and stdio is None:
             return None
-        plan = plan_tests(tests)
-        result = run_sandboxed(RUNNER, timeout_s=self.timeout_s, memory_mb=self.memory_mb, isolation=self.sandbox,
-                               files={"solution.py": extract_code(completion), "plan.json": plan.program_json()})
-        return float(not result.timed_out and verify(plan, result.channel))
+        spec = plan_tests(tests, entry_point, test_setup, stdio)
+        code = (code_prefix or "") + extract_code(completion)
+        verdict = judge(spec, code, timeout_s=self.timeout_s, memory_mb=self.memory_mb, isolation=self.sandbox)
+        return verdict.credit if self.credit == "partial" else float(verdict.ok)
 
     def metrics(self) -> dict[str, float]:
         """Added to the step's metrics by the scorer: the isolation level programs run under."""

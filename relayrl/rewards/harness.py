@@ -1,223 +1,305 @@
-"""Proof of pass for ``code_exec``: the program computes values, the trainer judges them.
+"""Proof of pass for ``code_exec``: the tests run in a trusted judge, the solution in a sandbox.
 
-Why not "run the tests after the code and read the exit code": the completion runs first, in the same
-process, so it can ``sys.exit(0)``/``os._exit(0)`` before the tests, return objects whose ``__eq__`` is
-always True, patch ``assert`` helpers or builtins, or print whatever marker a harness would print.
-A per-call secret does not help either: whatever the harness process knows, code in that process can read.
+Why not "run the solution, then the tests, and read the exit code": in one process the solution can
+``sys.exit(0)`` first, return objects whose ``__eq__`` is always True, patch builtins, or print whatever
+a harness would print; and anything its process knows (a secret, the expected values) it can read.
 
-So nothing that decides a pass is ever inside the program. ``plan_tests`` splits the row's tests (in the
-trainer) into
+So the solution and the tests never share a process or a namespace::
 
-* **steps** sent to the program, in order: statements without ``assert`` (imports, assignments) to
-  execute, and the *solution-dependent* parts of each assert to evaluate, e.g. ``f(2)`` of
-  ``assert f(2) == 4``; and
-* **checks** kept here: each top-level ``assert`` (each operand of a top-level ``and`` separately) with
-  those parts replaced by the values the program reports, e.g. ``_v[0] == 4``.
+    reward worker ── spec + nonce ──▶ judge (python -I -S, trusted)      sandbox (rewards.sandbox)
+         ▲                              runs the row's tests; names  ──call f(2)──▶ server: the solution
+         └──────── nonce + verdict ──── the solution defines are      ◀──ok 4────── loaded once, answers
+                                        stubs                                       calls with plain data
 
-``RUNNER`` (in the sandbox) runs the solution, then each step, and writes one line per step to fd 3:
-``ok`` / ``ok <repr of a plain value>`` / ``err``. Values must be plain data (None, bool, int, float,
-complex, str, bytes and lists/tuples/dicts/sets of them, exact types); anything else is ``err``.
-``verify`` scores 1 only if there is exactly one well-formed line per step and every check, evaluated
-here on ``ast.literal_eval``-ed values, is exactly ``True`` (type bool). The program never sees an
-expected value, so it cannot forge a pass: an early exit leaves lines missing, an always-equal object
-is not plain data, extra or repeated lines fail the count.
+* The judge (``rewards.judge``) executes the tests unchanged: computed expected values, variables,
+  helpers, ``or``/``not``, comprehensions, HumanEval's ``check(candidate)``. It never loads the solution.
+* Each call of a stub crosses as one line of plain data (``rewards.plain``): arguments out, a value or an
+  exception's name back. No object with behaviour, and nothing the solution prints, reaches the judge.
+* The judge's verdict goes to the reward worker on a pipe of its own, prefixed with a nonce that only the
+  worker and the judge hold; the sandbox can reach neither process (its own pid namespace and uid).
 
-What a test may contain: top-level ``assert`` statements and other top-level statements without
-``assert``; ``plan_tests`` raises ``ValueError`` for an ``assert`` nested in a function or loop (e.g.
-HumanEval's ``def check(candidate)``), and for tests with no top-level ``assert``. Inside an assert,
-comparisons, ``and``/``or``/``not``, ``+ - / //``, subscripts, literals, ``math.isclose``-style calls
-and the calls in ``LOCAL_FUNCTIONS`` are evaluated here; any other sub-expression that names something
-(``f(2)``, ``x``, ``obj.attr``, a comprehension) is evaluated by the program as one step. A check that
-would be only such a step (``assert all(f(x) == y for ...)``, ``assert is_valid(f(2))``) is refused with
-``ValueError``: the program would decide its truth and could forge it. Write ``assert f(x) == literal``
-(or ``assert [f(x) for x in xs] == [...]``: the list is reported, the comparison is made here). A check
-is as strong as its expected value is hard to guess: ``assert f(2) == True`` can be passed by reporting
-True; compare with values a program cannot guess without solving the task.
+Test forms (``plan_tests``), each accepted as datasets ship them:
+
+* ``asserts`` (MBPP): statements with ``assert``\\ s; every name they use but do not define (and that is
+  not a builtin) is the solution's. ``prelude`` (MBPP's ``test_setup_code``) runs first, in the judge.
+* ``check`` (HumanEval): ``prelude`` (the problem's prompt: trusted helpers such as ``poly``) and the
+  tests define ``check``; the judge calls ``check(<entry point's stub>)``.
+* ``stdio`` (APPS, CodeContests): (input, expected output) cases; the program runs as ``__main__`` on
+  each input in the sandbox and its output is compared in the judge (``judge.same_output``).
+
+What a test cannot do: pass something that is not plain data to the solution (a lambda, an object), or
+use a solution's value that is not returned by a call (a module constant, an object's attribute). The
+first is reported as an unsupported test (``ValueError``); the second fails its case.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
+import builtins
 import json
-import math
+import os
+import secrets
+import select
+import subprocess
+import symtable
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-LOCAL_FUNCTIONS: dict[str, object] = {
-    f.__name__: f for f in (abs, len, round, sorted, min, max, sum, all, any, isinstance, set, frozenset, list,
-                            tuple, dict, str, float, bool, int)}
-"""Calls (on plain values) a check may make here; their names also stand for themselves (``isinstance(x, int)``)."""
-MATH_FUNCTIONS: dict[str, object] = {n: getattr(math, n) for n in ("isclose", "isnan", "isinf", "isfinite", "fabs",
-                                                                  "floor", "ceil", "sqrt")}
-"""``math.<name>`` calls a check may make here."""
-_LOCAL_BINOPS = (ast.Add, ast.Sub, ast.Div, ast.FloorDiv)   # not * ** %: a reported value could make
-                                                             # them allocate gigabytes here ("x" * 10**10)
-_ENV = {"__builtins__": {}, **LOCAL_FUNCTIONS, "math": type("math", (), MATH_FUNCTIONS)}
+from relayrl.rewards import plain
+from relayrl.rewards.sandbox import resolve_isolation, start_sandboxed
+
+FORMS = ("asserts", "check", "stdio")
+
+SERVER = r'''
+import io, os, sys
+_REQUESTS, _REPLIES = 3, 4
+
+
+def _reply(line):
+    data = (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
+    while data:
+        data = data[os.write(_REPLIES, data):]
+
+
+def _run_script(code, text):
+    out, saved = io.StringIO(), (sys.stdin, sys.stdout)
+    sys.stdin, sys.stdout = io.TextIOWrapper(io.BytesIO(text.encode())), out
+    try:
+        exec(code, {"__name__": "__main__"})
+    except SystemExit:
+        pass
+    finally:
+        sys.stdin, sys.stdout = saved
+    return out.getvalue()
+
+
+def _serve():
+    ns, failed = {"__name__": "solution"}, None
+    try:
+        code = compile(open("solution.py").read(), "solution.py", "exec")
+        if MODE != "stdio":
+            exec(code, ns)
+    except BaseException as exc:
+        failed = type(exc).__name__
+    for line in open(_REQUESTS, "rb"):
+        try:
+            if failed:
+                raise RuntimeError(failed)
+            request = loads(line.decode())
+            if request[0] == "stdio":
+                result = _run_script(code, request[1])
+            else:
+                result = ns[request[1]](*request[2], **request[3])
+            _reply("ok " + dumps(result))
+        except BaseException as exc:
+            _reply("err " + type(exc).__name__)
+
+
+_serve()
+'''
+"""The sandbox's program, run after ``plain``'s source: load the solution, answer the judge's calls."""
+
+JUDGE_BOOT = ("import importlib, sys, types\n"
+              "pkg = types.ModuleType('relayrl_judge'); pkg.__path__ = [sys.argv[2]]\n"
+              "sys.modules['relayrl_judge'] = pkg\n"
+              "importlib.import_module('relayrl_judge.judge').main()\n")
+"""Loads ``judge.py`` (and its ``.plain``) by path: ``python -I -S`` never imports the relayrl package."""
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What the program runs (``steps``: ``("exec" | "eval", source)``) and what is checked here."""
+class CodeTests:
+    """A row's tests, checked and normalised (``plan_tests``); what the judge receives."""
 
-    steps: tuple[tuple[str, str], ...]
-    checks: tuple[str, ...]              # expressions over ``_v`` (the reported values, by step index)
-
-    def program_json(self) -> str:
-        return json.dumps([list(s) for s in self.steps])
-
-
-@functools.lru_cache(maxsize=4096)
-def plan_tests(tests: str) -> Plan:
-    """Split ``tests`` into steps and checks (module docstring); ``ValueError`` for tests it cannot prove."""
-    steps: list[tuple[str, str]] = []
-    checks: list[str] = []
-    for stmt in ast.parse(tests).body:
-        if isinstance(stmt, ast.Assert):
-            for part in _conjuncts(stmt.test):
-                check = _split(part, steps)
-                if _decided_by_program(check):
-                    raise ValueError(f"code_exec cannot prove `assert {ast.unparse(part)}` (line {stmt.lineno}): "
-                                     "the program would compute its truth itself and could forge it; compare "
-                                     "with an expected value instead, e.g. `assert f(2) == 4`")
-                checks.append(ast.unparse(check))
-        elif any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
-            raise ValueError(f"code_exec tests need each assert at the top level, got one inside "
-                             f"{type(stmt).__name__} at line {stmt.lineno}; unroll it into top-level asserts")
-        else:
-            steps.append(("exec", ast.unparse(stmt)))
-    if not checks:
-        raise ValueError("code_exec tests have no top-level assert, so nothing proves a pass; "
-                         "write them as lines like `assert f(2) == 4`")
-    return Plan(tuple(steps), tuple(checks))
+    form: str                                   # one of FORMS
+    tests: str = ""                             # asserts / check: the test code
+    prelude: str = ""                           # trusted code run first, in the judge
+    entry_point: str | None = None              # check: the function passed as ``candidate``
+    names: tuple[str, ...] = ()                 # the solution's names the tests call
+    cases: tuple[tuple[str, str], ...] = ()     # stdio: (input, expected output)
 
 
-def _decided_by_program(check: ast.expr) -> bool:
-    """Whether ``check`` is only a reported value's truth (``_v[i]``, ``not _v[i]``, ``bool/all/any(_v[i])``):
-    then the program itself computed the verdict (``all(...)``, a test helper) and a forged ``True`` passes."""
-    while True:
-        if isinstance(check, ast.UnaryOp) and isinstance(check.op, ast.Not):
-            check = check.operand
-        elif isinstance(check, ast.Call) and isinstance(check.func, ast.Name) \
-                and check.func.id in ("bool", "all", "any") and len(check.args) == 1:
-            check = check.args[0]
-        else:
-            break
-    return isinstance(check, ast.Subscript) and isinstance(check.value, ast.Name) and check.value.id == "_v"
+@dataclass(frozen=True)
+class Verdict:
+    """``passed`` of ``total`` cases held; ``complete``: the tests ran to their end (``rewards.judge``)."""
+
+    passed: int
+    total: int
+    complete: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.complete and self.total > 0 and self.passed == self.total
+
+    @property
+    def credit(self) -> float:
+        return self.passed / self.total if self.total else 0.0
 
 
-def _conjuncts(node: ast.expr) -> list[ast.expr]:
-    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
-        return [p for v in node.values for p in _conjuncts(v)]
-    return [node]
+FAILED = Verdict(0, 1, False)
+"""No verdict (timeout, a judge killed or answering without the nonce): nothing passed."""
 
 
-def _split(node: ast.expr, steps: list[tuple[str, str]]) -> ast.expr:
-    """``node`` with every sub-expression that must run in the program replaced by ``_v[i]``."""
-    if isinstance(node, (ast.Name, ast.Attribute)) and _local(node):
-        return node                       # a local function's name: nothing inside to split
-    if _local(node):
-        for name, child in ast.iter_fields(node):
-            if isinstance(child, ast.expr):
-                setattr(node, name, _split(child, steps))
-            elif isinstance(child, list):
-                setattr(node, name, [_split(c, steps) if isinstance(c, ast.expr) else c for c in child])
-        return node
-    steps.append(("eval", ast.unparse(node)))
-    return ast.Subscript(ast.Name("_v", ast.Load()), ast.Constant(len(steps) - 1), ast.Load())
+def plan_tests(tests: str | list[str] | None = None, entry_point: str | None = None, prelude: str | None = None,
+               stdio: Any = None) -> CodeTests:
+    """The row's tests as a ``CodeTests``; ``ValueError`` (one line: cause and fix) for tests that cannot
+    prove a pass. ``tests`` may be a list of statements (MBPP's ``test_list``); ``stdio`` pairs (input,
+    output), ``{"input", "output"}`` dicts, ``{"inputs": [...], "outputs": [...]}`` (APPS), or its JSON."""
+    if stdio is not None:
+        return CodeTests("stdio", cases=_stdio_cases(stdio))
+    code = "\n".join(tests) if isinstance(tests, list) else (tests or "")
+    prelude = prelude or ""
+    _parse(prelude + "\n" + code)
+    if entry_point:
+        if not entry_point.isidentifier():
+            raise ValueError(f"code_exec entry_point {entry_point!r} is not a function name; map the column "
+                             "holding the tested function's name")
+        if "check" not in _top_level_functions(prelude + "\n" + code):
+            raise ValueError("code_exec tests with an entry_point must define `def check(candidate)` "
+                             "(HumanEval's form); drop entry_point for top-level asserts")
+        return CodeTests("check", code, prelude, entry_point, (entry_point,))
+    if not any(isinstance(n, ast.Assert) for n in ast.walk(_parse(code))):
+        raise ValueError("code_exec tests have no assert, so nothing proves a pass; write them as lines like "
+                         "`assert f(2) == 4`, or give stdio cases")
+    return CodeTests("asserts", code, prelude, None, solution_names(code, prelude))
 
 
-def _local(node: ast.expr) -> bool:
-    """Whether ``node`` itself (its children are split separately) can be evaluated here, on plain data."""
-    if isinstance(node, (ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.List, ast.Tuple, ast.Set,
-                         ast.Dict, ast.Subscript, ast.Slice)):
-        return True
-    if isinstance(node, ast.BinOp):
-        return isinstance(node.op, _LOCAL_BINOPS)
-    if isinstance(node, ast.Name):
-        return node.id in LOCAL_FUNCTIONS
-    if isinstance(node, ast.Attribute):
-        return isinstance(node.value, ast.Name) and node.value.id == "math" and node.attr in MATH_FUNCTIONS
-    if isinstance(node, ast.Call):
-        return not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args) and _local(node.func) \
-            and not isinstance(node.func, ast.Call)
-    return False
+def solution_names(tests: str, prelude: str = "") -> tuple[str, ...]:
+    """Names the tests use without defining them (nor builtins): the solution's, stubbed in the judge."""
+    top = symtable.symtable(prelude + "\n" + tests, "tests", "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    used: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        used.update(s.get_name() for s in table.get_symbols()
+                    if s.is_referenced() and (table is top or s.is_global()))
+    return tuple(sorted(n for n in used - defined if not hasattr(builtins, n)))
 
 
-def verify(plan: Plan, channel: bytes) -> bool:
-    """True only if the program reported every step once, well formed, and every check is exactly True."""
-    values = _values(plan, channel)
-    return values is not None and all(_check(c, values) for c in plan.checks)
-
-
-def _values(plan: Plan, channel: bytes) -> list | None:
+def judge(spec: CodeTests, code: str, timeout_s: float = 5.0, memory_mb: int = 512,
+          isolation: str = "auto") -> Verdict:
+    """Run ``code`` against ``spec`` (module docstring) within ``timeout_s`` in all; ``ValueError`` when
+    the tests pass something that is not plain data to the solution."""
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    verdict_r, verdict_w = os.pipe()
+    deadline = time.monotonic() + timeout_s
+    nonce = secrets.token_hex(16)
     try:
-        lines = channel.decode("utf-8").split("\n")
-    except UnicodeDecodeError:
-        return None
-    if lines[-1] != "" or len(lines) - 1 != len(plan.steps):
-        return None
-    values = []
-    for (kind, _), line in zip(plan.steps, lines):
-        if kind == "exec":
-            ok = line == "ok"
-            values.append(None)
-        else:
-            ok = line.startswith("ok ")
+        proc = _start_judge(spec, nonce, memory_mb, timeout_s, request_w, reply_r, verdict_w)
+    finally:
+        for fd in (request_w, reply_r, verdict_w):
+            os.close(fd)
+    try:
+        with os.fdopen(verdict_r, "rb", buffering=0) as verdicts:
+            if resolve_isolation(isolation) == 1 and _line(verdicts, deadline) != b"ready":
+                return FAILED                     # level 1: the judge hides itself before the program runs
+            running = start_sandboxed(plain_program("stdio" if spec.form == "stdio" else "functions"),
+                                      timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation,
+                                      files={"solution.py": code}, fds={3: request_r, 4: reply_w})
+            os.close(request_r)
+            os.close(reply_w)
+            request_r = reply_w = -1
             try:
-                values.append(ast.literal_eval(line[3:]) if ok else None)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return None
-        if not ok:
+                return _verdict(_verdict_line(verdicts, deadline), nonce)
+            finally:
+                running.finish(0.0)
+    finally:
+        _kill(proc)
+        for fd in (request_r, reply_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def plain_program(mode: str) -> str:
+    """The sandbox's ``main.py``: the plain-data codec, the mode, and ``SERVER``."""
+    return f"{Path(plain.__file__).read_text()}\nMODE = {mode!r}\n{SERVER}"
+
+
+def _start_judge(spec: CodeTests, nonce: str, memory_mb: int, timeout_s: float, request_w: int, reply_r: int,
+                 verdict_w: int) -> subprocess.Popen:
+    fds = {"request": request_w, "reply": reply_r, "verdict": verdict_w}
+    payload = {"form": spec.form, "tests": spec.tests, "prelude": spec.prelude, "entry_point": spec.entry_point,
+               "names": list(spec.names), "cases": [list(c) for c in spec.cases], "nonce": nonce,
+               "limits": {"memory": max(memory_mb, 512) * 2**21, "cpu": int(timeout_s) + 2}}
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", JUDGE_BOOT, json.dumps(fds),
+                             str(Path(__file__).parent)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, pass_fds=tuple(fds.values()), start_new_session=True)
+    try:
+        proc.stdin.write(json.dumps(payload).encode())         # type: ignore[union-attr]
+        proc.stdin.close()                                      # type: ignore[union-attr]
+    except OSError:
+        pass                                                    # it died: no "ready" line, FAILED
+    return proc
+
+
+def _line(f: Any, deadline: float, limit: int = 4096) -> bytes | None:
+    """One line from the judge's verdict pipe by ``deadline``, without its newline; None otherwise."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) <= limit:
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([f], [], [], wait)[0]:
             return None
-    return values
+        chunk = f.read(1)
+        if not chunk:
+            return None
+        data += chunk
+    return data[:-1] if data.endswith(b"\n") else None
 
 
-def _check(check: str, values: list) -> bool:
+def _verdict_line(f: Any, deadline: float) -> bytes | None:
+    line = _line(f, deadline)
+    return _line(f, deadline) if line == b"ready" else line
+
+
+def _verdict(line: bytes | None, nonce: str) -> Verdict:
+    prefix = nonce.encode() + b" "
+    if line is None or not line.startswith(prefix):
+        return FAILED
+    out = json.loads(line[len(prefix):])
+    if "unsupported" in out:
+        raise ValueError(f"code_exec cannot run these tests: {out['unsupported']}; pass only plain data "
+                         "(numbers, strings, lists, dicts...) to the solution")
+    return Verdict(int(out["passed"]), int(out["total"]), bool(out["complete"]))
+
+
+def _kill(proc: subprocess.Popen) -> None:
     try:
-        result = eval(check, dict(_ENV), {"_v": values})  # noqa: S307 - only nodes _local allows, on plain data
-    except Exception:  # noqa: BLE001 - a check that cannot be evaluated on the reported values failed
-        return False
-    return result is True
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
-RUNNER = r'''
-import json, os
-_write, _repr, _type, _open = os.write, repr, type, open
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
-
-
-def _plain(v):
-    t = _type(v)
-    if t in _PLAIN:
-        return v
-    if t in (list, tuple, set, frozenset):
-        return t(_plain(x) for x in v)
-    if t is dict:
-        return {_plain(k): _plain(x) for k, x in v.items()}
-    raise TypeError(f"not plain data: {t.__name__}")
-
-
-def _main():
-    steps = json.loads(_open("plan.json").read())
-    ns = {"__name__": "__main__"}
-    try:
-        exec(compile(_open("solution.py").read(), "solution.py", "exec"), ns)
-    except BaseException:
-        os._exit(1)
-    lines = []
-    for kind, src in steps:
+def _stdio_cases(stdio: Any) -> tuple[tuple[str, str], ...]:
+    if isinstance(stdio, str):
         try:
-            if kind == "exec":
-                exec(compile(src, "tests", "exec"), ns)
-                lines.append("ok")
-            else:
-                lines.append("ok " + _repr(_plain(eval(compile(src, "tests", "eval"), ns))))
-        except BaseException:
-            lines.append("err")
-    _write(3, ("\n".join(line.replace("\n", " ") for line in lines) + "\n").encode())
-    os._exit(0)
+            stdio = json.loads(stdio)
+        except json.JSONDecodeError:
+            raise ValueError("code_exec stdio is a string but not JSON; give [[input, output], ...]") from None
+    if isinstance(stdio, dict):
+        if stdio.get("fn_name"):
+            raise ValueError("code_exec stdio cases name a function (APPS call-based); write them as asserts")
+        inputs, outputs = stdio.get("inputs", []), stdio.get("outputs", [])
+        stdio = list(zip(inputs, outputs)) if len(inputs) == len(outputs) else []
+    cases = [(c["input"], c["output"]) if isinstance(c, dict) else tuple(c) for c in stdio]
+    if not cases or any(len(c) != 2 or not all(isinstance(x, str) for x in c) for c in cases):
+        raise ValueError("code_exec stdio needs at least one (input, output) case of two strings; "
+                         "give [[input, output], ...] or {\"inputs\": [...], \"outputs\": [...]}")
+    return tuple((i, o) for i, o in cases)
 
 
-_main()
-'''
-"""The program run in the sandbox: the solution, then each step, one line per step to fd 3 (see above)."""
+def _parse(code: str) -> ast.Module:
+    try:
+        return ast.parse(code)
+    except SyntaxError as exc:
+        raise ValueError(f"code_exec tests do not parse (line {exc.lineno}: {exc.msg}); fix the dataset's "
+                         "tests") from None
+
+
+def _top_level_functions(code: str) -> set[str]:
+    return {n.name for n in _parse(code).body if isinstance(n, ast.FunctionDef)}

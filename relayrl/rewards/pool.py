@@ -223,9 +223,9 @@ class RewardPool:
               max_error_rate: float = 0.25, cpus: float = 1.0) -> "RewardPool":
         """Start the scorer and ``num_workers`` workers, sharing ``cpus`` Ray CPUs; wait until they run.
 
-        Then score nothing once: the first ``score`` call on a fresh scorer costs about 1 s in Ray itself
-        (measured: 1.1 s for an empty call, then 0.01-0.04 s for 4 groups), which would otherwise land in the
-        first step's ``timing/reward``; here it overlaps the engines' start."""
+        Then score nothing once: the first ``score`` call on a fresh scorer pays Ray's one-time set-up of
+        the actor's call path, far more than a later call, which would otherwise land in the first step's
+        ``timing/reward``; here it overlaps the engines' start."""
         worker_cpus = cpus / num_workers
         scorer = ray.remote(RewardScorer).options(num_cpus=0).remote(
             fns, timeout_s, num_workers, groups_per_call, max_error_rate, worker_cpus)

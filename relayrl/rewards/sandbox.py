@@ -1,36 +1,46 @@
-"""Run untrusted code (a model's completion) in a subprocess, isolated where the host allows it.
+"""Run untrusted code (a model's completion) in a subprocess, isolated, failing closed.
 
 Two isolation levels (``SandboxResult.level``; the scorer logs it as ``reward/sandbox_isolation``):
 
-* **2, namespaces** (needs root and working ``unshare(2)``): the program runs in new mount, pid and
-  network namespaces, then a new user namespace, as uid/gid 65534 (nobody) with no capabilities:
+* **2, namespaces** (``sandbox=auto``; needs root and working ``unshare(2)``): new mount, pid and
+  network namespaces, then a new user namespace, as a uid of its own (``sandbox_uid``: no other
+  sandbox, no trainer process shares it) with no capabilities:
 
-  - files: every mount is read-only, except the program's own temp dir (its cwd and HOME, at
-    ``/tmp/box``); ``/root``, ``/home``, ``/tmp``, ``/run``, ``/opt``, ... and the top directory of
-    the trainer's cwd are covered by empty read-only tmpfs, so datasets and run dirs are not visible;
-    the interpreter's prefix is bind-mounted back, read-only, at its own path;
-  - network: an empty network namespace (loopback down): no connection works, not even to this host;
-  - processes: a fresh pid namespace whose init is the program itself; when it exits, or its parent
-    is killed at the time limit (``PR_SET_PDEATHSIG``), the kernel kills every process in the
-    namespace, including children that called ``setsid`` or double-forked. ``run_sandboxed``
-    returns only after that init is gone. RLIMIT_NPROC caps the processes of uid 65534.
-* **1, rlimits** (any host): the program runs as this user in its own session (the process group is
-  killed at the time limit; a child that calls ``setsid`` escapes it), with no process limit
-  (RLIMIT_NPROC would count the trainer's own processes) and an in-process ``socket`` guard that
-  stops accidents, not a determined program. The filesystem is as visible as to the trainer.
-  A one-line warning says so, once per process.
+  - files: an **allowlist root**. The program's ``/`` is a fresh tmpfs holding, read-only, only the
+    interpreter's prefix (its ``site-packages`` masked by an empty tmpfs), the system library dirs
+    (``/usr/lib``, ``/lib``, ``/lib64``: libc and the stdlib's extension libraries), ``/etc/ld.so.cache``,
+    ``/dev/{null,zero,random,urandom}``, a fresh ``/proc`` of its own pid namespace, and its working dir
+    ``/tmp/box``: a tmpfs capped at ``disk_mb`` holding the task's files. The trainer's root is
+    unmounted (``pivot_root``), so nothing else exists to be read: no datasets, venv, run dirs, ``/root``;
+  - network: an empty network namespace (loopback down);
+  - processes: a fresh pid namespace whose init is the program; when it exits, or the sandbox's boot
+    process dies (timeout, or the reward worker that started it was killed: ``PR_SET_PDEATHSIG``), the
+    kernel kills every process in it, ``setsid`` and double-forked children included, and the tmpfs
+    files vanish with the mount namespace. RLIMIT_NPROC caps the sandbox's own uid at ``max_procs``.
+* **1, rlimits** (``sandbox=rlimits``, chosen knowingly; any host): the program runs in its own session
+  with rlimits and an in-process ``socket`` guard (stops accidents, not a determined program). Run as
+  root where other uids can run the interpreter, it first drops to its own uid (so it cannot read
+  root-only files, signal or trace the trainer, the judge or other sandboxes, and RLIMIT_NPROC applies);
+  otherwise it runs as the trainer's user, with no process cap (RLIMIT_NPROC would count the trainer's
+  processes) and the power to read, signal or trace whatever that user can. The filesystem is as visible as to that uid,
+  and a child that calls ``setsid`` escapes the time-limit kill.
+
+``resolve_isolation("auto")`` raises on a host without level 2: the product never falls back silently.
 
 Both levels: RLIMIT_AS (``memory_mb``: a larger allocation raises MemoryError), RLIMIT_CPU, RLIMIT_FSIZE
-(``output_limit``: every file written, stdout/stderr included), no core dumps, ``python -I``, a minimal
-environment, stdin closed, a wall-clock ``timeout_s`` after which everything is SIGKILLed.
+(``output_limit``), RLIMIT_NOFILE, no core dumps, ``python -I -S``, a minimal environment, stdin closed,
+a wall-clock ``timeout_s`` after which everything is SIGKILLed. Descriptors of the caller's choosing
+(``fds``: target number -> caller's fd) are passed in, e.g. the pipes ``rewards.harness`` talks over.
 
-The program may write to fd 3, a file the parent opened before the program started (the channel
-``rewards.harness`` reads test results from); ``SandboxResult.channel`` holds what was written.
+Host-side leftovers (the ``relayrl-sandbox-<pid>-*`` temp dir that stages the files) are removed on
+return; a dir whose owning process died is swept by the next sandbox started on the host.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import math
 import os
 import shutil
@@ -41,36 +51,54 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-MODES: tuple[str, ...] = ("auto", "required", "rlimits")
-"""``auto``: namespaces where available, else rlimits; ``required``: namespaces or an error; ``rlimits``."""
+MODES: tuple[str, ...] = ("auto", "rlimits")
+"""``auto``: full isolation (level 2) or an error; ``rlimits``: level 1, weaker isolation accepted knowingly."""
 LEVELS: dict[str, int] = {"namespaces": 2, "rlimits": 1}
 """The number ``reward/sandbox_isolation`` logs for each isolation level."""
-NOBODY = 65534
-CHANNEL_FD = 3
-HIDDEN: tuple[str, ...] = ("/root", "/home", "/tmp", "/var/tmp", "/mnt", "/media", "/srv", "/opt", "/run",
-                           "/dev/shm", "/data", "/work")
-"""Directories covered by an empty tmpfs at level 2 (those that exist), plus the top of the trainer's cwd."""
+UID_BASE, UID_SPAN = 200_000, 100_000
+"""Sandbox uids: ``UID_BASE + n`` (see ``sandbox_uid``), outside the ranges distributions hand out."""
+SYSTEM_DIRS: tuple[str, ...] = ("/usr/lib", "/lib", "/lib64", "/usr/lib64", "/etc/ld.so.cache")
+"""Besides the interpreter's prefix, what the allowlist root shows (read-only): shared libraries."""
+DEVICES: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+_PREFIX = "relayrl-sandbox-"
+_counter = itertools.count()
 
-# The boot script runs as the sandbox's first process. Level 1: set rlimits, guard sockets, run main.py.
-# Level 2: unshare pid/net, fork the namespace's init, which unshares mounts, builds the read-only view, drops to
-# nobody, enters a new user namespace and execs the interpreter on main.py; the boot process waits for
-# it (so its parent's SIGKILL reaches the init through PDEATHSIG) and exits with its status.
+# The boot script runs as the sandbox's first process. It dies with its parent (PDEATHSIG) and moves the
+# passed descriptors to their numbers. Level 1: set rlimits, drop to the sandbox uid if root, guard sockets,
+# run main.py. Level 2: unshare pid/net, fork the namespace's init, which unshares mounts, builds the
+# allowlist root, pivots into it, drops to the sandbox uid, enters a new user namespace and execs the
+# interpreter on main.py; the boot process waits for it and exits with its status.
 _BOOT = r"""
-import ctypes, json, os, resource, select, signal, sys
+import ctypes, fcntl, json, os, resource, select, shutil, signal, sys
 a = json.loads(sys.argv[1])
-os.dup2(a["channel"], 3)
-if a["channel"] != 3:
-    os.close(a["channel"])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(1, signal.SIGKILL, 0, 0, 0)             # PR_SET_PDEATHSIG: die with the reward worker
+if os.getppid() != a["parent"]:                    # it died before the line above
+    os._exit(137)
+high = {int(t): fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for t, fd in a["fds"].items()}
+for fd in a["fds"].values():                       # above the targets first: a source may be a target's number
+    os.close(fd)
+for target, fd in high.items():
+    os.dup2(fd, target)
+    os.close(fd)
 
 def limits(nproc):
     pairs = [(resource.RLIMIT_AS, a["mem"]), (resource.RLIMIT_CPU, a["cpu"]), (resource.RLIMIT_FSIZE, a["fsize"]),
-             (resource.RLIMIT_CORE, 0)] + ([(resource.RLIMIT_NPROC, nproc)] if nproc else [])
-    for limit, value in pairs:
+             (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256)]
+    for limit, value in pairs + ([(resource.RLIMIT_NPROC, nproc)] if nproc else []):
         resource.setrlimit(limit, (value, value))
 
+def drop_to(uid):
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
 if a["level"] == 1:
-    limits(0)
+    if a["drop"]:
+        drop_to(a["uid"])
+    limits(a["nproc"] if a["drop"] else 0)
     import runpy, socket
     def _no_network(*args, **kwargs):
         raise PermissionError("network access is disabled in the relayrl sandbox")
@@ -80,13 +108,13 @@ if a["level"] == 1:
     socket.socket = _NoSocket
     socket.create_connection = socket.getaddrinfo = socket.socketpair = socket.fromfd = _no_network
     sys.argv = [a["main"]]
-    del a, limits, ctypes, json, resource, select, signal
+    del a, limits, ctypes, fcntl, json, resource, select, signal, libc, high, drop_to
     runpy.run_path(sys.argv[0], run_name="__main__")
     sys.exit(0)
 
-libc = ctypes.CDLL(None, use_errno=True)
 NS, USER, PID, NET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}[os.uname().machine]
 
 def check(rc, what):
     if rc != 0:
@@ -97,36 +125,53 @@ def mount(src, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()
     check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
+def bind(src, new):
+    target = new + src
+    if os.path.isdir(src):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "w").close()
+    mount(src, target, None, BIND | REC)
+
 def mount_points():
     for line in open("/proc/self/mountinfo"):
         point = line.split()[4]
         yield point.encode().decode("unicode_escape") if "\\" in point else point
 
-def read_only_view():
+def allowlist_root():
     check(libc.unshare(NS), "unshare mount")
     mount(None, "/", None, REC | PRIVATE)
-    mount("proc", "/proc", "proc", NOSUID | NODEV | NOEXEC)
-    box, py = os.open(a["box"], os.O_PATH), os.open(a["prefix"], os.O_PATH)
-    for d in a["hide"]:
-        mount("tmpfs", d, "tmpfs", NOSUID | NODEV, "size=64k,mode=755")
-    for target, fd in (("/tmp/box", box), (a["prefix"], py)):   # the interpreter keeps its own path
-        os.makedirs(target, exist_ok=True)
-        mount(f"/proc/self/fd/{fd}", target, None, BIND | REC)
-        os.close(fd)
+    new = a["newroot"]
+    mount("tmpfs", new, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
+    for path, target in a["links"]:
+        os.makedirs(os.path.dirname(new + path), exist_ok=True)
+        os.symlink(target, new + path)
+    for path in a["binds"] + a["devices"]:
+        bind(path, new)
+    for path in a["masks"]:
+        mount("tmpfs", new + path, "tmpfs", NOSUID | NODEV | RDONLY, "size=4k,mode=555")
+    box = new + "/tmp/box"
+    os.makedirs(box)
+    mount("tmpfs", box, "tmpfs", NOSUID | NODEV, f"size={a['disk_mb']}m,mode=700,uid={a['uid']},gid={a['uid']}")
+    for name in os.listdir(a["box"]):
+        shutil.copyfile(os.path.join(a["box"], name), os.path.join(box, name))
+        os.chown(os.path.join(box, name), a["uid"], a["uid"])
+    os.makedirs(new + "/proc")
+    mount("proc", new + "/proc", "proc", NOSUID | NODEV | NOEXEC)
+    os.makedirs(new + "/.old")
+    check(libc.syscall(PIVOT_ROOT, new.encode(), (new + "/.old").encode()), "pivot_root")
+    os.chdir("/")
+    check(libc.umount2(b"/.old", 2), "umount old root")    # MNT_DETACH: the trainer's tree is gone
+    os.rmdir("/.old")
     for point in mount_points():
-        if point == "/proc" or point.startswith("/proc/"):
+        if point in ("/proc", "/tmp/box") or point.startswith("/proc/"):
             continue
-        flags = REMOUNT | BIND | NOSUID | NODEV | (0 if point == "/tmp/box" else RDONLY)
-        try:
-            mount(None, point, None, flags)
-        except OSError:
-            if point in ("/", "/tmp", "/tmp/box", a["prefix"]):
-                raise
+        flags = REMOUNT | BIND | NOSUID | RDONLY | (0 if point.startswith("/dev/") else NODEV)
+        mount(None, point, None, flags if point != "/" else REMOUNT | NOSUID | NODEV | RDONLY)
 
-def become_nobody():
-    os.setgroups([])
-    os.setgid(a["uid"])
-    os.setuid(a["uid"])
+def become_sandbox_user():
+    drop_to(a["uid"])
     libc.prctl(4, 1, 0, 0, 0)                      # PR_SET_DUMPABLE: own /proc/self/*_map again
     check(libc.unshare(USER), "unshare user")
     for name, text in (("setgroups", "deny"), ("uid_map", f"{a['uid']} {a['uid']} 1"),
@@ -136,9 +181,9 @@ def become_nobody():
 
 def init(alive):
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG (cleared by setuid: set again below)
-    read_only_view()
+    allowlist_root()
     os.chdir("/tmp/box")
-    become_nobody()
+    become_sandbox_user()
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)
     if select.select([alive], [], [], 0)[0]:       # the boot process died before PDEATHSIG was set again
         os._exit(137)
@@ -158,6 +203,8 @@ if pid == 0:
         os.write(2, f"relayrl sandbox setup failed: {exc}\n".encode())
         os._exit(125)
 os.close(alive_r)
+for target in high:
+    os.close(target)                               # only the init holds the pipes: EOF when it dies
 with open(a["init_pid"], "w") as f:                # pid and start time: the parent waits for this init
     f.write(f"{pid} {open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}")
 status = os.waitpid(pid, 0)[1]
@@ -173,7 +220,6 @@ class SandboxResult:
     stderr: str
     timed_out: bool
     isolation: str                       # namespaces | rlimits (see the module docstring)
-    channel: bytes = b""                 # what the program wrote to fd 3
 
     @property
     def ok(self) -> bool:
@@ -184,53 +230,97 @@ class SandboxResult:
         return LEVELS[self.isolation]
 
 
-def run_sandboxed(code: str, timeout_s: float = 5.0, memory_mb: int = 512, output_limit: int = 64 * 1024,
-                  isolation: str = "auto", files: dict[str, str] | None = None,
-                  max_procs: int = 32) -> SandboxResult:
-    """Run ``code`` as ``main.py`` (next to ``files``, name -> text) under the limits in the module docstring.
+@dataclass
+class Running:
+    """A sandbox started by ``start_sandboxed``; ``finish`` waits (or kills) and cleans up."""
 
-    ``isolation``: one of ``MODES``. ``output_limit`` bytes of stdout, stderr and the channel are kept,
-    and at most that much may be written to any file. ``max_procs``: RLIMIT_NPROC at level 2.
+    proc: subprocess.Popen
+    root: Path
+    out: IO[bytes]
+    err: IO[bytes]
+    level: int
+    output_limit: int
+
+    def finish(self, timeout_s: float) -> SandboxResult:
+        """Wait up to ``timeout_s`` for the program, then kill everything it started; remove its files."""
+        try:
+            timed_out = _wait_or_kill(self.proc, timeout_s, self.root / "init.pid")
+            return SandboxResult(None if timed_out else self.proc.returncode, _read(self.out, self.output_limit),
+                                 _read(self.err, self.output_limit), timed_out, _name(self.level))
+        finally:
+            self.out.close()
+            self.err.close()
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def run_sandboxed(code: str, timeout_s: float = 5.0, memory_mb: int = 512, output_limit: int = 64 * 1024,
+                  isolation: str = "auto", files: dict[str, str] | None = None, max_procs: int = 32,
+                  disk_mb: int = 16) -> SandboxResult:
+    """Run ``code`` as ``main.py`` (next to ``files``, name -> text) under the limits in the module docstring."""
+    running = start_sandboxed(code, timeout_s=timeout_s, memory_mb=memory_mb, output_limit=output_limit,
+                              isolation=isolation, files=files, max_procs=max_procs, disk_mb=disk_mb)
+    return running.finish(timeout_s)
+
+
+def start_sandboxed(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, output_limit: int = 64 * 1024,
+                    isolation: str = "auto", files: dict[str, str] | None = None, max_procs: int = 32,
+                    disk_mb: int = 16, fds: dict[int, int] | None = None) -> Running:
+    """Start ``code`` as ``main.py`` and return at once; ``fds`` (target -> fd) are passed to the program.
+
+    ``isolation``: one of ``MODES``. ``output_limit`` bytes of stdout and stderr are kept, and at most that
+    much may be written to any file. ``max_procs``: RLIMIT_NPROC of the sandbox's uid. ``disk_mb``: the
+    size of the program's tmpfs working dir at level 2.
     """
-    level = resolve_isolation(isolation)
-    with tempfile.TemporaryDirectory(prefix="relayrl-sandbox-") as root:
-        box = _prepare(Path(root), code, files or {}, level)
-        args = {"level": level, "mem": memory_mb * 2**20, "cpu": math.ceil(timeout_s) + 1, "fsize": output_limit,
-                "nproc": max_procs, "uid": NOBODY, "box": str(box), "main": str(box / "main.py"),
-                "hide": _hidden(), "init_pid": f"{root}/init.pid", **_interpreter()}
-        with open(f"{root}/stdout", "wb+") as out, open(f"{root}/stderr", "wb+") as err, \
-                open(f"{root}/channel", "wb+") as channel:
-            args["channel"] = channel.fileno()
-            proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, _json(args)], cwd=box,
-                                    env=_env(box), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    pass_fds=(channel.fileno(),), start_new_session=True)
-            timed_out = _wait_or_kill(proc, timeout_s, Path(root) / "init.pid")
-            return SandboxResult(None if timed_out else proc.returncode, _read(out, output_limit),
-                                 _read(err, output_limit), timed_out, _name(level),
-                                 _read(channel, output_limit, text=False))
+    return _start(resolve_isolation(isolation), code, timeout_s=timeout_s, memory_mb=memory_mb,
+                  output_limit=output_limit, files=files or {}, max_procs=max_procs, disk_mb=disk_mb, fds=fds or {})
+
+
+def _start(level: int, code: str, *, timeout_s: float, memory_mb: int, output_limit: int, files: dict[str, str],
+           max_procs: int, disk_mb: int, fds: dict[int, int]) -> Running:
+    _sweep_stale()
+    root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
+    uid = sandbox_uid()
+    box = _prepare(root, code, files, uid)
+    args = {"level": level, "mem": memory_mb * 2**20, "cpu": math.ceil(timeout_s) + 1, "fsize": output_limit,
+            "nproc": max_procs, "uid": uid, "box": str(box), "main": str(box / "main.py"), "disk_mb": disk_mb,
+            "newroot": str(root / "root"), "init_pid": str(root / "init.pid"), "parent": os.getpid(),
+            "fds": {str(t): fd for t, fd in fds.items()}, "drop": level == 1 and _can_drop(), **_root_plan()}
+    (root / "root").mkdir()
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(args)], cwd=box, env=_env(box),
+                            stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=tuple(fds.values()),
+                            start_new_session=True)
+    return Running(proc, root, out, err, level, output_limit)
+
+
+def sandbox_uid() -> int:
+    """A uid for one sandbox: distinct between the sandboxes of one process, and between processes
+    unless their pids collide modulo ``UID_SPAN // 64``; never a uid the host's users have."""
+    return UID_BASE + (os.getpid() * 64 + next(_counter) % 64) % UID_SPAN
 
 
 def resolve_isolation(mode: str) -> int:
-    """The level ``mode`` gives on this host; ``required`` without namespaces fails closed, in one line."""
+    """The level ``mode`` gives on this host; ``auto`` without full isolation fails closed, in one line."""
     if mode not in MODES:
         raise ValueError(f"sandbox={mode!r} is not a sandbox mode; use one of {', '.join(MODES)}")
     if mode == "rlimits":
         return LEVELS["rlimits"]
-    if namespaces_available():
-        return LEVELS["namespaces"]
-    if mode == "required":
-        raise RuntimeError(f"sandbox=required, but this host cannot isolate programs ({namespaces_missing()}); "
-                           "run the trainer as root on a host that allows unshare(2), or set sandbox=auto")
-    _warn_rlimits_only()
-    return LEVELS["rlimits"]
+    if not namespaces_available():
+        raise ValueError(f"reward.sandbox=auto needs full isolation for code_exec, which this host lacks "
+                           f"({namespaces_missing() or 'unshare(2) failed'}); run the reward workers as root on "
+                           "a host that allows unshare(2), or set reward.sandbox=rlimits to accept weaker "
+                           "isolation knowingly (docs/rewards.md)")
+    return LEVELS["namespaces"]
 
 
 def namespaces_missing() -> str | None:
-    """Why level 2 is unavailable here (one phrase), or None when it is available."""
+    """Why level 2 is unavailable here (one phrase), or None when it may be (``namespaces_available`` probes)."""
     if sys.platform != "linux":
         return "not Linux"
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        return f"no pivot_root syscall number for {os.uname().machine}"
     if os.geteuid() != 0:
-        return "not root: dropping to uid 65534 and read-only mounts need it"
+        return "not root: dropping to a sandbox uid and building its root need it"
     return None
 
 
@@ -243,66 +333,81 @@ def namespaces_available() -> bool:
         probe = _probe()
     except (OSError, subprocess.SubprocessError):
         return False
-    return probe.ok and probe.stdout == "65534\n"
+    return probe.ok and probe.stdout.split() == ["ok", "/"]
 
 
 def _probe() -> SandboxResult:
-    """A tiny program at level 2 (bypasses ``resolve_isolation``, which asks ``namespaces_available``)."""
-    with tempfile.TemporaryDirectory(prefix="relayrl-sandbox-") as root:
-        box = _prepare(Path(root), "import os; print(os.getuid())", {}, 2)
-        args = {"level": 2, "mem": 512 * 2**20, "cpu": 10, "fsize": 2**20, "nproc": 8, "uid": NOBODY,
-                "box": str(box), "main": str(box / "main.py"), "hide": _hidden(), "init_pid": f"{root}/init.pid",
-                "channel": 0, **_interpreter()}
-        proc = subprocess.run([sys.executable, "-I", "-S", "-c", _BOOT, _json(args)], cwd=box, env=_env(box),
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=30, start_new_session=True)
-        return SandboxResult(proc.returncode, proc.stdout.decode(), proc.stderr.decode(), False, "namespaces")
+    """A tiny program at level 2 that sees its own uid and a root with nothing but the allowlist."""
+    code = (f"import os; print('ok' if os.getuid() >= {UID_BASE} else 'root', "
+            "'/' if os.listdir('/tmp') == ['box'] and not os.path.exists('/root/.bashrc') else 'leak')")
+    return _start(LEVELS["namespaces"], code, timeout_s=30.0, memory_mb=512, output_limit=2**16, files={},
+                  max_procs=8, disk_mb=1, fds={}).finish(30.0)
 
 
-@functools.cache
-def _warn_rlimits_only() -> None:
-    print(f"relayrl sandbox: no namespace isolation ({namespaces_missing() or 'unshare(2) failed'}); "
-          "programs run as this user with rlimits only: filesystem visible, network guard bypassable, "
-          "no process limit (reward/sandbox_isolation=1)", file=sys.stderr)
+def _sweep_stale() -> None:
+    """Remove the staging dirs of sandboxes whose process died (a reward worker killed mid-call)."""
+    tmp = Path(tempfile.gettempdir())
+    for path in tmp.glob(f"{_PREFIX}*-*"):
+        pid = path.name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
-def _prepare(root: Path, code: str, files: dict[str, str], level: int) -> Path:
-    """``root/box``: the program's directory with ``main.py`` and ``files``, owned by nobody at level 2."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _prepare(root: Path, code: str, files: dict[str, str], uid: int) -> Path:
+    """``root/box``: the program's files, owned by the sandbox uid when we can give them away."""
     box = root / "box"
     box.mkdir()
     for name, text in {**files, "main.py": code}.items():
         (box / name).write_text(text)
-    if level == LEVELS["namespaces"]:
-        for path in (box, *box.iterdir()):
-            os.chown(path, NOBODY, NOBODY)
+    if os.geteuid() == 0:
+        for path in (root, box, *box.iterdir()):
+            os.chown(path, uid, uid)
+        os.chmod(root, 0o711)
     return box
 
 
 @functools.cache
-def _interpreter() -> dict[str, str]:
-    """The real interpreter and the directory it needs (bind-mounted back at level 2 if it is hidden)."""
+def _can_drop() -> bool:
+    """Level 1 drops to the sandbox uid only as root, and only where another uid can run the interpreter
+    (every directory down to its stdlib searchable by others), else the program could not import."""
+    if os.geteuid() != 0:
+        return False
+    stdlib = Path(os.__file__).resolve().parent
+    return all(p.stat().st_mode & 0o001 for p in (stdlib, *stdlib.parents)) and bool(stdlib.stat().st_mode & 0o004)
+
+
+@functools.cache
+def _root_plan() -> dict:
+    """What the allowlist root holds: the interpreter (its prefix bound, its site-packages masked), the
+    system library dirs (symlinks such as ``/lib -> usr/lib`` recreated), and a few devices."""
     exe = os.path.realpath(sys.executable)
     prefix = os.path.realpath(sys.base_prefix)
     if not exe.startswith(prefix + os.sep):
         prefix = os.path.dirname(os.path.dirname(exe))
-    return {"prefix": prefix, "python": exe}
-
-
-def _hidden() -> list[str]:
-    top = "/" + os.getcwd().strip("/").split("/")[0]
-    system = {"/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/sys", "/dev", "/var"}
-    dirs = list(HIDDEN) + ([top] if top not in system and top not in HIDDEN else [])
-    return [d for d in dirs if os.path.isdir(d) and not os.path.islink(d)]
+    links, binds = [], [prefix]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            links.append((path, os.readlink(path)))
+        elif os.path.exists(path) and not any(path == b or path.startswith(b + "/") for b in binds):
+            binds.append(path)
+    masks = sorted(str(p) for p in Path(prefix, "lib").glob("python3*/site-packages"))
+    return {"python": exe, "binds": binds, "links": links, "masks": masks,
+            "devices": [d for d in DEVICES if os.path.exists(d)]}
 
 
 def _env(box: Path) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(box), "LANG": "C.UTF-8",
             "TMPDIR": str(box)}
-
-
-def _json(args: dict) -> str:
-    import json
-
-    return json.dumps(args)
 
 
 def _name(level: int) -> str:
@@ -347,7 +452,6 @@ def _stat(pid: int) -> list[str]:
     return [fields[19], fields[0]]
 
 
-def _read(f, limit: int, text: bool = True) -> str | bytes:
+def _read(f: IO[bytes], limit: int) -> str:
     f.seek(0)
-    data = f.read(limit)
-    return data.decode("utf-8", errors="replace") if text else data
+    return f.read(limit).decode("utf-8", errors="replace")

@@ -12,7 +12,7 @@ and ``traj.reward = sum_i weight_i * r_i`` over the functions that gave a value,
 died, or it returned a non-list or a list of the wrong length (every completion of that call is
 excluded); or one value was NaN/inf or not a number, or the weighted total overflowed to inf/NaN (that
 completion alone is excluded; a total is recorded as reward ``total``). Excluded
-completions are never trained on (``trainer.groups.trainable_groups``), and ``check_error_rate``
+completions are never trained on (``algorithms.filtering.trainable_groups``), and ``check_error_rate``
 aborts the run, in one line, when too many of a step's completions are excluded.
 
 Running the calls belongs to the caller: ``run_local`` (this process, async functions awaited

@@ -118,8 +118,8 @@ def eager_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
     """``TORCHDYNAMO_DISABLE=1`` for a CPU engine that runs eagerly (``rollout.enforce_eager``, the default):
     vLLM still wraps sampler helpers in ``torch.compile``, and the first generate that asks for logprobs (every
     one here: behaviour logprobs) compiled the rank count (``batched_count_greater_than``) with Inductor, a
-    C++ build: 2.3 s of one core on the 2-core box, sampled with py-spy in the engine worker. Eager, that
-    helper is one comparison and a sum over the vocabulary. Empty on CUDA machines and for compiled engines."""
+    C++ build inside the first generate, on the path to the first step. Eager, that helper is one comparison
+    and a sum over the vocabulary, which needs no compiler. Empty on CUDA machines and for compiled engines."""
     return {} if has_cuda() or not rollout_cfg.enforce_eager else dict(EAGER_ENV)
 
 

@@ -103,7 +103,8 @@ class Rollout:
         self._pause_here = False
         self._update: tuple[int, float] | None = None   # (version, start time) of the open weight update
         self._watchdog: asyncio.Task | None = None
-        self.last_abort = ""
+        self.aborts = 0                 # updates aborted by anyone: trainer, driver or watchdog
+        self.last_abort = ""            # the latest one: "v<version>: <reason>"
 
     async def _call(self, call: Awaitable[T]) -> T:
         return await unless_dead(self.engine, call)
@@ -215,6 +216,7 @@ class Rollout:
         """Drop the staged payload and resume on the previous weights and label. Idempotent."""
         if self._update is None:
             return 0.0
+        self.aborts += 1
         self.last_abort = f"v{self._update[0]}: {reason}"
         try:
             await self._call(self.engine.collective_rpc("relayrl_abort_weight_update"))
@@ -235,6 +237,13 @@ class Rollout:
         await asyncio.sleep(after_s)
         if self._update is update:
             await self.abort_weight_update(f"no commit within {after_s:g}s (watchdog)")
+
+    def weight_update_state(self) -> dict[str, Any]:
+        """The open update's version (None: none open), how many updates were aborted, and the latest
+        abort (``v<version>: <reason>``; the watchdog's ends in "(watchdog)"): what tells who ended an
+        update whose trainer died, in tests and for an engine whose version did not move."""
+        return {"open": self._update[0] if self._update else None, "aborts": self.aborts,
+                "last_abort": self.last_abort}
 
     async def weight_version(self) -> int:
         """The version label new tokens are tagged with."""

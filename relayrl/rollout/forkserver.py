@@ -2,8 +2,8 @@
 
 A vLLM engine on CPU is three processes: its client (``AsyncLLM``), the engine core, and its worker
 (vLLM's CPU platform needs the multiprocess executor). vLLM starts each child with ``spawn``: a fresh
-interpreter that imports torch and vLLM again, 7.6 s per import of ``vllm.v1.engine.core`` on this 2-core
-box, twice, one after the other, before the engine loads a weight. (Plain ``fork`` is not an option: vLLM
+interpreter that imports torch and vLLM again (``vllm.v1.engine.core`` is one of the heaviest imports a run
+makes), twice, one after the other, before the engine loads a weight. (Plain ``fork`` is not an option: vLLM
 forces ``spawn`` inside a Ray actor, and a child forked from a process whose OpenMP runtime is already set
 up keeps the parent's thread count and never binds the cores vLLM's CPU worker asks for.)
 

@@ -4,8 +4,8 @@ preloaded fork server, so the Ray actor never imports vLLM.
     RolloutActor (Ray)  --pipe: (id, method, args)-->  engine host (forked, vLLM imported)  --> engine core, worker
                         <--     (id, ok, result)  --   Rollout(...) owns AsyncLLM
 
-Without it the actor imports vLLM itself after it starts (about 10 s on the 2-core box, on the path to the first
-step), while the driver's server (``forkserver.start_shared``) has had vLLM imported since launch. The host comes
+Without it the actor imports vLLM itself after it starts (seconds of CPU, on the path to the first step), while
+the driver's server (``forkserver.start_shared``) has had vLLM imported since launch. The host comes
 from that server like the engine's own processes (``forkserver.CONTEXT``): it takes the actor's environment and
 output, belongs to the actor (registered under its pid, killed when it dies) and forks the engine core from the same
 server. Calls run concurrently, each as a task on the host's event loop; a result or exception comes back pickled

@@ -4,16 +4,15 @@ A CPU engine's engine core and worker talk through vLLM's ``MessageQueue`` (``sh
 each message a reader keeps checking the queue's shared-memory flag in a ``sched_yield`` loop for
 ``busy_loop_s`` (1 s) before it falls back to waiting on a zmq notification. On a box with a core or two that
 loop is a busy process: the engine core spins while its worker runs every forward pass and every weight
-commit, and the worker spins for a second after each call, while the trainer computes. The 2-core box had
-three busy threads on two cores during a commit (the worker's two OpenMP threads and the spinning engine
-core): copies ran at half speed with scheduler-slice stalls (issue 16).
+commit, and the worker spins for a second after each call, while the trainer computes. On two cores a
+commit then has three busy threads (the worker's two OpenMP threads and the spinning engine core), so its
+copies wait for scheduler slices.
 
 ``sleep_between_polls`` keeps vLLM's protocol as it is (the same flag, the same 1 s window, the same zmq
 fallback after it) and only replaces the ``sched_yield`` in the window with a ``poll_us`` sleep: a
 message is seen at most ``poll_us`` (plus the kernel's timer slack) later, and an idle reader costs a
 wake-up per ``poll_us`` instead of a core. Turning the window off altogether (``busy_loop_s = 0``) was
-tried in session 8 and stalled syncs for 5 s on missed zmq wake-ups; this change never waits on zmq
-where vLLM would not.
+tried and stalled syncs on missed zmq wake-ups; this change never waits on zmq where vLLM would not.
 """
 
 from __future__ import annotations

@@ -144,8 +144,8 @@ class TrainerActor:
             self.critic = Critic(self.model_path, self.mesh, self.device, self.model_cfg.dtype, self.critic_cfg,
                                  self.world_size, self.algo, self._all_reduce, fused_adamw=self.cfg.fused_adamw)
             self.trained["critic"] = (self.critic.model, self.critic.optimizer)
-        # connect_rollouts' modules import vLLM (2.2 s on the 2-core box): now, while the engines start, rather
-        # than after they are up, when the first step waits for the connection; without Inductor's compiler.
+        # connect_rollouts' modules import vLLM, seconds of CPU: now, while the engines start, rather than
+        # after they are up, when the first step waits for the connection; without Inductor's compiler.
         import_vllm()
         import relayrl.weightsync.sync  # noqa: F401
 

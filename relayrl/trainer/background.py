@@ -1,10 +1,10 @@
 """A trainer rank's set-up runs in the background of the engines' start.
 
 On a CPU box the engines and the trainer ranks start on the same cores, all CPU-bound (imports, weight
-loads) for the ~15 s before the first step. The engines are the long pole: the first step starts when they
-are up, while a rank is needed only at the first update, a generate later. So a rank raises its niceness
-for ``setup`` and puts every thread back afterwards: the engines get the cores first and the rank takes the
-rest (``trainer.setup_nice``; measured in issue 16's notes). Lowering niceness back needs root or
+loads) until the first step. The engines are the long pole: the first step starts when they are up,
+while a rank is needed only at the first update, a generate later. So a rank raises its niceness for
+``setup`` and puts every thread back afterwards: the engines get the cores first and the rank takes the
+rest (``trainer.setup_nice``). Lowering niceness back needs root or
 ``RLIMIT_NICE``; a rank that could not undo it does not raise it.
 """
 

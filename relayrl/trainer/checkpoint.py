@@ -1,10 +1,16 @@
 """Sharded trainer checkpoints with torch Distributed Checkpoint (DCP), restored exactly, written async.
 
 Every rank calls ``save``/``load`` together. DCP writes each rank's shards of the model's trained
-weights (with LoRA only the adapters: ``TRAINED_ONLY``) and of the optimizer (no gather, no pickle);
-each rank's RNG state goes to its own small tensor file, loaded with ``weights_only=True`` (no
-unpickling of arbitrary objects). Atomicity is the caller's job: write into a temporary directory and
-rename it once everything, the driver's state included, is on disk.
+weights (with LoRA only the adapters: ``TRAINED_ONLY``) and of the optimizer (no gather); each rank's
+RNG state goes to its own small tensor file. Atomicity is the caller's job: write into a temporary
+directory, record it (``manifest.write``) and rename it once everything, the driver's state included,
+is on disk.
+
+Loading unpickles: DCP reads ``dcp/.metadata`` with ``pickle.load`` and the optimizer's non-tensor
+entries (its param groups' hyperparameters) with ``torch.load(weights_only=False)``, and either can
+run any code; the RNG files use ``weights_only=True`` (tensors and plain containers only). So
+``load`` first has ``manifest.verify`` check that this user wrote the directory and that nothing in
+it changed since, and reads nothing of a checkpoint that fails.
 
 ``Saver`` writes asynchronously with ``dcp.async_save`` (as DataStates-LLM argues, a checkpoint need
 not stall training for its write): the call stalls only while the shards are copied into a private
@@ -25,6 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from relayrl.trainer import manifest
 
 Parts = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
 TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
@@ -92,12 +100,12 @@ class Saver:
         path.mkdir(parents=True, exist_ok=True)
         for model, optim in parts.values():
             init_optimizer_state(model, optim)
-        _save_rng(path, rank)
         state, target = _modules(parts), str(path / "dcp")
         if asynchronous:
             self._future = dcp.async_save(state, checkpoint_id=target, process_group=self._pg())
         else:
             dcp.save(state, checkpoint_id=target)
+        _save_rng(path, rank)    # after DCP's collectives: a rank failing here leaves none waiting
         return time.perf_counter() - t0
 
     def _pg(self) -> dist.ProcessGroup | None:
@@ -124,7 +132,9 @@ def save(path: Path, parts: Parts, rank: int) -> None:
 
 
 def load(path: Path, parts: Parts, rank: int) -> None:
-    """Collective: restore what ``save`` wrote into the live (already sharded) modules and optimizers."""
+    """Collective: restore what ``save`` wrote into the live (already sharded) modules and optimizers,
+    once ``manifest.verify`` passed (every rank checks the files it is about to unpickle)."""
+    manifest.verify(path)
     for model, optim in parts.values():
         init_optimizer_state(model, optim)
     state = _modules(parts)

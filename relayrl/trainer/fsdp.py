@@ -53,9 +53,10 @@ def squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
     FSDP alone (a 1-D mesh, every gradient sharded): the ranks hold disjoint shards, so the local tensors'
     squared norms add up over the mesh, one all-reduce. On plain tensors this skips DTensor's dispatch,
-    whose first call per op and shape cost 0.45 s of the first update on the 2-core box (SmolLM2, 272
-    gradients), later ones ~0.02 s. Any other layout (TP's 2-D mesh, replicated placements) takes the
-    DTensor norm, whose ``full_tensor()`` sums each mesh dimension's partial norms as its placements say."""
+    whose first call per op and shape propagates sharding in Python (a cost paid in the first update, once
+    per gradient shape) for a sum that needs none. Any other layout (TP's 2-D mesh, replicated placements)
+    takes the DTensor norm, whose ``full_tensor()`` sums each mesh dimension's partial norms as its
+    placements say."""
     mesh = getattr(grads[0], "device_mesh", None)
     if mesh is not None and mesh.ndim == 1 and all(p.is_shard() for g in grads for p in g.placements):
         local = torch.nn.utils.get_total_norm([g.to_local() for g in grads], norm_type=2.0).float() ** 2

@@ -27,10 +27,10 @@ def adamw_step(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.step()`` of an AdamW whose parameters are FSDP2 DTensors, run on their local tensors.
 
     AdamW is element-wise, so on Shard or Replicate placements (no Partial sums) each rank updating its own
-    local tensors *is* the DTensor update, done by the same kernel. DTensor's dispatch of the one fused
-    call over every parameter, gradient and moment is slow on its first call (SmolLM2: sharding propagation
-    over 272 x 4 tensors, in Python, while the other core waits; 2.1 s under cProfile): a standalone first
-    step took 5.0 s this way against 6.05 s through ``step()`` on the 2-core box. The moments stay DTensors
+    local tensors *is* the DTensor update, done by the same kernel. Going around DTensor matters because
+    its dispatch of the one fused call over every parameter, gradient and moment is slow on its first call:
+    it propagates sharding over four tensors per parameter in Python, on the path to the first step, while
+    the kernel itself is the same either way. The moments stay DTensors
     in ``optimizer.state``, created as torch creates them, so checkpoints (DCP) see what ``step()`` would
     have left. Any other optimizer, or a layout this does not cover, takes ``optimizer.step()``."""
     if type(optimizer) is not torch.optim.AdamW or not all(_local_update_ok(p) for g in optimizer.param_groups

@@ -177,9 +177,10 @@ def plan_layout(source: WeightSource, bucket_bytes: int, wire_dtype: str | None)
 
 @contextmanager
 def one_thread():
-    """Copy with one torch thread. Splitting each tensor's copy over threads is erratic on a busy host
-    (measured: 64 MB in 256 tensors took 9 ms to 1 s with 2 threads, a steady 16 ms with 1), and a
-    single-thread copy already runs at memcpy speed."""
+    """Copy with one torch thread. A copy is bound by memory bandwidth, which one thread already fills
+    (memcpy speed), while splitting each tensor's copy over threads makes its time depend on every thread
+    getting a core: on a host whose cores are busy one late thread stalls the whole copy
+    (``bench/weight_sync.py`` prints both)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,6 +1,7 @@
 """Run checkpoints on disk (``controller/checkpoint.py``, ``controller/run.py``), with a fake trainer:
-a crash at any point of a save leaves nothing that looks complete, an async write is committed only
-once it is on disk (with the driver state of its step), torn jsonl lines and a mismatched prompt log
+a crash or a failed write at any point of a save leaves nothing that looks complete and the previous
+checkpoint loadable, an async write is committed only once it is on disk (with the driver state of its
+step), resume skips a checkpoint that fails verification, torn jsonl lines and a mismatched prompt log
 on resume, run dirs that cannot collide, and ``resume=auto`` that leaves a live run alone."""
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import pytest
 from relayrl.config import ConfigError, load_config
 from relayrl.controller import checkpoint
 from relayrl.controller.checkpoint import MARKER, Checkpointer, find_resume, latest
+from relayrl.controller.driver import resolve_resume, restart_point
 from relayrl.controller.run import RunDir, new_run_dir
 from relayrl.monitor.runs import read_jsonl
+from relayrl.trainer import manifest
+from relayrl.trainer.manifest import MANIFEST, UntrustedCheckpoint
 
 
 class FakeTrainer:
@@ -44,11 +48,11 @@ def _state(trained: int) -> dict:
     return {"counts": {"issued": trained, "trained": trained, "dropped": 0}, "sampler": {}, "pending": []}
 
 
-def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up(tmp_path):
+def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up(tmp_path, capsys):
     ckpt = Checkpointer(tmp_path, keep=2)
     ckpt.save(2, FakeTrainer(), _state(8))
-    with pytest.raises(RuntimeError, match="mid-write"):
-        ckpt.save(4, FakeTrainer(fail_after_first_file=True), _state(16))
+    ckpt.save(4, FakeTrainer(fail_after_first_file=True), _state(16))           # reported, not raised
+    assert "step 4 was not written (RuntimeError: killed mid-write)" in capsys.readouterr().out
     assert (tmp_path / "checkpoints" / ".step_000004.tmp" / "dcp").is_dir()     # the torn write is there
     assert latest(tmp_path) == checkpoint.step_dir(tmp_path, 2)                 # ... and ignored
     assert find_resume(str(tmp_path), "x", str(tmp_path))[1].name == "step_000002"
@@ -60,7 +64,7 @@ def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up
     assert checkpoint.driver_state(latest(tmp_path))["step"] == 4
 
 
-def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, monkeypatch):
+def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, monkeypatch, capsys):
     real = checkpoint.write_durable
 
     def crash_on_marker(path: Path, text: str) -> None:
@@ -69,9 +73,10 @@ def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, mon
         real(path, text)
 
     monkeypatch.setattr(checkpoint, "write_durable", crash_on_marker)
-    with pytest.raises(OSError):
-        Checkpointer(tmp_path, keep=2, asynchronous=False).save(2, FakeTrainer(), _state(8))
+    Checkpointer(tmp_path, keep=2, asynchronous=False).save(2, FakeTrainer(), _state(8))
+    assert "step 2 was not written (OSError: power cut)" in capsys.readouterr().out
     assert (tmp_path / "checkpoints" / ".step_000002.tmp" / "driver.json").exists()
+    assert not (tmp_path / "checkpoints" / ".step_000002.tmp" / MANIFEST).exists()
     assert latest(tmp_path) is None
     assert not (tmp_path / "checkpoints" / "step_000002").exists()
 
@@ -215,3 +220,125 @@ def test_a_failed_background_write_costs_the_checkpoint_not_the_run(tmp_path, ca
     ckpt.save(6, FakeTrainer(), _state(24))          # goes on; the failed write's dir is deleted
     ckpt.finish()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002", "step_000006"]
+
+
+# ---- failed writes in save() and finish() --------------------------------------------------------------
+class FullDisk(FakeTrainer):
+    """Its shard write runs out of space half-way."""
+
+    def save_checkpoint(self, path: str, asynchronous: bool) -> float:
+        (Path(path) / "dcp").mkdir()
+        (Path(path) / "dcp" / "shard0.distcp").write_bytes(b"x" * 16)
+        raise OSError(28, "No space left on device")
+
+
+def _fail_at(monkeypatch, name: str) -> None:
+    """Make the commit's write of ``name`` (driver.json or the manifest) run out of space half-way."""
+    real = checkpoint.write_durable
+
+    def write_durable(path: Path, text: str) -> None:
+        if path.name == name:
+            path.write_text(text[:3])
+            raise OSError(28, "No space left on device")
+        real(path, text)
+
+    def write_manifest(root: Path) -> None:
+        write_durable(root / MANIFEST, '{"files": {}}')
+
+    monkeypatch.setattr(checkpoint, "write_durable", write_durable)
+    monkeypatch.setattr(checkpoint.manifest, "write", write_manifest)
+
+
+@pytest.mark.parametrize("where", ["shards", "driver.json", MANIFEST])
+def test_a_failed_write_in_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
+                                                                              capsys, where):
+    ckpt = Checkpointer(tmp_path, keep=1, asynchronous=False)
+    ckpt.save(2, FakeTrainer(), _state(8))
+    capsys.readouterr()
+    if where != "shards":
+        _fail_at(monkeypatch, where)
+    ckpt.save(4, FullDisk() if where == "shards" else FakeTrainer(), _state(16))    # does not raise
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["relayrl: checkpoint step 4 was not written (OSError: [Errno 28] No space left on "
+                     "device); the earlier checkpoints stay as they were"]
+    assert latest(tmp_path).name == "step_000002" and ckpt.pending is None
+    manifest.verify(latest(tmp_path))                                     # still loadable, untouched
+    torn = tmp_path / "checkpoints" / ".step_000004.tmp"
+    assert torn.is_dir() and not checkpoint.step_dir(tmp_path, 4).exists()
+    if where != MANIFEST:
+        assert not (torn / MANIFEST).exists()                             # a torn write gets no manifest
+    monkeypatch.undo()
+    ckpt.save(6, FakeTrainer(), _state(24))                               # the run goes on
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000006"]
+
+
+def test_a_failed_write_found_by_finish_is_one_line(tmp_path, capsys):
+    class Failing(FakeTrainer):
+        def checkpoint_written(self, wait: bool) -> bool:
+            if wait:
+                raise PermissionError(13, "Permission denied")
+            return False
+
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(2, FakeTrainer(), _state(8))
+    ckpt.save(4, Failing(), _state(16))              # commits step 2; step 4's write is in flight
+    ckpt.finish()                                    # does not raise
+    assert capsys.readouterr().out.splitlines() == [
+        "relayrl: checkpoint step 4 was not written (PermissionError: [Errno 13] Permission denied); "
+        "the earlier checkpoints stay as they were"]
+    assert latest(tmp_path).name == "step_000002"
+    manifest.verify(latest(tmp_path))
+
+
+# ---- verification on resume --------------------------------------------------------------------------
+def _two_checkpoints(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A finished run ``grpo-1`` with checkpoints at steps 2 and 4 (driver state and prompt log agree)."""
+    run = tmp_path / "grpo-1"
+    ckpt = Checkpointer(run, keep=2, asynchronous=False)
+    ckpt.save(2, FakeTrainer(), _state(4))
+    ckpt.save(4, FakeTrainer(), _state(8))
+    (run / "prompts.jsonl").write_text(_lines([[0, 1], [2, 3], [4, 5], [6, 7]]))
+    (run / "status.json").write_text(json.dumps({"status": "finished", "pid": 1, "host": "x"}))
+    return run, checkpoint.step_dir(run, 2), checkpoint.step_dir(run, 4)
+
+
+def test_a_committed_checkpoint_lists_every_file_in_its_manifest(tmp_path):
+    _, step2, _ = _two_checkpoints(tmp_path)
+    listed = json.loads((step2 / MANIFEST).read_text())["files"]
+    assert sorted(listed) == [MARKER, "dcp/shard0.distcp", "driver.json", "rng-rank0.pt"]
+    assert listed["dcp/shard0.distcp"]["size"] == 64
+    manifest.verify(step2)
+
+
+def test_resume_skips_a_checkpoint_that_fails_verification_and_takes_the_previous_one(tmp_path, capsys):
+    run, step2, step4 = _two_checkpoints(tmp_path)
+    (step4 / "dcp" / "shard0.distcp").write_bytes(b"y" * 64)            # same size, other bytes
+    capsys.readouterr()
+    assert find_resume(str(tmp_path), "grpo", "auto") == (run, step2)
+    assert find_resume(str(tmp_path), "grpo", str(run)) == (run, step2)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(x.startswith("relayrl: skipping step_000004: checkpoint ") for x in lines)
+    assert "dcp/shard0.distcp does not match its sha256" in lines[0]
+    with pytest.raises(UntrustedCheckpoint, match="step_000004 refused"):   # named explicitly: refused
+        find_resume(str(tmp_path), "grpo", str(step4))
+    cfg = load_config("grpo_tiny", [f"run.output_dir={tmp_path}", f"run.resume={step4}"])
+    with pytest.raises(ConfigError, match=r"step_000004 refused: dcp/shard0\.distcp") as err:
+        resolve_resume(cfg)
+    assert "\n" not in str(err.value)
+    (step2 / "driver.json").unlink()                                    # now neither verifies
+    assert find_resume(str(tmp_path), "grpo", "auto") is None
+    with pytest.raises(FileNotFoundError, match="no complete, verified checkpoint"):
+        find_resume(str(tmp_path), "grpo", str(run))
+
+
+def test_a_restart_after_a_trainer_death_skips_a_checkpoint_that_fails_verification(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    run = RunDir.create(cfg)
+    Checkpointer(run.path, keep=2, asynchronous=False).save(2, FakeTrainer(), _state(4))
+    Checkpointer(run.path, keep=2, asynchronous=False).save(4, FakeTrainer(), _state(8))
+    (run.path / "prompts.jsonl").write_text(_lines([[0, 1], [2, 3], [4, 5], [6, 7]]))
+    (checkpoint.step_dir(run.path, 4) / "driver.json").chmod(0o666)
+    resume, reopened = restart_point(cfg, run)
+    reopened.logger.close()
+    assert resume[1].name == "step_000002" and resume[2]["step"] == 2
+    assert "skipping step_000004" in capsys.readouterr().out

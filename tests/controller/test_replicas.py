@@ -11,10 +11,10 @@ import ray
 
 from relayrl.config import load_config
 from relayrl.controller.cluster import make_placement
-from relayrl.controller.driver import resolve_model_path, resolve_rewards
 from relayrl.controller.run import RunDir
 from relayrl.controller.scheduler import Scheduler
 from relayrl.controller.system import System
+from relayrl.preflight import resolve_model_path, resolve_rewards
 
 pytestmark = pytest.mark.slow        # ~3.5 min on a loaded 2-core CPU box
 STEPS = 3

@@ -43,8 +43,8 @@ def test_the_driver_loads_a_models_tokenizer_once(tiny_llama, monkeypatch):
     from transformers import AutoTokenizer
 
     from relayrl.config import load_config
-    from relayrl.controller.driver import check_prompt_lengths
     from relayrl.controller.system import make_sampler
+    from relayrl.preflight import check_prompt_lengths
 
     load_tokenizer.cache_clear()
     calls = []

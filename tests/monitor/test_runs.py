@@ -86,6 +86,7 @@ def test_step_0_eval_line_is_not_a_step(tmp_path):
 
 def test_interrupted_run_says_what_it_keeps_and_resume_auto_takes_it(tmp_path, capsys, console):
     from relayrl.controller.checkpoint import MARKER, find_resume, step_dir
+    from relayrl.trainer import manifest
 
     run = make_run(tmp_path, "grpo-7", [0.1, 0.2, 0.3], steps_total=9)
     run.rewards = [0.1, 0.2, 0.3]
@@ -101,6 +102,7 @@ def test_interrupted_run_says_what_it_keeps_and_resume_auto_takes_it(tmp_path, c
     ckpt.mkdir(parents=True)
     (ckpt / MARKER).write_text("")
     (ckpt / "driver.json").write_text(json.dumps({"step": 2}))
+    manifest.write(ckpt)
     run.interrupt()
     assert "run.resume=auto continues from step_000002" in capsys.readouterr().err
     assert find_resume(str(tmp_path), "grpo", "auto") == (run.path, ckpt)   # an interrupted run is not live

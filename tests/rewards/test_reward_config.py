@@ -3,7 +3,7 @@
 import pytest
 
 from relayrl.config import ConfigError, load_config
-from relayrl.controller.driver import resolve_rewards
+from relayrl.preflight import resolve_rewards
 
 
 def test_defaults_and_overrides():
@@ -29,21 +29,26 @@ def test_recipe_kwargs_reach_the_function():
     assert (name, weight) == ("regex_match", 0.5) and fn([""] * 2, ["aaa", "ab"]) == [1.0, 0.0]
 
 
-def test_sandbox_mode_is_checked_at_load():
-    from relayrl.rewards.sandbox import namespaces_available
+def test_sandbox_mode_is_checked_at_load(monkeypatch):
+    from relayrl.rewards import sandbox
 
     assert load_config("grpo_tiny", []).reward.sandbox == "auto"
-    with pytest.raises(ConfigError, match="^reward.sandbox='off' is not supported; use one of auto, required, rlimits$"):
+    with pytest.raises(ConfigError, match="^reward.sandbox='off' is not supported; use one of auto, rlimits$"):
         load_config("grpo_tiny", ["reward.sandbox=off"])
-    if namespaces_available():
-        assert load_config("grpo_tiny", ["reward.sandbox=required"]).reward.sandbox == "required"
-    else:
-        with pytest.raises(ConfigError, match="^reward.sandbox=required, but this host cannot isolate"):
-            load_config("grpo_tiny", ["reward.sandbox=required"])
+    monkeypatch.setattr(sandbox, "namespaces_available", lambda: False)
+    assert load_config("grpo_tiny", []).reward.sandbox == "auto"      # no code_exec: nothing to isolate
+    cfg = load_config("grpo_tiny", ["rewards=[{fn: code_exec, weight: 1.0}]"])
+    with pytest.raises(ConfigError, match="^rewards: reward.sandbox=auto needs full isolation for code_exec"):
+        resolve_rewards(cfg, None)
+    (_, fn, _), = resolve_rewards(load_config("grpo_tiny", ["rewards=[{fn: code_exec, weight: 1.0}]",
+                                                            "reward.sandbox=rlimits"]), None)
+    assert fn.level == 1
 
 
-def test_reward_sandbox_reaches_code_exec_unless_its_kwargs_say():
-    from relayrl.rewards import load_reward_fns
+def test_reward_sandbox_reaches_code_exec_unless_its_kwargs_say(monkeypatch):
+    from relayrl.rewards import load_reward_fns, sandbox
+
+    monkeypatch.setattr(sandbox, "namespaces_available", lambda: True)      # wiring only: no probe
 
     [(name, fn, _), (_, own, _)] = load_reward_fns([("code_exec", 1.0), ("code_exec", 1.0, {"sandbox": "auto"})],
                                                     sandbox="rlimits")

@@ -7,16 +7,26 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from relayrl.rewards.builtin import CodeExec, extract_code
-from relayrl.rewards.sandbox import namespaces_available, resolve_isolation, run_sandboxed
+from relayrl.rewards import sandbox
+from relayrl.rewards.sandbox import UID_BASE, namespaces_available, resolve_isolation, run_sandboxed, start_sandboxed
 
-NS = pytest.mark.skipif(not namespaces_available(), reason="no root / unshare(2): level 2 unavailable here")
-LEVELS = ["rlimits", pytest.param("required", marks=NS)]
+NS = pytest.mark.skipif(os.geteuid() != 0, reason="full isolation needs root (test_root_has_full_isolation)")
+LEVELS = ["rlimits", pytest.param("auto", marks=NS)]
+
+
+@NS
+def test_root_has_full_isolation():
+    """Run as root (as CI is), the full-isolation tests run instead of skipping: a root host without
+    working namespaces fails here, where ``sandbox=auto`` would refuse to score code."""
+    assert namespaces_available(), sandbox.namespaces_missing() or "unshare(2) failed"
 
 
 def _procs_with(token: str) -> list[int]:
@@ -49,7 +59,7 @@ def test_setsid_children_die_with_the_namespace(then):
     token = uuid.uuid4().hex
     loops = then != "print('exit')"
     result = run_sandboxed(_detached_sleeper(token, then), timeout_s=2.0 if loops else 30.0,   # the exiting one
-                           isolation="required")                                              # must never time out
+                           isolation="auto")                                              # must never time out
 
     assert "sleeper started" in result.stdout and result.timed_out == loops
     assert _procs_with(token) == []
@@ -97,21 +107,81 @@ def test_network_to_a_loopback_server_fails_but_works_unsandboxed(isolation):
 
 @NS
 def test_writes_outside_the_temp_dir_fail(tmp_path):
-    """The program writes its own dir; the rest is read-only, and the trainer's files are not visible."""
+    """The program writes its own dir; the rest is read-only, and the trainer's files are not there."""
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     os.chmod(shared, 0o777)
-    targets = [str(shared / "x"), "/usr/x", "/etc/x", "/tmp/x", "/root/x", os.path.join(os.getcwd(), "x")]
+    targets = [str(shared / "x"), "/usr/x", "/etc/x", "/tmp/x", "/root/x", "/x", os.path.join(os.getcwd(), "x")]
     code = ("import os\nopen('mine', 'w').write('ok')\nprint(open('mine').read())\n"
             f"for p in {targets!r}:\n    try:\n        open(p, 'w').write('x'); print('wrote', p)\n"
             "    except OSError as e:\n        print('blocked', p)\n"
             f"print('visible' if os.path.exists({str(tmp_path)!r}) else 'hidden')\nprint(os.getuid())")
-    result = run_sandboxed(code, isolation="required")
+    result = run_sandboxed(code, isolation="auto")
     assert result.ok and result.isolation == "namespaces" and result.level == 2
     lines = result.stdout.splitlines()
     assert lines[0] == "ok" and lines[1:-2] == [f"blocked {p}" for p in targets]
-    assert lines[-2:] == ["hidden", "65534"]
+    assert lines[-2] == "hidden" and int(lines[-1]) >= UID_BASE
     assert not (shared / "x").exists() and not Path(os.getcwd(), "x").exists()
+
+
+@NS
+def test_the_root_is_an_allowlist():
+    """Only the interpreter, system libraries, four devices, /proc and the working dir exist: no venv,
+    no dataset, no repository, no site-packages, no /home; the working dir is a capped tmpfs."""
+    venv_site = next(p for p in sys.path if p.endswith("site-packages"))
+    code = ("import os, sys\n"
+            f"print(sorted(os.listdir('/dev')), os.listdir('/tmp'), os.path.exists({venv_site!r}),\n"
+            f"      os.path.exists({os.getcwd()!r}), os.path.exists('/home'), os.path.exists('/work'))\n"
+            "site = [p for p in os.listdir(sys.prefix + '/lib') if p.startswith('python3')]\n"
+            "print(os.listdir(f'{sys.prefix}/lib/{site[0]}/site-packages'))\n"
+            "try:\n    open('big', 'wb').write(b'x' * (3 << 20)); print('wrote 3 MiB')\n"
+            "except OSError as e:\n    print('full', e.errno)\n")
+    result = run_sandboxed(code, isolation="auto", disk_mb=2, output_limit=8 << 20)
+    assert result.ok, result.stderr
+    assert result.stdout.splitlines() == ["['null', 'random', 'urandom', 'zero'] ['box'] False False False False",
+                                          "[]", "full 28"]
+    control = subprocess.run([sys.executable, "-c", f"import os; print(os.path.exists({venv_site!r}))"],
+                             capture_output=True, text=True)
+    assert control.stdout == "True\n"
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_descriptors_are_passed_to_the_program(isolation):
+    read, write = os.pipe()
+    running = start_sandboxed("import os; os.write(7, b'to the parent')", isolation=isolation, fds={7: write})
+    os.close(write)
+    result = running.finish(10.0)
+    with os.fdopen(read, "rb") as f:
+        assert result.ok and f.read() == b"to the parent"
+
+
+@NS
+def test_a_killed_worker_leaves_no_sandbox_and_no_files():
+    """The reward worker that started a sandbox is SIGKILLed mid-call (as the pool does on a timeout):
+    the sandbox's processes die with it, and the next sandbox sweeps its staging dir."""
+    token = uuid.uuid4().hex
+    worker = subprocess.Popen([sys.executable, "-c", (
+        "from relayrl.rewards.sandbox import run_sandboxed\n"
+        f"run_sandboxed({_detached_sleeper(token, 'import time; time.sleep(600)')!r}, timeout_s=600)")],
+        stdout=subprocess.DEVNULL)
+    while set(_procs_with(token)) <= {worker.pid}:          # the worker's own command line holds it too
+        assert worker.poll() is None, "the worker died before its sandbox started"
+        time.sleep(0.1)
+    staged = list(Path(tempfile.gettempdir()).glob(f"relayrl-sandbox-{worker.pid}-*"))
+    assert staged
+    worker.kill()
+    worker.wait()
+    _wait_until(lambda: not _procs_with(token))
+    run_sandboxed("pass")
+    assert not any(p.exists() for p in staged)
+
+
+def _wait_until(done, limit_s: float = 120.0) -> None:
+    """Poll ``done`` (a hang guard, not a timing assertion: the kernel kills asynchronously)."""
+    deadline = time.monotonic() + limit_s
+    while not done():
+        assert time.monotonic() < deadline, "still there"
+        time.sleep(0.05)
 
 
 @NS
@@ -119,7 +189,7 @@ def test_fork_bomb_is_limited():
     code = ("import os, time\nn = 0\nfor _ in range(1000):\n    try:\n        pid = os.fork()\n"
             "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(600)\n        os._exit(0)\n"
             "    n += 1\nprint(n)")
-    result = run_sandboxed(code, isolation="required", max_procs=16)
+    result = run_sandboxed(code, isolation="auto", max_procs=16)
     assert result.ok and 1 <= int(result.stdout) < 16
 
 
@@ -129,26 +199,27 @@ def test_memory_limit_and_temp_dir(isolation):
     assert big.returncode == 1 and "MemoryError" in big.stderr
     flood = run_sandboxed("open('f', 'w').write('x' * 10**6)", output_limit=1000, isolation=isolation)
     assert flood.returncode == 1 and "File too large" in flood.stderr
-    channel = run_sandboxed("import os; os.write(3, b'to the parent')", isolation=isolation)
-    assert channel.ok and channel.channel == b"to the parent"
 
 
-def test_modes_and_fallback_level():
+def test_modes_and_failing_closed(monkeypatch):
     assert resolve_isolation("rlimits") == 1
-    assert resolve_isolation("auto") == (2 if namespaces_available() else 1)
     with pytest.raises(ValueError, match="sandbox='off' is not a sandbox mode"):
         resolve_isolation("off")
-    if not namespaces_available():
-        with pytest.raises(RuntimeError, match="^sandbox=required, but this host cannot isolate"):
-            resolve_isolation("required")
+    monkeypatch.setattr(sandbox, "namespaces_available", lambda: False)
+    with pytest.raises(ValueError, match="^reward.sandbox=auto needs full isolation .*set reward.sandbox=rlimits"):
+        resolve_isolation("auto")
+    with pytest.raises(ValueError, match="^reward.sandbox=auto needs full isolation"):
+        CodeExec()
+    assert CodeExec(sandbox="rlimits").level == 1
 
 
+@NS
 def test_code_exec_reward_and_its_metric():
     good = "Here you go:\n```python\ndef f(x):\n    return 2 * x\n```"
     completions = [good, "def f(x):\n    return x + 1", "```python\ndef f(x):\n    while True: pass\n```", good]
     tests = ["assert f(2) == 4 and f(5) == 10"] * 3 + [None]
     reward = CodeExec(timeout_s=15.0)      # room for a loaded box: the honest program must never time out
     assert reward([""] * 4, completions, tests=tests) == [1.0, 0.0, 0.0, None]
-    assert reward.metrics() == {"reward/sandbox_isolation": 2.0 if namespaces_available() else 1.0}
+    assert reward.metrics() == {"reward/sandbox_isolation": 2.0}
     assert CodeExec(sandbox="rlimits").metrics() == {"reward/sandbox_isolation": 1.0}
     assert extract_code("a\n```py\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2\n"

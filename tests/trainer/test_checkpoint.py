@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.trainer import manifest
 from tests.trainer.test_actor import _synthetic_groups
 
 
@@ -34,6 +35,7 @@ def test_resume_from_checkpoint_takes_the_same_next_step(ray_session, tiny_llama
         uninterrupted = first.state_dict()
     finally:
         first.shutdown()
+    manifest.write(tmp_path / "ckpt")                             # the driver's commit
     second = make()                                               # a fresh trainer, as after a crash
     try:
         second.load_checkpoint(str(tmp_path / "ckpt"))
@@ -45,4 +47,5 @@ def test_resume_from_checkpoint_takes_the_same_next_step(ray_session, tiny_llama
         second.shutdown()
     assert max((resumed[k] - uninterrupted[k]).abs().max().item() for k in saved) < 1e-6
     assert any(not torch.equal(resumed[k], saved[k]) for k in saved)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["dcp", "rng-rank0.pt", "rng-rank1.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["dcp", "manifest.json", "rng-rank0.pt",
+                                                                 "rng-rank1.pt"]

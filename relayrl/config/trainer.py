@@ -1,0 +1,127 @@
+"""The ``trainer`` section: the FSDP2/TP ranks, their optimizer and micro-batching; and
+``trainer.lora``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from relayrl.config.base import ConfigError, choices_of, one_of, positive
+
+TrainerBackend = Literal["auto", "gloo", "nccl"]
+"""``trainer.backend`` values."""
+TrainerDtype = Literal["float32", "bf16"]
+"""Values of ``trainer.dtype``, a ``str`` field checked against them (``base`` says why)."""
+
+
+LLAMA_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP linears of Llama-style decoders (Llama, Qwen2, Mistral, SmolLM2)."""
+
+
+@dataclass
+class LoraConfig:
+    r: int = 0
+    """LoRA rank (``trainer/lora.py``, through PEFT); 0: off, every weight is trained. With r > 0 only the
+    adapters A [r, in] and B [out, r] of ``target_modules`` train (AdamW state for them alone); engines get
+    the merged weights W + alpha / r * B @ A under the base model's names."""
+    alpha: float = 16.0
+    """LoRA scale numerator: the update is alpha / r * B @ A."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input. Only 0 is accepted: the trainer runs in eval mode so that the first
+    epoch's logprobs are exactly pi_old (``trainer/actor.py``), which would leave any dropout inactive."""
+    target_modules: list[str] = field(default_factory=lambda: list(LLAMA_LINEARS))
+    """Names of the linear layers that get adapters (matched against module names by PEFT)."""
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ConfigError(f"trainer.lora.r={self.r} must be >= 0 (0: off); set e.g. trainer.lora.r=8")
+        if self.r and not self.alpha > 0:
+            raise ConfigError(f"trainer.lora.alpha={self.alpha} must be > 0; set e.g. trainer.lora.alpha=16")
+        if self.dropout != 0.0:
+            raise ConfigError(f"trainer.lora.dropout={self.dropout}: the trainer runs in eval mode (pi_old is the "
+                              "first epoch's forward), so dropout would never act; set trainer.lora.dropout=0")
+        if self.r and not self.target_modules:
+            raise ConfigError("trainer.lora.target_modules is empty; name the linears to adapt, e.g. "
+                              "trainer.lora.target_modules=[q_proj,v_proj]")
+
+
+@dataclass
+class TrainerConfig:
+    world_size: int = 1
+    """Trainer ranks (Ray actors in one torch.distributed group, FSDP2-sharded)."""
+    tp_size: int = 1
+    """Tensor-parallel ranks per model replica (``trainer/tp.py``): world_size = dp x tp; FSDP2 shards over
+    the dp ranks, the decoder layers' linears are split over the tp ranks. Must divide world_size and the
+    model's attention and KV heads; PPO's critic needs tp_size=1."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    fused_adamw: bool = True
+    """CPU ranks: AdamW's fused kernel (``fused=True``: one pass over each tensor, no temporaries) for the policy
+    and the critic; the same update up to float rounding (``tests/trainer/test_optimizer.py``). False: torch's
+    default per-tensor loop. GPU ranks keep torch's default either way."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    micro_batch_size: int = 8
+    """Padded micro-batches only (max_tokens_per_micro_batch=0): sequences per forward/backward on one rank;
+    gradients accumulate over the rank's share."""
+    epochs: int = 1
+    """Optimizer passes over each batch (PPO epochs); >1 makes the clip matter."""
+    num_cpus: float = 1.0
+    """Ray CPUs each trainer rank asks for."""
+    num_threads: int = 0
+    """CPU only: torch threads per rank (0: every core, as the sync loop runs one phase at a time; ``mode=async``
+    with separate placement: the cores shared out among replicas and ranks, ``cluster.split_cores``)."""
+    max_restarts: int = 2
+    """If a trainer rank dies, restart the run from its latest checkpoint (run.checkpoint_every) at most
+    this many times."""
+    max_bad_steps: int = 3
+    """Steps in a row whose gradient was NaN/inf (the optimizer step is skipped and counted in
+    policy/nonfinite_skips) before the run stops."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
+    max_tokens_per_micro_batch: int = 2048
+    """Padding-free packing (``trainer/packing.py``): each micro-batch is one row of at most this many real
+    tokens, sequences concatenated with their own position ids and a block mask (no pad token is computed);
+    micro_batch_size is then unused. 0: micro-batches of micro_batch_size right-padded rows. Attention
+    over a packed row costs O(tokens^2), so past a few thousand tokens larger budgets stop paying off."""
+    shared_prefix: bool = True
+    """Needs max_tokens_per_micro_batch > 0: a group's G sequences share one copy of their common prefix
+    (the prompt) in the packed row, each completion attending to it and causally to itself only, so the
+    prompt is computed once per group instead of G times. Exact: equal to the per-sequence forward."""
+    dtype: str = "float32"
+    """Trainer compute: float32 | bf16 (autocast: bf16 matmuls with float32 master weights, AdamW state,
+    LM head, logprobs and losses; the critic stays float32). Not the weights' dtype (model.dtype)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full-weight training (``trainer.lora.r=8``); off by default (r=0)."""
+    setup_nice: int = 10
+    """Niceness each rank adds while it sets up (``trainer/background.py``), so the engines starting beside it
+    get the cores first; undone when setup ends. 0 disables; skipped where it could not be undone (neither
+    root nor RLIMIT_NICE)."""
+
+    def __post_init__(self) -> None:
+        positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs",
+                 "num_cpus")
+        if not 0 <= self.setup_nice <= 19:
+            raise ConfigError(f"trainer.setup_nice={self.setup_nice} is not a niceness increment; set 0 (off) to 19")
+        one_of("trainer.backend", self.backend, TrainerBackend)
+        if self.world_size % self.tp_size:
+            raise ConfigError(f"trainer.world_size={self.world_size} is not divisible by trainer.tp_size="
+                              f"{self.tp_size}; set trainer.world_size to a multiple of {self.tp_size} (or lower "
+                              "trainer.tp_size)")
+        if self.lora.r and self.tp_size > 1:
+            raise ConfigError(f"trainer.lora.r={self.lora.r} runs with FSDP only (the adapters "
+                              "are not split over tp ranks); set trainer.tp_size=1 or "
+                              "trainer.lora.r=0")
+        if self.max_tokens_per_micro_batch < 0:
+            raise ConfigError(f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be "
+                              ">= 0 (0: padded micro-batches); set e.g. trainer.max_tokens_per_micro_batch=2048")
+        if self.shared_prefix and self.max_tokens_per_micro_batch == 0:
+            raise ConfigError("trainer.shared_prefix=true needs packed rows; set trainer.max_tokens_per_micro_batch"
+                              " > 0 or trainer.shared_prefix=false")
+        if self.dtype not in choices_of(TrainerDtype):
+            raise ConfigError(f"trainer.dtype={self.dtype!r} is not known; use float32 or bf16")
+
