@@ -29,7 +29,7 @@ def test_cpu_roles_from_process_names():
     assert role_of("ray::IDLE") == "Ray system"
     assert role_of("/x/raylet --raylet_socket_name=/tmp/ray/s") == "Ray system"
     assert role_of("python -m relayrl.cli train --config-name grpo_arith") == "driver"
-    assert role_of("python bench/startup_floor.py --child trainer /tmp/w 1.0") == "trainer"
+    assert role_of("python -m bench.startup_floor --child trainer /tmp/w 1.0") == "trainer"
     assert role_of("wandb-core") == "other"
 
 

@@ -65,152 +65,8 @@ DEVICES: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urand
 _PREFIX = "relayrl-sandbox-"
 _counter = itertools.count()
 
-# The boot script runs as the sandbox's first process. It dies with its parent (PDEATHSIG) and moves the
-# passed descriptors to their numbers. Level 1: set rlimits, drop to the sandbox uid if root, guard sockets,
-# run main.py. Level 2: unshare pid/net, fork the namespace's init, which unshares mounts, builds the
-# allowlist root, pivots into it, drops to the sandbox uid, enters a new user namespace and execs the
-# interpreter on main.py; the boot process waits for it and exits with its status.
-_BOOT = r"""
-import ctypes, fcntl, json, os, resource, select, shutil, signal, sys
-a = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(1, signal.SIGKILL, 0, 0, 0)             # PR_SET_PDEATHSIG: die with the reward worker
-if os.getppid() != a["parent"]:                    # it died before the line above
-    os._exit(137)
-high = {int(t): fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for t, fd in a["fds"].items()}
-for fd in a["fds"].values():                       # above the targets first: a source may be a target's number
-    os.close(fd)
-for target, fd in high.items():
-    os.dup2(fd, target)
-    os.close(fd)
-
-def limits(nproc):
-    pairs = [(resource.RLIMIT_AS, a["mem"]), (resource.RLIMIT_CPU, a["cpu"]), (resource.RLIMIT_FSIZE, a["fsize"]),
-             (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256)]
-    for limit, value in pairs + ([(resource.RLIMIT_NPROC, nproc)] if nproc else []):
-        resource.setrlimit(limit, (value, value))
-
-def drop_to(uid):
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-
-if a["level"] == 1:
-    if a["drop"]:
-        drop_to(a["uid"])
-    limits(a["nproc"] if a["drop"] else 0)
-    import runpy, socket
-    def _no_network(*args, **kwargs):
-        raise PermissionError("network access is disabled in the relayrl sandbox")
-    class _NoSocket(socket.socket):
-        def __init__(self, *args, **kwargs):
-            _no_network()
-    socket.socket = _NoSocket
-    socket.create_connection = socket.getaddrinfo = socket.socketpair = socket.fromfd = _no_network
-    sys.argv = [a["main"]]
-    del a, limits, ctypes, fcntl, json, resource, select, signal, libc, high, drop_to
-    runpy.run_path(sys.argv[0], run_name="__main__")
-    sys.exit(0)
-
-NS, USER, PID, NET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}[os.uname().machine]
-
-def check(rc, what):
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-def mount(src, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()
-    check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
-
-def bind(src, new):
-    target = new + src
-    if os.path.isdir(src):
-        os.makedirs(target, exist_ok=True)
-    else:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        open(target, "w").close()
-    mount(src, target, None, BIND | REC)
-
-def mount_points():
-    for line in open("/proc/self/mountinfo"):
-        point = line.split()[4]
-        yield point.encode().decode("unicode_escape") if "\\" in point else point
-
-def allowlist_root():
-    check(libc.unshare(NS), "unshare mount")
-    mount(None, "/", None, REC | PRIVATE)
-    new = a["newroot"]
-    mount("tmpfs", new, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
-    for path, target in a["links"]:
-        os.makedirs(os.path.dirname(new + path), exist_ok=True)
-        os.symlink(target, new + path)
-    for path in a["binds"] + a["devices"]:
-        bind(path, new)
-    for path in a["masks"]:
-        mount("tmpfs", new + path, "tmpfs", NOSUID | NODEV | RDONLY, "size=4k,mode=555")
-    box = new + "/tmp/box"
-    os.makedirs(box)
-    mount("tmpfs", box, "tmpfs", NOSUID | NODEV, f"size={a['disk_mb']}m,mode=700,uid={a['uid']},gid={a['uid']}")
-    for name in os.listdir(a["box"]):
-        shutil.copyfile(os.path.join(a["box"], name), os.path.join(box, name))
-        os.chown(os.path.join(box, name), a["uid"], a["uid"])
-    os.makedirs(new + "/proc")
-    mount("proc", new + "/proc", "proc", NOSUID | NODEV | NOEXEC)
-    os.makedirs(new + "/.old")
-    check(libc.syscall(PIVOT_ROOT, new.encode(), (new + "/.old").encode()), "pivot_root")
-    os.chdir("/")
-    check(libc.umount2(b"/.old", 2), "umount old root")    # MNT_DETACH: the trainer's tree is gone
-    os.rmdir("/.old")
-    for point in mount_points():
-        if point in ("/proc", "/tmp/box") or point.startswith("/proc/"):
-            continue
-        flags = REMOUNT | BIND | NOSUID | RDONLY | (0 if point.startswith("/dev/") else NODEV)
-        mount(None, point, None, flags if point != "/" else REMOUNT | NOSUID | NODEV | RDONLY)
-
-def become_sandbox_user():
-    drop_to(a["uid"])
-    libc.prctl(4, 1, 0, 0, 0)                      # PR_SET_DUMPABLE: own /proc/self/*_map again
-    check(libc.unshare(USER), "unshare user")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{a['uid']} {a['uid']} 1"),
-                       ("gid_map", f"{a['uid']} {a['uid']} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-
-def init(alive):
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG (cleared by setuid: set again below)
-    allowlist_root()
-    os.chdir("/tmp/box")
-    become_sandbox_user()
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)
-    if select.select([alive], [], [], 0)[0]:       # the boot process died before PDEATHSIG was set again
-        os._exit(137)
-    os.close(alive)
-    limits(a["nproc"])
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp/box", "TMPDIR": "/tmp/box", "LANG": "C.UTF-8"}
-    os.execve(a["python"], ["python", "-I", "-S", "main.py"], env)
-
-check(libc.unshare(PID | NET), "unshare pid/net")     # the mount namespace is the init's own (below)
-alive_r, alive_w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.close(alive_w)
-    try:
-        init(alive_r)
-    except BaseException as exc:
-        os.write(2, f"relayrl sandbox setup failed: {exc}\n".encode())
-        os._exit(125)
-os.close(alive_r)
-for target in high:
-    os.close(target)                               # only the init holds the pipes: EOF when it dies
-with open(a["init_pid"], "w") as f:                # pid and start time: the parent waits for this init
-    f.write(f"{pid} {open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}")
-status = os.waitpid(pid, 0)[1]
-os.truncate(a["init_pid"], 0)                      # reaped: the pid may be reused, nothing to wait for
-sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
-"""
+_BOOT = Path(__file__).with_name("sandbox_boot.py")
+"""The sandbox's first process, a program of its own (read and linted as code)."""
 
 
 @dataclass
@@ -287,7 +143,7 @@ def _start(level: int, code: str, *, timeout_s: float, memory_mb: int, output_li
             "fds": {str(t): fd for t, fd in fds.items()}, "drop": level == 1 and _can_drop(), **_root_plan()}
     (root / "root").mkdir()
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(args)], cwd=box, env=_env(box),
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(_BOOT), json.dumps(args)], cwd=box, env=_env(box),
                             stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=tuple(fds.values()),
                             start_new_session=True)
     return Running(proc, root, out, err, level, output_limit)

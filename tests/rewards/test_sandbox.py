@@ -164,13 +164,15 @@ def test_a_killed_worker_leaves_no_sandbox_and_no_files():
         "from relayrl.rewards.sandbox import run_sandboxed\n"
         f"run_sandboxed({_detached_sleeper(token, 'import time; time.sleep(600)')!r}, timeout_s=600)")],
         stdout=subprocess.DEVNULL)
-    while set(_procs_with(token)) <= {worker.pid}:          # the worker's own command line holds it too
-        assert worker.poll() is None, "the worker died before its sandbox started"
-        time.sleep(0.1)
-    staged = list(Path(tempfile.gettempdir()).glob(f"relayrl-sandbox-{worker.pid}-*"))
-    assert staged
-    worker.kill()
-    worker.wait()
+    try:
+        while set(_procs_with(token)) <= {worker.pid}:      # the worker's own command line holds it too
+            assert worker.poll() is None, "the worker died before its sandbox started"
+            time.sleep(0.1)
+        staged = list(Path(tempfile.gettempdir()).glob(f"relayrl-sandbox-{worker.pid}-*"))
+        assert staged
+    finally:
+        worker.kill()
+        worker.wait()
     _wait_until(lambda: not _procs_with(token))
     run_sandboxed("pass")
     assert not any(p.exists() for p in staged)
