@@ -15,7 +15,7 @@ import torch
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
 from relayrl.data import Prompt
 from relayrl.rollout import start_rollout_actor
-from relayrl.rollout.actor import WATCHDOG_STAGES
+from relayrl.rollout.engine import WATCHDOG_STAGES
 from relayrl.weightsync.base import StateDictSource
 from relayrl.weightsync.client import WeightSyncError
 from relayrl.weightsync.sync import TrainerSync
