@@ -17,11 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 """The repository root: where ``python -m bench.<name>`` children start."""
 
 RELAYRL = ["logging.wandb=disabled", "run.save_final=false"]
-"""relayrl overrides beyond the recipe: no wandb, no final model (the baselines save none either)."""
+"""relayrl overrides beyond the recipe: no wandb, no final model (the baselines save none)."""
 
 PARITY_FRACTION, PARITY_STEPS = 0.9, 1.25
-"""Learning parity: the threshold is 90 % of the reference run's best 3-step mean reward; another run is
-at parity when it first reaches it within 1.25x the steps the reference needed (issue 16's rule)."""
+"""Learning parity: the threshold is 90 % of the reference run's best 3-step mean reward; another
+run is at parity when it first reaches it within 1.25x the steps the reference needed (issue 16's
+rule)."""
 
 
 @dataclass
@@ -35,17 +36,18 @@ class Side:
     first_step_at: float           # launch -> first step logged
     wall: float                    # launch -> process exit
     load: tuple[float, float]      # 1-min load average before and after
-    mismatch: list[float] = field(default_factory=list)       # relayrl: mismatch/mean_abs at each probe
-    behaviour_kl: list[float] = field(default_factory=list)   # relayrl: policy/behaviour_kl per step
-    engine_s: float = float("nan")                             # relayrl: startup/engine_s
-    run_dir: Path | None = None                                # relayrl: the run directory
-    generate_s: list[float] = field(default_factory=list)     # relayrl: [steps] generate + reward seconds
-    train_s: list[float] = field(default_factory=list)        # relayrl: [steps] train + sync seconds
+    # relayrl's side only:
+    mismatch: list[float] = field(default_factory=list)       # mismatch/mean_abs at each probe
+    behaviour_kl: list[float] = field(default_factory=list)   # [steps] policy/behaviour_kl
+    engine_s: float = float("nan")                             # startup/engine_s
+    run_dir: Path | None = None                                # the run directory
+    generate_s: list[float] = field(default_factory=list)     # [steps] generate + reward seconds
+    train_s: list[float] = field(default_factory=list)        # [steps] train + sync seconds
 
 
 def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Side:
-    """``relayrl train`` in a subprocess (output in ``work/relayrl.log``); its figures come from the run's
-    ``metrics.jsonl``, its launch and exit times from here."""
+    """``relayrl train`` in a subprocess (output in ``work/relayrl.log``); its figures come from the
+    run's ``metrics.jsonl``, its launch and exit times from here."""
     out = work / "relayrl"
     work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "relayrl.cli", "train", "--config-name", recipe,
@@ -69,17 +71,19 @@ def run_relayrl(recipe: str, steps: int, overrides: list[str], work: Path) -> Si
 
 
 def run_logged(cmd: list[str], log: Path) -> None:
-    """Run ``cmd`` from the repository root with its output in ``log``; on failure show the log's tail and
-    stop."""
+    """Run ``cmd`` from the repository root with its output in ``log``; on failure show the log's
+    tail and stop."""
     with log.open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False, cwd=ROOT).returncode
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False, cwd=ROOT)
+    rc = done.returncode
     if rc != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
         sys.exit(f"{' '.join(cmd[:6])} ... exited {rc}; last lines of {log}:\n{tail}")
 
 
 def steps_to(rewards: list[float], threshold: float, window: int = 3) -> int | None:
-    """First step (1-based) at which the trailing ``window``-step mean reward reaches ``threshold``."""
+    """First step (1-based) at which the trailing ``window``-step mean reward reaches
+    ``threshold``."""
     for i in range(window, len(rewards) + 1):
         if statistics.mean(rewards[i - window:i]) >= threshold:
             return i
@@ -87,14 +91,15 @@ def steps_to(rewards: list[float], threshold: float, window: int = 3) -> int | N
 
 
 def best_mean(rewards: list[float], window: int = 3) -> float:
-    """The best ``window``-step mean reward of a run (the parity threshold is a fraction of it); a run shorter
-    than ``window`` steps: its mean."""
+    """The best ``window``-step mean reward of a run (the parity threshold is a fraction of it); a
+    run shorter than ``window`` steps: its mean."""
     window = min(window, len(rewards))
     return max(statistics.mean(rewards[i - window:i]) for i in range(window, len(rewards) + 1))
 
 
 def prompt_rows(cfg: Any, tokenizer: Any, steps: int) -> list[dict]:
-    """The prompts relayrl's run of ``cfg`` sees, in order: ``{"prompt": chat-formatted text, **columns}``."""
+    """The prompts relayrl's run of ``cfg`` sees, in order:
+    ``{"prompt": chat-formatted text, **columns}``."""
     from relayrl.data import load_task
     from relayrl.data.sampler import PromptSampler, chat_formatter
 
@@ -118,7 +123,7 @@ def timings(fn: Callable[[], Any], n: int, warmup: int = 1) -> list[float]:
 
 
 def best_of(fn: Callable[[], Any], n: int = 5) -> float:
-    """The fastest of ``n`` calls (after one untimed): the box's rate with the least interference."""
+    """The fastest of ``n`` calls (after one untimed): the rate with the least interference."""
     return min(timings(fn, n))
 
 

@@ -1,4 +1,4 @@
-"""A quiet console: relayrl's own lines on it, actor and engine output in files under ``<run dir>/logs/``.
+"""A quiet console: relayrl's own lines on it, actor and engine output in ``<run dir>/logs/``.
 
 relayrl's modules log through ``logging`` (``logging.getLogger(__name__)``, under the ``relayrl``
 logger); ``show_on_console`` puts those records on the console as bare lines, as the program's
@@ -44,9 +44,9 @@ _NEEDS_USER = re.compile(r"^\s*relayrl|\b(ERROR|CRITICAL)\b")
 
 
 class ConsoleHandler(logging.Handler):
-    """relayrl's records as bare lines: INFO and below to ``info_stream`` (``stdout`` or ``stderr``),
-    WARNING and above to stderr. The stream is looked up per record, so a redirected ``sys.stdout``
-    (pytest's capture, ``contextlib.redirect_stdout``) gets the lines."""
+    """relayrl's records as bare lines: INFO and below to ``info_stream`` (``stdout`` or
+    ``stderr``), WARNING and above to stderr. The stream is looked up per record, so a redirected
+    ``sys.stdout`` (pytest's capture, ``contextlib.redirect_stdout``) gets the lines."""
 
     def __init__(self, info_stream: str = "stdout") -> None:
         super().__init__()
@@ -64,8 +64,9 @@ class ConsoleHandler(logging.Handler):
 
 
 def show_on_console(info_stream: str = "stdout") -> ConsoleHandler:
-    """Show relayrl's INFO lines on this process's console (once: a second call returns the handler the
-    first installed). The level is set to INFO only where nobody set one on the ``relayrl`` logger."""
+    """Show relayrl's INFO lines on this process's console (once: a second call returns the handler
+    the first installed). The level is set to INFO only where nobody set one on the ``relayrl``
+    logger."""
     log = logging.getLogger("relayrl")
     handler = next((h for h in log.handlers if isinstance(h, ConsoleHandler)), None)
     if handler is None:

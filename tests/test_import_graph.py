@@ -1,10 +1,11 @@
 """relayrl's modules import each other without a circle, counting imports inside functions.
 
-A function-local import that closes a circle still couples the two modules both ways; it only moves the
-failure from import time to the first call. The graph is read from the source with ``ast``: every
-``import`` / ``from ... import`` anywhere in a module (inside functions and classes too), except those under
-``if TYPE_CHECKING:``, which never run. ``from relayrl.x import y`` is an edge to ``relayrl.x.y`` when ``y``
-is a submodule, else to ``relayrl.x``; a package's ``__init__`` is the module named by the package.
+A function-local import that closes a circle still couples the two modules both ways; it only
+moves the failure from import time to the first call. The graph is read from the source with
+``ast``: every ``import`` / ``from ... import`` anywhere in a module (inside functions and classes
+too), except those under ``if TYPE_CHECKING:``, which never run. ``from relayrl.x import y`` is an
+edge to ``relayrl.x.y`` when ``y`` is a submodule, else to ``relayrl.x``; a package's ``__init__``
+is the module named by the package.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
 
 
 def _owner(name: str, modules: dict[str, Path]) -> str | None:
-    """The longest known module that ``name`` is or lies in (``relayrl.x.Thing`` -> ``relayrl.x``)."""
+    """The longest known module that ``name`` is or lies in (``relayrl.x.Thing``: ``relayrl.x``)."""
     while name:
         if name in modules:
             return name
@@ -70,7 +71,7 @@ def _owner(name: str, modules: dict[str, Path]) -> str | None:
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the relayrl modules it imports anywhere in its source (TYPE_CHECKING blocks excepted)."""
+    """Module -> the relayrl modules it imports anywhere (``if TYPE_CHECKING:`` blocks excepted)."""
     modules = module_files(root)
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
@@ -83,7 +84,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
                 base = _absolute(node, name, is_package)
                 targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
                            for alias in node.names]
-            edges |= {t for t in map(lambda t: _owner(t, modules), targets) if t is not None}
+            edges |= {owner for t in targets if (owner := _owner(t, modules)) is not None}
         edges.discard(name)
         graph[name] = edges
     return graph
@@ -131,5 +132,6 @@ def test_graph_reads_local_submodule_and_type_checking_imports(tmp_path):
     assert graph["pkg.sub.leaf"] == {"pkg.top"}
     assert graph["pkg.top"] == {"pkg.sub.leaf"}
     assert find_cycle(graph) == ["pkg.sub.leaf", "pkg.top", "pkg.sub.leaf"]
-    (pkg / "top.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from pkg.sub import leaf\n")
+    (pkg / "top.py").write_text(
+        "import typing\nif typing.TYPE_CHECKING:\n    from pkg.sub import leaf\n")
     assert find_cycle(import_graph(pkg)) is None

@@ -11,12 +11,13 @@ import importlib
 from typing import Any
 
 KEEP_ENV = "RELAYRL_KEEP_CPU_WEIGHTS"
-"""Set to 1 in a rollout actor's environment (inherited by its vLLM processes) when ``commit=inplace``
-(``commit.keep_cpu_weights_if_asked``). Here, not in ``commit``, so the actor reads it without torch."""
+"""Set to 1 in a rollout actor's environment (inherited by its vLLM processes) when
+``commit=inplace`` (``commit.keep_cpu_weights_if_asked``). Here, not in ``commit``, so the actor
+reads it without torch."""
 
-# vLLM factory name -> (module, class); registered lazily, like vLLM's own engines. The worker side is
-# one engine for both transports (the trainer picks the transport at init); the trainer side is one
-# engine per transport.
+# vLLM factory name -> (module, class); registered lazily, like vLLM's own engines. The worker side
+# is one engine for both transports (the trainer picks the transport at init); the trainer side is
+# one engine per transport.
 WORKER_ENGINES = {"relayrl": ("relayrl.weightsync.base", "RelayWeightEngine")}
 RECEIVERS = {   # transport -> engine-side receiver, chosen by the trainer in the init payload
     "shm": ("relayrl.weightsync.shm", "ShmReceiver"),
