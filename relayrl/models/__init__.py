@@ -36,7 +36,8 @@ def resolve_model(path: str | Path, cache_dir: str | Path | None = None) -> Path
         return local.resolve()
     raise ModelNotFoundError(
         f"model.path={str(path)!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor a local HF "
-        f"directory with config.json; set model.path to one of those")
+        f"directory with config.json; set model.path to one of those"
+    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -49,5 +50,11 @@ def load_tokenizer(path: str | Path, cache_dir: str | Path | None = None):
     return AutoTokenizer.from_pretrained(resolve_model(path, cache_dir))
 
 
-__all__ = ["BUILTIN_MODELS", "ModelNotFoundError", "build_tiny_model", "ensure_smollm2", "load_tokenizer",
-           "resolve_model"]
+__all__ = [
+    "BUILTIN_MODELS",
+    "ModelNotFoundError",
+    "build_tiny_model",
+    "ensure_smollm2",
+    "load_tokenizer",
+    "resolve_model",
+]

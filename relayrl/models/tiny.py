@@ -25,8 +25,11 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 def _corpus(n_lines: int = 2000, seed: int = 0) -> list[str]:
     """Arithmetic prompts and answers plus a little English: the text the tiny models will see."""
     rng = random.Random(seed)
-    words = ("what is the sum of and answer please compute result give final number "
-             "question user assistant system think step reply only").split()
+    # One sentence of words reads better than 21 quoted items.
+    words = (  # noqa: SIM905
+        "what is the sum of and answer please compute result give final number "
+        "question user assistant system think step reply only"
+    ).split()
     lines = []
     for _ in range(n_lines):
         a, b = rng.randint(0, 99), rng.randint(0, 99)
@@ -48,11 +51,21 @@ def build_tokenizer(vocab_size: int = 512):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        chat_template=CHAT_TEMPLATE,
+    )
 
 
 def _model_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
@@ -65,9 +78,18 @@ def _model_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
     """
     from transformers import LlamaConfig, Qwen2Config
 
-    common = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                  eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+    )
     if kind == "tiny-llama":
         return LlamaConfig(**common, tie_word_embeddings=True)
     if kind == "tiny-qwen2":

@@ -52,10 +52,11 @@ import select
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, reduction, resource_tracker
-from typing import Any, Callable
+from typing import Any
 
 from relayrl.rollout.queuepoll import sleep_between_polls_if_asked
 from relayrl.vllm_import import import_vllm
@@ -68,7 +69,7 @@ OWNER_ENV = "RELAYRL_ENGINE_OWNER"
 """In the environment of engine processes forked from the driver's server: the pid of their rollout actor."""
 
 
-def _run(env: dict[str, str], streams: "_StdStreams", target: Callable, args: tuple, kwargs: dict) -> Any:
+def _run(env: dict[str, str], streams: _StdStreams, target: Callable, args: tuple, kwargs: dict) -> Any:
     """The child's entry point: the parent's environment and output, its owner, thread count and server, then
     vLLM."""
     title_ready()
@@ -81,7 +82,7 @@ def _run(env: dict[str, str], streams: "_StdStreams", target: Callable, args: tu
     patch_vllm()
     sleep_between_polls_if_asked()
     if cpus := omp_cpus(env):
-        os.sched_setaffinity(0, cpus)      # the OpenMP threads torch starts later inherit it
+        os.sched_setaffinity(0, cpus)  # the OpenMP threads torch starts later inherit it
     if threads := env.get("OMP_NUM_THREADS"):
         import torch
 
@@ -119,13 +120,13 @@ def belong_to(owner: int) -> None:
     register(owner, os.getpid())
     try:
         pidfd = os.pidfd_open(owner)
-    except ProcessLookupError:                      # it died while this process started
+    except ProcessLookupError:  # it died while this process started
         os._exit(1)
     threading.Thread(target=_die_with, args=(pidfd,), name="relayrl-owner", daemon=True).start()
 
 
 def _die_with(pidfd: int) -> None:
-    select.select([pidfd], [], [])                  # readable once the owner has exited
+    select.select([pidfd], [], [])  # readable once the owner has exited
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -137,7 +138,7 @@ class _StdStreams:
         self.fds = fds
 
     def __reduce__(self) -> tuple:
-        return _StdStreams, ((reduction.DupFd(1), reduction.DupFd(2)),)   # pickled while the child starts
+        return _StdStreams, ((reduction.DupFd(1), reduction.DupFd(2)),)  # pickled while the child starts
 
     def install(self) -> None:
         _redirect_std(tuple(dup.detach() for dup in self.fds))
@@ -146,10 +147,17 @@ class _StdStreams:
 class _Process(mp_context.ForkServerProcess):
     """A forkserver child that receives its parent's environment as it is when ``start()`` runs."""
 
-    def __init__(self, group: Any = None, target: Callable | None = None, name: str | None = None,
-                 args: tuple = (), kwargs: dict | None = None, *, daemon: bool | None = None) -> None:
-        super().__init__(group, _run, name, ({}, _StdStreams(), target, tuple(args), dict(kwargs or {})),
-                         daemon=daemon)
+    def __init__(
+        self,
+        group: Any = None,
+        target: Callable | None = None,
+        name: str | None = None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        daemon: bool | None = None,
+    ) -> None:
+        super().__init__(group, _run, name, ({}, _StdStreams(), target, tuple(args), dict(kwargs or {})), daemon=daemon)
 
     def start(self) -> None:
         self._args = (dict(os.environ), *self._args[1:])
@@ -172,7 +180,7 @@ def engine_context() -> EngineContext:
 
 def patch_vllm() -> None:
     """Make vLLM's engine-core launcher and multiprocess executor take their processes from ``CONTEXT``."""
-    import_vllm()                                   # first import here (the actor's): without Inductor
+    import_vllm()  # first import here (the actor's): without Inductor
     import vllm.v1.engine.utils as engine_utils
     import vllm.v1.executor.multiproc_executor as executor
 
@@ -210,9 +218,9 @@ def start_forkserver() -> None:
 class SharedServer:
     """The driver's server, as rollout actors see it (``SHARED_ENV``)."""
 
-    address: str                    # its Unix socket
-    boot_id: str                    # the host's boot: a socket path on another host means nothing here
-    env: dict[str, str]             # the variables it was started with; an actor adopts it if its own match
+    address: str  # its Unix socket
+    boot_id: str  # the host's boot: a socket path on another host means nothing here
+    env: dict[str, str]  # the variables it was started with; an actor adopts it if its own match
 
     def started_with(self, env: Any) -> bool:
         """Does ``env`` (a mapping) hold the values this server was started with?"""
@@ -233,9 +241,9 @@ def start_shared(env: dict[str, str]) -> None:
     (what the rollout actors will have), its output discarded and Ctrl-C ignored (the driver handles it)."""
     global _shared
     if forkserver._forkserver._forkserver_pid is not None:
-        return                                      # this process runs one already, started otherwise
+        return  # this process runs one already, started otherwise
     saved, streams = dict(os.environ), _silence_output()
-    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)        # inherited through exec
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec
     try:
         os.environ.update(env)
         CONTEXT.set_forkserver_preload(PRELOAD)
@@ -291,11 +299,11 @@ def adopt_shared() -> bool:
         return False
     from relayrl.rollout.cleanup import forget_dead_owners, forget_owned
 
-    forget_owned(os.getpid())                       # what an earlier process with this pid registered
+    forget_owned(os.getpid())  # what an earlier process with this pid registered
     forget_dead_owners()
     state = forkserver._forkserver
     state._forkserver_address = server.address
-    state._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)   # the driver keeps the server alive
+    state._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)  # the driver keeps the server alive
     adopt_server()
     os.environ[OWNER_ENV] = str(os.getpid())
     return True

@@ -31,7 +31,7 @@ KEEP_ENV = "RELAYRL_KEEP_CPU_WEIGHTS"
 # one engine for both transports (the trainer picks the transport at init); the trainer side is one
 # engine per transport.
 WORKER_ENGINES = {"relayrl": ("relayrl.weightsync.base", "RelayWeightEngine")}
-RECEIVERS = {   # transport -> engine-side receiver, chosen by the trainer in the init payload
+RECEIVERS = {  # transport -> engine-side receiver, chosen by the trainer in the init payload
     "shm": ("relayrl.weightsync.shm", "ShmReceiver"),
     "broadcast": ("relayrl.weightsync.broadcast", "BroadcastReceiver"),
 }
@@ -43,23 +43,27 @@ TRAINER_ENGINES = {
 
 @dataclass(frozen=True)
 class Backend:
-    engine: Callable[[WeightSyncConfig], str]                       # vLLM engine name for this config
-    trainer_info: Callable[[WeightSyncConfig, int, int, str | None], Any]   # (cfg, rank, workers, wire dtype)
+    engine: Callable[[WeightSyncConfig], str]  # vLLM engine name for this config
+    trainer_info: Callable[[WeightSyncConfig, int, int, str | None], Any]  # (cfg, rank, workers, wire dtype)
 
 
 def _shm_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
     from relayrl.weightsync.shm import ShmTrainerInitInfo
 
-    return ShmTrainerInitInfo(rank=rank, shm_dir=cfg.shm_dir, bucket_bytes=cfg.bucket_mb << 20,
-                              wire_dtype=wire_dtype)
+    return ShmTrainerInitInfo(rank=rank, shm_dir=cfg.shm_dir, bucket_bytes=cfg.bucket_mb << 20, wire_dtype=wire_dtype)
 
 
 def _broadcast_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
     from relayrl.weightsync.broadcast import BroadcastTrainerInitInfo
 
-    return BroadcastTrainerInitInfo(rank=rank, world_size=1 + workers, host=cfg.host,
-                                    bucket_bytes=cfg.bucket_mb << 20, wire_dtype=wire_dtype,
-                                    timeout_s=cfg.timeout_s)
+    return BroadcastTrainerInitInfo(
+        rank=rank,
+        world_size=1 + workers,
+        host=cfg.host,
+        bucket_bytes=cfg.bucket_mb << 20,
+        wire_dtype=wire_dtype,
+        timeout_s=cfg.timeout_s,
+    )
 
 
 def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
@@ -72,8 +76,14 @@ def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str
 
     from relayrl.trainer.group import free_port
 
-    return NCCLTrainerInitInfo(rank=rank, master_address=cfg.host, master_port=free_port(cfg.host),
-                               world_size=1 + workers, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)
+    return NCCLTrainerInitInfo(
+        rank=rank,
+        master_address=cfg.host,
+        master_port=free_port(cfg.host),
+        world_size=1 + workers,
+        packed=True,
+        packed_buffer_size_bytes=cfg.bucket_mb << 20,
+    )
 
 
 BACKENDS: dict[str, Backend] = {
@@ -87,12 +97,14 @@ def register_with_vllm() -> None:
     """Add relayrl's engines to vLLM's two factories (idempotent; lazy imports, like vLLM's own)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
-    for factory, engines in ((WeightTransferEngineFactory, WORKER_ENGINES),
-                             (WeightTransferTrainerFactory, TRAINER_ENGINES)):
+    for factory, engines in (
+        (WeightTransferEngineFactory, WORKER_ENGINES),
+        (WeightTransferTrainerFactory, TRAINER_ENGINES),
+    ):
         for name, (module, cls_name) in engines.items():
             try:
                 factory.register_engine(name, module, cls_name)
-            except ValueError:   # already registered in this process
+            except ValueError:  # already registered in this process
                 pass
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -110,8 +110,10 @@ class RelayWeightEngine(WeightTransferEngine):
         if self.receiver is None:
             raise RuntimeError("weight transfer was not initialised; call init_weight_transfer_engine first")
         if info.digest != self.layout.digest:
-            raise ValueError(f"v{info.version}: trainer layout {info.digest} != engine layout "
-                             f"{self.layout.digest}; re-run init_weight_transfer_engine")
+            raise ValueError(
+                f"v{info.version}: trainer layout {info.digest} != engine layout "
+                f"{self.layout.digest}; re-run init_weight_transfer_engine"
+            )
         self._staged = self.receiver.receive(self.layout, info)
 
     def receive_weights(self, update_info: FlatUpdateInfo) -> None:
@@ -165,8 +167,8 @@ class FlatTrainerEngine(TrainerWeightTransferEngine):
             with one_thread():
                 self.transfer(named, {"version": self.client.version, "digest": self.layout.digest})
         finally:
-            drain(named)   # a failed transfer still finishes the gathers, or FSDP peers would hang
-        self.client.seconds["transfer"] = time.perf_counter() - t0   # gathers + copies + engine receive
+            drain(named)  # a failed transfer still finishes the gathers, or FSDP peers would hang
+        self.client.seconds["transfer"] = time.perf_counter() - t0  # gathers + copies + engine receive
         self.client.finish_weight_update()
 
 

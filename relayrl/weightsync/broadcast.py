@@ -31,8 +31,9 @@ from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, plan_layo
 from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
 
 
-def open_group(host: str, port: int, rank: int, world_size: int, name: str, timeout_s: float,
-               store: dist.Store | None = None) -> dist.ProcessGroup:
+def open_group(
+    host: str, port: int, rank: int, world_size: int, name: str, timeout_s: float, store: dist.Store | None = None
+) -> dist.ProcessGroup:
     """Join the gloo group ``name`` whose store listens on ``host:port`` (rank 0 passes its own ``store``)."""
     timeout = timedelta(seconds=timeout_s)
     if store is None:
@@ -56,7 +57,7 @@ def trailer(version: int, layout: FlatLayout) -> torch.Tensor:
 class BroadcastTrainerInitInfo(TrainerInitInfo):
     backend: ClassVar[str] = "relayrl_broadcast"
 
-    world_size: int = 2          # 1 trainer rank + all engine workers
+    world_size: int = 2  # 1 trainer rank + all engine workers
     host: str = "127.0.0.1"
     bucket_bytes: int = 64 << 20
     wire_dtype: str | None = None
@@ -68,8 +69,9 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
     group: dist.ProcessGroup | None = None
 
     @classmethod
-    def trainer_init(cls, init_info: BroadcastTrainerInitInfo, *, client: Any,
-                     source: WeightSource | None = None) -> "BroadcastTrainerEngine":
+    def trainer_init(
+        cls, init_info: BroadcastTrainerInitInfo, *, client: Any, source: WeightSource | None = None
+    ) -> BroadcastTrainerEngine:
         layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
         engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
         engine.timeout_s = init_info.timeout_s
@@ -83,13 +85,23 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
         timeout = timedelta(seconds=info.timeout_s)
         self.store = master_store(info.host, 0, info.world_size, timeout)
         name = f"relayrl-{uuid.uuid4().hex[:8]}"
-        payload = {"layout": self.layout.to_dict(), "transport": "broadcast", "rank_offset": 1,
-                   "channel": {"host": info.host, "port": self.store.port, "world_size": info.world_size,
-                               "group_name": name, "timeout_s": info.timeout_s}}
+        payload = {
+            "layout": self.layout.to_dict(),
+            "transport": "broadcast",
+            "rank_offset": 1,
+            "channel": {
+                "host": info.host,
+                "port": self.store.port,
+                "world_size": info.world_size,
+                "group_name": name,
+                "timeout_s": info.timeout_s,
+            },
+        }
         with ThreadPoolExecutor(max_workers=1) as pool:
             joined = pool.submit(self.client.init_weight_transfer_engine, payload)
-            self.group = open_group(info.host, self.store.port, 0, info.world_size, name, info.timeout_s,
-                                    store=self.store)
+            self.group = open_group(
+                info.host, self.store.port, 0, info.world_size, name, info.timeout_s, store=self.store
+            )
             joined.result()
 
     def transfer(self, named: Any, info: dict[str, Any]) -> None:
@@ -100,19 +112,21 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
             self._send_buckets(named, info["version"])
             received.result()
         finally:
-            pool.shutdown(wait=False)   # after a failed send the RPC ends by its own timeout; don't wait here
+            pool.shutdown(wait=False)  # after a failed send the RPC ends by its own timeout; don't wait here
 
     def _buffers(self) -> None:
         """Two bucket-sized send buffers and every bucket's typed views into its buffer, made once."""
         size = max(b.end - b.start for b in self.layout.buckets)
         self.buffers = [torch.empty(size, dtype=torch.uint8) for _ in range(min(2, len(self.layout.buckets)))]
-        self.dests = [bucket_views(self.layout, b, self.buffers[i % len(self.buffers)], base=b.start)
-                      for i, b in enumerate(self.layout.buckets)]
+        self.dests = [
+            bucket_views(self.layout, b, self.buffers[i % len(self.buffers)], base=b.start)
+            for i, b in enumerate(self.layout.buckets)
+        ]
 
     def _send_buckets(self, named: Any, version: int) -> None:
         work = None
         for i, bucket in enumerate(self.layout.buckets):
-            pack(self.layout, bucket, named, self.dests[i])   # overlaps the previous bucket's send
+            pack(self.layout, bucket, named, self.dests[i])  # overlaps the previous bucket's send
             if work is not None:
                 work.wait()
             buf = self.buffers[i % len(self.buffers)]
@@ -132,24 +146,29 @@ class BroadcastReceiver:
         self.timeout_s = channel["timeout_s"]
         self.staging = torch.zeros(layout.nbytes, dtype=torch.uint8)
         self.group: dist.ProcessGroup | None = open_group(
-            channel["host"], channel["port"], rank, channel["world_size"], channel["group_name"], self.timeout_s)
+            channel["host"], channel["port"], rank, channel["world_size"], channel["group_name"], self.timeout_s
+        )
 
     def receive(self, layout: FlatLayout, info: FlatUpdateInfo) -> torch.Tensor:
         if self.group is None:
-            raise RuntimeError("the broadcast group broke in an earlier aborted sync; the trainer must "
-                               "re-initialise the transfer (it does so on its next sync)")
+            raise RuntimeError(
+                "the broadcast group broke in an earlier aborted sync; the trainer must "
+                "re-initialise the transfer (it does so on its next sync)"
+            )
         try:
             for bucket in layout.buckets:
-                broadcast(self.group, self.staging[bucket.start: bucket.end], self.timeout_s).wait()
+                broadcast(self.group, self.staging[bucket.start : bucket.end], self.timeout_s).wait()
             got = torch.zeros(3, dtype=torch.int64)
             broadcast(self.group, got, self.timeout_s).wait()
         except Exception:
-            self.group = None   # a timed-out gloo group cannot be trusted again
+            self.group = None  # a timed-out gloo group cannot be trusted again
             raise
         expected = trailer(info.version, layout)
         if not torch.equal(got, expected):
-            raise ValueError(f"broadcast trailer {got.tolist()} != expected {expected.tolist()}; "
-                             "trainer and engine walked different layouts")
+            raise ValueError(
+                f"broadcast trailer {got.tolist()} != expected {expected.tolist()}; "
+                "trainer and engine walked different layouts"
+            )
         return self.staging
 
     def close(self) -> None:

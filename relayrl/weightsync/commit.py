@@ -74,8 +74,7 @@ def can_load_in_place(vllm_config: Any, model: nn.Module) -> bool:
     up for a packed copy built straight from the buffer (``pack_direct``, which records its shape)."""
     if vllm_config.model_config.quantization is not None:
         return False
-    return all(m.weight.numel() > 0 or hasattr(m, DROPPED_SHAPE)
-               for m in linear_layers(model) if hasattr(m, "weight"))
+    return all(m.weight.numel() > 0 or hasattr(m, DROPPED_SHAPE) for m in linear_layers(model) if hasattr(m, "weight"))
 
 
 def load_in_place(model: nn.Module, layout: FlatLayout, buffer: torch.Tensor) -> None:
@@ -112,12 +111,16 @@ def direct_sources(model: nn.Module, layout: FlatLayout) -> dict[nn.Module, list
     fused = getattr(model, "packed_modules_mapping", {}) or {}
     out = {}
     for name, module in model.named_modules():
-        if (not isinstance(module, LinearBase) or not isinstance(module.quant_method, UnquantizedLinearMethod)
-                or getattr(module, "_cpu_skip_gemm_dispatch", False)):   # F.linear on the weight itself
+        if (
+            not isinstance(module, LinearBase)
+            or not isinstance(module.quant_method, UnquantizedLinearMethod)
+            or getattr(module, "_cpu_skip_gemm_dispatch", False)
+        ):  # F.linear on the weight itself
             continue
         parent, _, leaf = name.rpartition(".")
-        parts = [slots.get(f"{parent}.{shard}.weight" if parent else f"{shard}.weight")
-                 for shard in fused.get(leaf, [leaf])]
+        parts = [
+            slots.get(f"{parent}.{shard}.weight" if parent else f"{shard}.weight") for shard in fused.get(leaf, [leaf])
+        ]
         if getattr(module, "tp_size", 1) == 1 and is_run(parts, weight_shape(module), module.params_dtype):
             out[module] = parts
     return out
@@ -164,8 +167,12 @@ def packs_a_copy() -> bool:
     from vllm import _custom_ops as ops
     from vllm.platforms import CpuArchEnum, current_platform
 
-    return (current_platform.is_cpu() and bool(ops._supports_onednn) and not current_platform.is_zen_cpu()
-            and current_platform.get_cpu_architecture() != CpuArchEnum.POWERPC)
+    return (
+        current_platform.is_cpu()
+        and bool(ops._supports_onednn)
+        and not current_platform.is_zen_cpu()
+        and current_platform.get_cpu_architecture() != CpuArchEnum.POWERPC
+    )
 
 
 def _is_cpu() -> bool:
@@ -189,8 +196,11 @@ def linear_layers(model: nn.Module) -> list[nn.Module]:
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-    return [m for m in model.modules()
-            if isinstance(m, (LinearBase, ParallelLMHead)) and getattr(m, "quant_method", None) is not None]
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, (LinearBase, ParallelLMHead)) and getattr(m, "quant_method", None) is not None
+    ]
 
 
 def reload_flat(vllm_config: Any, model: nn.Module, layout: FlatLayout, buffer: torch.Tensor) -> None:
@@ -198,8 +208,9 @@ def reload_flat(vllm_config: Any, model: nn.Module, layout: FlatLayout, buffer: 
     from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
     ties = tied_parameters(model)
-    reload_weights(vllm_config, model, weights_iterator=layout.views(buffer), weights_path=None,
-                   is_checkpoint_format=True)
+    reload_weights(
+        vllm_config, model, weights_iterator=layout.views(buffer), weights_path=None, is_checkpoint_format=True
+    )
     retie(ties)
 
 

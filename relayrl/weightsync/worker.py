@@ -20,7 +20,7 @@ from relayrl.weightsync import register_with_vllm
 from relayrl.weightsync.commit import keep_cpu_weights_if_asked
 
 register_with_vllm()
-keep_cpu_weights_if_asked()   # before vLLM builds the model: weightsync.commit=inplace needs the CPU linears' weights
+keep_cpu_weights_if_asked()  # before vLLM builds the model: weightsync.commit=inplace needs the CPU linears' weights
 
 
 class WeightSyncExtension:
@@ -60,5 +60,8 @@ class WeightSyncExtension:
         up as absent here.
         """
         model = self.model_runner.get_model()
-        return {name: hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
-                for name, p in model.named_parameters() if p.numel() > 0}
+        return {
+            name: hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+            for name, p in model.named_parameters()
+            if p.numel() > 0
+        }
