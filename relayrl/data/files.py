@@ -79,7 +79,7 @@ def _load_table(path: Path, split: str) -> Any:
         )
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train")
-    except Exception as exc:  # pyarrow / pandas parse errors have many types
+    except Exception as exc:  # noqa: BLE001 - pyarrow / pandas parse errors have many types
         raise ConfigError(
             f"{path}: cannot read as {builder} ({_first_line(exc)}); fix the file or its suffix"
         ) from None

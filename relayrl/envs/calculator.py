@@ -14,9 +14,9 @@ import ast
 import math
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from relayrl.envs.tools import ToolEnv, ToolError
+from relayrl.envs.tools import Tool, ToolEnv, ToolError
 
 MAX_CHARS = 200
 MAX_MAGNITUDE = 1e100
@@ -119,7 +119,7 @@ class CalculatorEnv(ToolEnv):
       Re-prompting instead of ending lets a model recover from a malformed turn within ``max_turns``.
     """
 
-    tools = {"calc": calculate}
+    tools: ClassVar[dict[str, Tool]] = {"calc": calculate}
 
     def __init__(self, hint: str = HINT, feedback: str = FEEDBACK) -> None:
         super().__init__()

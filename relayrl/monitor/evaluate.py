@@ -117,7 +117,8 @@ def evaluate(
     model_path = resolve_model_path(cfg)
     reward_fns = resolve_rewards(cfg, None)
     rows, split = eval_rows(cfg, cfg.eval.num_prompts if limit is None else limit)
-    print(f"relayrl: eval: {len(rows)} prompts x {n} samples; {split}", file=sys.stderr)
+    # `relayrl eval` reports progress on stderr; moves to `logging` with the rest of the library output (issue 38)
+    print(f"relayrl: eval: {len(rows)} prompts x {n} samples; {split}", file=sys.stderr)  # noqa: T201
     prompts = format_prompts(cfg, model_path, rows)
     groups = generate(cfg, model_path, prompts, n, temperature)
     result = dataclasses.replace(summarize(str(model_path), score(groups, reward_fns), n, ks), split=split)
@@ -206,7 +207,7 @@ def generate(cfg: Config, model_path: Path, prompts: list[Prompt], n: int, tempe
     start_ray(cfg.run.ray_address, cfg.placement, rollout_cfg.num_cpus)
     actor = start_rollout_actor(str(model_path), cfg.model, rollout_cfg, cfg.run.seed)
     try:
-        print("relayrl: eval: starting the engine", file=sys.stderr)
+        print("relayrl: eval: starting the engine", file=sys.stderr)  # noqa: T201 - as above
         ray.get(actor.info.remote())  # engine up: the progress clock (and its ETA) is generation only
         return generate_chunks(actor, prompts, n)
     finally:

@@ -187,7 +187,7 @@ class ConsoleSink:
 
 def _clock(seconds: float) -> str:
     """``75`` -> ``1:15``; ``3725`` -> ``1:02:05``."""
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 

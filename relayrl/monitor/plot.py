@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -231,4 +232,4 @@ def _downsample(values: list[float], width: int) -> list[float]:
     if len(values) <= width:
         return values
     edges = [round(i * len(values) / width) for i in range(width + 1)]
-    return [sum(values[a:b]) / (b - a) for a, b in zip(edges, edges[1:])]
+    return [sum(values[a:b]) / (b - a) for a, b in pairwise(edges)]

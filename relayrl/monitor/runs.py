@@ -2,8 +2,8 @@
 
 Status comes from ``status.json``, which ``RunDir`` writes: ``running`` (with the driver's pid and host)
 when the run starts, ``finished`` after the final checkpoint and plots, ``failed`` (with the error's first
-line) when ``train`` raises, ``interrupted`` after Ctrl-C. A ``running`` run whose process is gone from this host died without
-saying so (killed, out of memory): it is shown as ``failed``. Runs without the file (older runs) are
+line) when ``train`` raises, ``interrupted`` after Ctrl-C. A ``running`` run whose process is gone from this
+host died without saying so (killed, out of memory): it is shown as ``failed``. Runs without the file (older runs) are
 ``finished`` when metrics.jsonl reached ``run.steps`` and ``unknown`` otherwise.
 """
 

@@ -183,7 +183,8 @@ SCHEMA: tuple[Metric, ...] = (
     M(
         "startup/engine_s",
         "s",
-        "slowest rollout engine's construction (AsyncLLM start; its vLLM import unless forked from the preloaded server)",
+        "slowest rollout engine's construction (AsyncLLM start; its vLLM import unless forked from the preloaded "
+        "server)",
         when="first_step",
     ),
     M(
@@ -330,4 +331,4 @@ def schema_markdown() -> str:
 
 
 if __name__ == "__main__":  # regenerate the tables of docs/observability.md
-    print(schema_markdown(), end="")
+    print(schema_markdown(), end="")  # noqa: T201 - the tables go to stdout, to paste into the doc

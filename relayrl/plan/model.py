@@ -19,7 +19,8 @@ and the step is
 ::
 
     separate, sync  (or k = 0):  step = Tg(r) + Tr + Tt(t) + Ts + O
-    separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s, train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
+    separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s,
+                                            train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
     colocated (sync), N devices: step = c * Tg(N) + Tr + Tt(N) + Ts + 2 * switch_s + O
     shared (CPU, sync), N cores: step = Tg(N) + Tr + Tt(N) + Ts + O   (Tg with g, Tt with e(N))
 

@@ -18,6 +18,7 @@ for its lifetime).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -118,7 +119,9 @@ def cleanup_engine_segments() -> Cleanup:
     and prints one line when it freed any."""
     result = remove_orphaned_segments()
     if result.removed:
-        print(
+        # Runs in the rollout actor: logs.py shows its stdout lines that start with "relayrl" on the console.
+        # Moves to `logging` with the rest of the library output (issue 38).
+        print(  # noqa: T201
             f"relayrl: removed {len(result.removed)} shared-memory segment(s) of dead vLLM engines "
             f"({result.bytes_freed / 2**20:.0f} MiB in {SHM_DIR})"
         )
@@ -186,9 +189,7 @@ def kill_process_tree(pid: int) -> int:
     except psutil.NoSuchProcess:
         pass
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     forget_owned(pid)
     return len(procs)

@@ -17,6 +17,7 @@ later one with ``EngineHostDied``, which the controller treats as a dead replica
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import pickle
@@ -158,10 +159,8 @@ async def _answer(conn: Connection, rollout: Any, call_id: int, name: str, args:
         reply = (call_id, True, await invoke(rollout, name, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - the actor re-raises it
         reply = (call_id, False, portable(exc))
-    try:
+    with contextlib.suppress(BrokenPipeError, OSError):  # the actor is gone; the host ends at the pipe's EOF
         _send(conn, reply, name)
-    except (BrokenPipeError, OSError):  # the actor is gone; the host ends at the pipe's EOF
-        pass
 
 
 def _send(conn: Connection, reply: tuple, name: str) -> None:

@@ -17,6 +17,7 @@ goes into the engine args, and ``RolloutActor`` exposes the control-plane calls.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -102,10 +103,8 @@ def register_with_vllm() -> None:
         (WeightTransferTrainerFactory, TRAINER_ENGINES),
     ):
         for name, (module, cls_name) in engines.items():
-            try:
+            with contextlib.suppress(ValueError):  # already registered in this process
                 factory.register_engine(name, module, cls_name)
-            except ValueError:  # already registered in this process
-                pass
 
 
 def load(entry: tuple[str, str]) -> Any:

@@ -27,6 +27,7 @@ Two paths (``weightsync.commit``):
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -130,7 +131,7 @@ def is_run(parts: list[Slot | None], shape: tuple[int, int], dtype: torch.dtype)
     """``parts`` are 2-D slots of ``dtype``, each starting where the last ends, stacking to ``shape``."""
     if not parts or any(p is None or len(p.shape) != 2 or p.dtype != dtype_name(dtype) for p in parts):
         return False
-    ends_meet = all(a.offset + a.nbytes == b.offset for a, b in zip(parts, parts[1:]))
+    ends_meet = all(a.offset + a.nbytes == b.offset for a, b in pairwise(parts))
     stacked = (sum(p.shape[0] for p in parts), parts[0].shape[1])
     return ends_meet and all(p.shape[1] == shape[1] for p in parts) and stacked == tuple(shape)
 

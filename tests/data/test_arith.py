@@ -23,9 +23,9 @@ def test_phrasing_asks_for_the_answer_format():
 
 
 def test_bad_arguments_name_the_config_field():
-    with pytest.raises(ValueError, match="data.num_prompts"):
+    with pytest.raises(ValueError, match=r"data\.num_prompts"):
         make_arith_rows(0, 5, 0)
-    with pytest.raises(ValueError, match="data.max_operand"):
+    with pytest.raises(ValueError, match=r"data\.max_operand"):
         make_arith_rows(3, -1, 0)
 
 
@@ -34,5 +34,5 @@ def test_load_task_dispatches(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"question": "q", "answer": "#### 5"}\n')
     assert load_task(DataConfig(task="jsonl", path=str(path)))[0]["answer"] == "5"
-    with pytest.raises(ValueError, match="data.path"):
+    with pytest.raises(ValueError, match=r"data\.path"):
         load_task(DataConfig(task="jsonl"))

@@ -62,11 +62,11 @@ def test_chat_messages_are_prompts(tmp_path):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
     path = write(tmp_path, ".parquet", [{"messages": messages, "answer": 4}])
     assert load_hf(path, prompt_key="messages") == [{"question": messages, "answer": "4"}]
-    bad = write(tmp_path, ".jsonl", [{"messages": messages + [{"role": "assistant", "content": "4"}], "answer": 4}])
+    bad = write(tmp_path, ".jsonl", [{"messages": [*messages, {"role": "assistant", "content": "4"}], "answer": 4}])
     with pytest.raises(ConfigError, match="messages end with a 'assistant' turn; end each prompt with the user"):
         load_hf(bad, prompt_key="messages")
     cfg = DataConfig(task="hf", path=str(path), prompt_key="messages", chat_template=False)
-    with pytest.raises(ConfigError, match="prompts are chat messages.*set data.chat_template=true"):
+    with pytest.raises(ConfigError, match=r"prompts are chat messages.*set data\.chat_template=true"):
         load_task(cfg)
 
 
@@ -81,8 +81,10 @@ def test_answer_key_null_loads_prompts_alone(tmp_path):
         (
             lambda p: write(p, ".jsonl"),
             {},
-            r"no column 'question', 'answer' \(has: problem, solution, id\); "
-            r"set data.prompt_key / data.answer_key",
+            (
+                r"no column 'question', 'answer' \(has: problem, solution, id\); "
+                r"set data.prompt_key / data.answer_key"
+            ),
         ),
         (lambda p: write(p, ".csv"), {"prompt_key": "problem", "answer_key": "sol"}, r"no column 'sol'"),
         (lambda p: p / "nope.parquet", {}, "no such file or directory; point data.path"),

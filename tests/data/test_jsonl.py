@@ -45,5 +45,5 @@ def test_bad_files_give_one_line_errors_with_location(tmp_path, lines, expected)
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(JsonlError, match="no such file; point data.path"):
+    with pytest.raises(JsonlError, match=r"no such file; point data\.path"):
         load_jsonl(tmp_path / "nope.jsonl")

@@ -1,4 +1,5 @@
 import json
+from itertools import pairwise
 
 import pytest
 
@@ -66,7 +67,7 @@ def test_resume_refuses_other_data_or_seed():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="no rows"):
         PromptSampler([], 2, 0)
-    with pytest.raises(ValueError, match="run.prompts_per_step"):
+    with pytest.raises(ValueError, match=r"run\.prompts_per_step"):
         PromptSampler(ROWS, 0, 0)
 
 
@@ -76,7 +77,7 @@ def test_chat_formatter_applies_template_with_generation_prompt():
     assert fmt("What is 1 + 2?") == "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
     assert chat_formatter(tokenizer, use_chat_template=False)("hi") == "hi"
     tokenizer.chat_template = None
-    with pytest.raises(ValueError, match="data.chat_template=false"):
+    with pytest.raises(ValueError, match=r"data\.chat_template=false"):
         chat_formatter(tokenizer, use_chat_template=True)
 
 
@@ -96,7 +97,7 @@ def test_each_prompt_carries_a_seed_from_the_sampling_seed_and_its_id():
     first = PromptSampler(ROWS, 1, seed=4).next_batch()[0]  # default: the data seed
     assert first.seed == prompt_seed(4, first.prompt_id)
     bases = sorted(prompt_seed(11, pid) for pid in range(1000))
-    assert all(b - a >= 64 for a, b in zip(bases, bases[1:]))  # group sizes up to 64 never share seeds
+    assert all(b - a >= 64 for a, b in pairwise(bases))  # group sizes up to 64 never share seeds
 
 
 def test_prompt_json_is_the_checkpoint_format():

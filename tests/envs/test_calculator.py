@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from typing import ClassVar
 
 import pytest
 
@@ -22,6 +23,7 @@ from relayrl.envs import (
     parse_tool_call,
 )
 from relayrl.envs.calculator import FEEDBACK, HINT, MAX_MAGNITUDE
+from relayrl.envs.tools import Tool
 
 QUESTION = "What is 3 + 4? Reply with 'Answer: N'."
 PROMPT = f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
@@ -168,7 +170,7 @@ def test_answer_column_may_be_text_with_separators():
 
 def test_tool_errors_from_user_tools_become_messages():
     class Boom(ToolEnv):
-        tools = {"boom": lambda args: {}[args]}
+        tools: ClassVar[dict[str, Tool]] = {"boom": lambda args: {}[args]}
 
     assert Boom().step("<boom>key</boom>") == ("<result>error: KeyError: 'key'</result>\n", 0.0, False)
     with pytest.raises(NotImplementedError, match="must implement finish"):

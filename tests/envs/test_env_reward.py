@@ -34,7 +34,7 @@ def test_env_reward_builtin_scores_with_weights_beside_other_rewards():
 
 
 def test_env_reward_without_an_environment_excludes_with_a_clear_reason():
-    with pytest.raises(RewardError, match="env_reward found no env_reward column.*set env.name=calculator"):
+    with pytest.raises(RewardError, match=r"env_reward found no env_reward column.*set env\.name=calculator"):
         score_groups([_group([None, None])], load_reward_fns([("env_reward", 1.0)]))
 
 

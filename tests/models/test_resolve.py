@@ -18,7 +18,7 @@ def test_unknown_name_names_the_field_and_the_fix(tmp_path):
 
 def test_directory_without_config_is_rejected(tmp_path):
     (tmp_path / "weights").mkdir()
-    with pytest.raises(ModelNotFoundError, match="config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"config\.json"):
         resolve_model(str(tmp_path / "weights"))
 
 

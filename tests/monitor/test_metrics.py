@@ -154,7 +154,7 @@ def test_wandb_sink_mode_is_passed_through(tmp_path, monkeypatch):
         "proj",
         {"a": 1},
     )
-    with pytest.raises(ValueError, match="logging.wandb=disabled"):
+    with pytest.raises(ValueError, match=r"logging\.wandb=disabled"):
         WandbSink(tmp_path, "proj", "disabled")
 
 

@@ -101,7 +101,7 @@ def test_plot_skips_charts_without_data_and_tolerates_nulls(tmp_path):
 
 
 def test_plot_errors_name_the_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="metrics.jsonl does not exist; pass a run directory"):
+    with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl does not exist; pass a run directory"):
         plot_run(tmp_path)
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="has no steps yet"):

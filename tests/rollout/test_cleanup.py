@@ -98,5 +98,5 @@ def test_kill_process_tree_ends_stopped_descendants():
         proc.send_signal(signal.SIGSTOP)
     assert kill_process_tree(parent.pid) == 2
     parent.wait(timeout=60)
-    gone, alive = psutil.wait_procs(tree, timeout=60)
+    _gone, alive = psutil.wait_procs(tree, timeout=60)
     assert alive == []

@@ -7,6 +7,7 @@ import json
 import math
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ class ScriptedEngine:
 class ScriptedEnv:
     """reset -> the prompt; step i -> steps[i]; records the actions."""
 
-    stop = ["</x>"]
+    stop: ClassVar[list[str]] = ["</x>"]
 
     def __init__(self, steps: list[tuple[str, float, bool]]):
         self.steps, self.actions, self.sample = list(steps), [], None
@@ -154,14 +155,14 @@ def test_async_env_and_a_failing_env():
             raise KeyError("answer")
 
     engine = ScriptedEngine([_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)])])
-    with pytest.raises(EpisodeError, match="Broken.step failed on prompt 3 sample 1 turn 1: KeyError"):
+    with pytest.raises(EpisodeError, match=r"Broken\.step failed on prompt 3 sample 1 turn 1: KeyError"):
         _run(EpisodeRunner(engine, CharTokenizer(), 2, 8, 64), Broken([]))
 
     class Exits(ScriptedEnv):
         def reset(self, sample):
             raise SystemExit(3)  # would end the rollout actor if it escaped
 
-    with pytest.raises(EpisodeError, match="Exits.reset failed on prompt 3 sample 1: SystemExit: 3"):
+    with pytest.raises(EpisodeError, match=r"Exits\.reset failed on prompt 3 sample 1: SystemExit: 3"):
         _run(EpisodeRunner(ScriptedEngine([]), CharTokenizer(), 2, 8, 64), Exits([]))
 
 

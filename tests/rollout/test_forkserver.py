@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,7 +79,7 @@ def _title(queue) -> None:
     import setproctitle
 
     setproctitle.setproctitle("VLLM::EngineCore")
-    queue.put(open("/proc/self/comm").read().strip())
+    queue.put(Path("/proc/self/comm").read_text().strip())
 
 
 def test_child_can_name_itself():
@@ -207,10 +209,8 @@ def test_engine_processes_of_the_drivers_server_live_as_in_their_actors_tree():
         assert owned(actor.pid) == []
     finally:
         for pid in [*info["children"], *([actor.pid] if actor is not None else [])]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         driver.communicate(timeout=60)
     assert driver.returncode == 0
 

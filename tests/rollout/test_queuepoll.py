@@ -49,7 +49,7 @@ def test_vllm_spin_is_what_it_replaces(reader, monkeypatch):
 
 
 def test_after_the_window_the_reader_waits_on_zmq_as_vllm_does(reader, monkeypatch):
-    shm, cond = reader
+    _shm, cond = reader
     queuepoll.sleep_between_polls(200)
     sleeps = _calls(monkeypatch, queuepoll.time, "sleep")
     cond.last_read = time.monotonic() - 2 * cond.busy_loop_s

@@ -57,7 +57,7 @@ def test_pack_casts_to_the_wire_dtype():
 def test_pack_refuses_a_source_that_drifted_from_the_plan():
     layout = FlatLayout.plan(METAS, 1 << 20)
     flat = torch.zeros(layout.nbytes, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="weight 0 is 'x' .* planned 'a'"):
+    with pytest.raises(ValueError, match=r"weight 0 is 'x' .* planned 'a'"):
         pack(layout, layout.buckets[0], iter([("x", torch.zeros(3))]), bucket_views(layout, layout.buckets[0], flat, 0))
 
 

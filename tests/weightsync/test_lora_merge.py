@@ -39,7 +39,7 @@ def test_merge_stream_renames_merges_and_keeps_order():
     out = list(merge_stream(named, {"layer.proj": 4.0}))
     assert [n for n, _ in out] == ["embed.weight", "layer.proj.bias", "layer.proj.weight", "norm.weight"]
     assert torch.equal(dict(out)["layer.proj.weight"], MERGED)
-    with pytest.raises(ValueError, match="layer.proj"):
+    with pytest.raises(ValueError, match=r"layer\.proj"):
         list(merge_stream(named[:4], {"layer.proj": 4.0}))
 
 

@@ -39,7 +39,7 @@ def test_writer_and_reader_share_bytes_and_the_stamp_gates_reads(tmp_path, layou
 
 
 def test_missing_dir_is_one_clear_line(tmp_path):
-    with pytest.raises(FileNotFoundError, match="weightsync.shm_dir=.* is not a directory"):
+    with pytest.raises(FileNotFoundError, match=r"weightsync\.shm_dir=.* is not a directory"):
         ShmRegion.create(str(tmp_path / "nope"), 64)
 
 

@@ -1,7 +1,7 @@
 """Tensor parallelism on both sides, on 4 GPUs (skipped without them): a tp=2 trainer (nccl, one GPU per
-rank) syncs into a vLLM engine with tensor_parallel_size=2 (the actor holds 2 GPUs) through relayrl's shm and broadcast engines. Each vLLM worker
-receives the full weights and its ``load_weights`` keeps its shard; the engine must then score a probe
-exactly like the trainer."""
+rank) syncs into a vLLM engine with tensor_parallel_size=2 (the actor holds 2 GPUs) through relayrl's shm and
+broadcast engines. Each vLLM worker receives the full weights and its ``load_weights`` keeps its shard; the
+engine must then score a probe exactly like the trainer."""
 
 from __future__ import annotations
 
