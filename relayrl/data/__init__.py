@@ -41,7 +41,7 @@ __all__ = [
 
 Rows = list[dict[str, Any]]
 
-GENERATORS: dict[str, Callable[[int, int, int], Rows]] = {
+GENERATORS: dict[str, Callable[[int, int, int | str], Rows]] = {
     "arith": make_arith_rows,
     "countdown": make_countdown_rows,
     "wordproblem": make_wordproblem_rows,
@@ -71,9 +71,9 @@ def load_heldout(data_cfg: DataConfig, n: int, seed: int) -> tuple[Rows, str] | 
         where = f"held-out: data.eval_path={path}" + (f" split {split}" if data_cfg.eval_split else "")
         return _read(data_cfg, path, split), where
     if data_cfg.heldout_fraction:
-        rows = split_heldout(_read(data_cfg, data_cfg.path, data_cfg.split), data_cfg.heldout_fraction, data_cfg.seed)[
-            1
-        ]
+        _, rows = split_heldout(
+            _read(data_cfg, data_cfg.path, data_cfg.split), data_cfg.heldout_fraction, data_cfg.seed
+        )
         return rows, f"held-out: data.heldout_fraction={data_cfg.heldout_fraction:g} of {data_cfg.path}"
     return None
 
@@ -113,8 +113,10 @@ def split_heldout(rows: Rows, fraction: float, seed: int) -> tuple[Rows, Rows]:
     )
 
 
-def _read(data_cfg: DataConfig, path: str, split: str) -> Rows:
+def _read(data_cfg: DataConfig, path: str | None, split: str) -> Rows:
     """All rows of one file task's dataset; chat-message prompts only with the chat template on."""
+    if path is None:  # DataConfig rejects a file task without data.path; this is for a config built by hand
+        raise ConfigError(f"data.task={data_cfg.task} reads a file; set data.path")
     if data_cfg.task == "jsonl":
         rows = load_jsonl(path)
     else:

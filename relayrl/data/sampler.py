@@ -91,7 +91,8 @@ class PromptSampler:
         self.format_prompt = format_prompt
         self.sampling_seed = seed if sampling_seed is None else sampling_seed
         self.epoch, self.position = 0, 0
-        self._order_epoch, self._order = -1, []
+        self._order_epoch = -1
+        self._order: list[int] = []
 
     def _epoch_order(self) -> list[int]:
         """Row indexes of the current epoch: a permutation seeded by ``(seed, epoch)`` only."""

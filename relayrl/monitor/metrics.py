@@ -18,7 +18,7 @@ import string
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from relayrl.config import LoggingConfig
 from relayrl.monitor.schema import (
@@ -230,7 +230,9 @@ class WandbSink:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         pool = ThreadPoolExecutor(1, thread_name_prefix="wandb-init")
-        self._init = pool.submit(_wandb_init, run_dir, project, mode, config_dict or {})
+        # cast: checked just above (LoggingConfig.wandb is a plain str until the config takes Literal types)
+        checked = cast(Literal["offline", "online"], mode)
+        self._init = pool.submit(_wandb_init, run_dir, project, checked, config_dict or {})
         pool.shutdown(wait=False)  # the thread ends with wandb.init; nothing else runs on it
 
     @property
@@ -250,7 +252,7 @@ class WandbSink:
         data = [[_json_value(row.get(k)) for k in columns] for row in rows]
         import wandb
 
-        self.run.log({"samples": wandb.Table(columns=columns, data=data)}, step=step)
+        self.run.log({"samples": wandb.Table(columns=list(columns), data=data)}, step=step)
 
     def close(self) -> None:
         """Finish the run and wait until its records are on disk: in wandb 0.31 ``finish`` returns before
@@ -264,7 +266,7 @@ class WandbSink:
         wandb.teardown()
 
 
-def _wandb_init(run_dir: Path, project: str, mode: str, config_dict: dict[str, Any]) -> Any:
+def _wandb_init(run_dir: Path, project: str, mode: Literal["offline", "online"], config_dict: dict[str, Any]) -> Any:
     import wandb
 
     return wandb.init(

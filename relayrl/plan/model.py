@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,7 @@ class Profile:
     @classmethod
     def from_runs(
         cls,
-        paths: list[str | Path],
+        paths: Sequence[str | Path],
         cores: int | None = None,
         skip: int = 1,
         train_efficiency: float | None = None,
@@ -181,10 +182,10 @@ class Profile:
         scaling below g look alike (a shared run and a one-thread run: the fit puts the difference into a)."""
         if not paths:
             raise ValueError("no run directories given; pass at least one runs/<id>")
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # None: the field's default
-        train_efficiency = defaults["train_efficiency"] if train_efficiency is None else train_efficiency
-        gen_efficiency = defaults["gen_efficiency"] if gen_efficiency is None else gen_efficiency
-        samples = [_run_sample(Path(p), cores, skip, train_efficiency, gen_efficiency) for p in paths]
+        # None: the field's default (a dataclass keeps a plain default as the class attribute)
+        train_eff = cls.train_efficiency if train_efficiency is None else train_efficiency
+        gen_eff = cls.gen_efficiency if gen_efficiency is None else gen_efficiency
+        samples = [_run_sample(Path(p), cores, skip, train_eff, gen_eff) for p in paths]
         x = [s["tokens"] / s["gen_devices"] for s in samples]
         y = [s["gen"] for s in samples]
         gen_call, gen_tok = _fit_line(x, y)
@@ -192,11 +193,11 @@ class Profile:
         return cls(
             gen_call_s=gen_call,
             gen_dev_s_per_token=gen_tok,
-            train_efficiency=train_efficiency,
-            gen_efficiency=gen_efficiency,
+            train_efficiency=train_eff,
+            gen_efficiency=gen_eff,
             cpu=cores is not None,
             source=", ".join(str(p) for p in paths),
-            prompts_per_step=samples[0]["prompts_per_step"],
+            prompts_per_step=int(samples[0]["prompts_per_step"]),  # an int in a dict of floats
             **avg,
         )
 

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from relayrl.config import (
     CPU_MALLOC_ENV,
@@ -81,9 +81,15 @@ def engine_args(
 
     from relayrl.weightsync import engine_config
 
+    # Keys passed only on some boxes; typed Any so each value is not checked against every keyword.
+    box: dict[str, Any] = {}
+    if rollout_cfg.prefix_sharing and not has_cuda():
+        box["block_size"] = CPU_SHARED_BLOCK
+    if not has_cuda():
+        box.update(enable_chunked_prefill=False, max_num_batched_tokens=max(2048, model_cfg.max_model_len))
     return AsyncEngineArgs(
         model=model_path,
-        dtype=model_cfg.dtype,
+        dtype=model_cfg.dtype,  # type: ignore[arg-type]  # a str that ModelConfig checks is float32 | bfloat16
         max_model_len=model_cfg.max_model_len,
         seed=seed,
         enforce_eager=rollout_cfg.enforce_eager,
@@ -93,14 +99,9 @@ def engine_args(
         weight_transfer_config=engine_config(sync_cfg),
         enable_prefix_caching=rollout_cfg.prefix_sharing,
         disable_log_stats=True,
-        **({"block_size": CPU_SHARED_BLOCK} if rollout_cfg.prefix_sharing and not has_cuda() else {}),
         tensor_parallel_size=rollout_cfg.tp_size,
         distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
-        **(
-            {}
-            if has_cuda()
-            else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, model_cfg.max_model_len)}
-        ),
+        **box,
     )
 
 
@@ -363,6 +364,8 @@ class Rollout:
         return stall
 
     async def _close_update(self) -> float:
+        if self._update is None:  # a commit and an abort overlapped across an await: the first one closed it
+            raise RuntimeError("weight update closed twice")
         _, t0 = self._update
         self._update = None
         if self._watchdog is not None and self._watchdog is not asyncio.current_task():
@@ -412,7 +415,7 @@ class Rollout:
         """sha256 per engine parameter (first worker); tests use it to check syncs are bit-exact."""
         return (await self._call(self.engine.collective_rpc("relayrl_param_digests")))[0]
 
-    async def pause(self, mode: str = "keep") -> None:
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "keep") -> None:
         """Stop scheduling. ``keep`` freezes running requests (they finish after ``resume``);
         ``abort`` ends them; ``wait`` lets them finish first."""
         await self._call(self.engine.pause_generation(mode=mode, clear_cache=mode != "keep"))

@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, reduction, resource_tracker
-from typing import Any
+from typing import Any, Protocol, cast
 
 from relayrl.rollout.queuepoll import sleep_between_polls_if_asked
 from relayrl.vllm_import import import_vllm
@@ -147,6 +147,8 @@ class _StdStreams:
 class _Process(mp_context.ForkServerProcess):
     """A forkserver child that receives its parent's environment as it is when ``start()`` runs."""
 
+    _args: tuple[Any, ...]  # BaseProcess keeps ``args`` here (private: typeshed does not declare it)
+
     def __init__(
         self,
         group: Any = None,
@@ -187,13 +189,30 @@ def patch_vllm() -> None:
     engine_utils.get_mp_context = executor.get_mp_context = engine_context
 
 
+class _ServerState(Protocol):
+    """The private state of CPython's ``multiprocessing.forkserver.ForkServer`` (3.10-3.13) that this module
+    reads and sets: typeshed declares none of it, so it is spelled out here, in one place."""
+
+    _forkserver_pid: int | None
+    _forkserver_address: str | None
+    _forkserver_alive_fd: int | None
+    ensure_running: Callable[[], None]
+
+    def _stop(self) -> None: ...
+
+
+def _server() -> _ServerState:
+    """This process's forkserver state (``forkserver._forkserver``, the module's singleton)."""
+    return cast(_ServerState, forkserver._forkserver)
+
+
 def adopt_server() -> None:
     """In a child of the server (or an actor adopting the driver's, ``adopt_shared``): connect to that server
     for children of its own, instead of starting one.
 
     Python's server hands each child its address and "alive" pipe end, but only the process that started
     the server knows its pid, and ``ensure_running`` starts a new server when it has none."""
-    server = forkserver._forkserver
+    server = _server()
     if server._forkserver_pid is None and server._forkserver_address is not None:
         server.ensure_running = resource_tracker.ensure_running
 
@@ -240,7 +259,7 @@ def start_shared(env: dict[str, str]) -> None:
     """In the driver, at launch, single-threaded: start a server under ``os.environ`` updated with ``env``
     (what the rollout actors will have), its output discarded and Ctrl-C ignored (the driver handles it)."""
     global _shared
-    if forkserver._forkserver._forkserver_pid is not None:
+    if _server()._forkserver_pid is not None:
         return  # this process runs one already, started otherwise
     saved, streams = dict(os.environ), _silence_output()
     sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec
@@ -253,7 +272,9 @@ def start_shared(env: dict[str, str]) -> None:
         _redirect_std(streams)
         os.environ.clear()
         os.environ.update(saved)
-    _shared = SharedServer(forkserver._forkserver._forkserver_address, boot_id(), dict(env))
+    address = _server()._forkserver_address
+    assert address is not None  # ensure_running just started it
+    _shared = SharedServer(address, boot_id(), dict(env))
 
 
 def _silence_output() -> tuple[int, int]:
@@ -277,8 +298,10 @@ def stop_shared() -> None:
     global _shared
     if _shared is not None:
         _shared = None
-        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)  # it may still be importing PRELOAD
-        forkserver._forkserver._stop()
+        server = _server()
+        if server._forkserver_pid is not None:  # set by start_shared's ensure_running
+            os.kill(server._forkserver_pid, signal.SIGTERM)  # it may still be importing PRELOAD
+        server._stop()
 
 
 def shared_actor_env(env: dict[str, str]) -> dict[str, str]:
@@ -301,7 +324,7 @@ def adopt_shared() -> bool:
 
     forget_owned(os.getpid())  # what an earlier process with this pid registered
     forget_dead_owners()
-    state = forkserver._forkserver
+    state = _server()
     state._forkserver_address = server.address
     state._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)  # the driver keeps the server alive
     adopt_server()

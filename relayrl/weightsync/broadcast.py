@@ -33,7 +33,7 @@ from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
 
 def open_group(
     host: str, port: int, rank: int, world_size: int, name: str, timeout_s: float, store: dist.Store | None = None
-) -> dist.ProcessGroup:
+) -> dist.ProcessGroupGloo:
     """Join the gloo group ``name`` whose store listens on ``host:port`` (rank 0 passes its own ``store``)."""
     timeout = timedelta(seconds=timeout_s)
     if store is None:
@@ -41,12 +41,13 @@ def open_group(
     return dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, world_size, timeout)
 
 
-def broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> Any:
+def broadcast(group: dist.ProcessGroupGloo, tensor: torch.Tensor, timeout_s: float) -> Any:
     """Start a broadcast from group rank 0 into/out of ``tensor``; returns the work handle."""
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
     opts.timeout = timedelta(seconds=timeout_s)
-    return group.broadcast([tensor], opts)
+    # attr-defined: torch 2.13's stub gives Backend (ProcessGroupGloo's base) none of the collectives it has
+    return group.broadcast([tensor], opts)  # type: ignore[attr-defined]
 
 
 def trailer(version: int, layout: FlatLayout) -> torch.Tensor:
@@ -66,12 +67,18 @@ class BroadcastTrainerInitInfo(TrainerInitInfo):
 
 class BroadcastTrainerEngine(FlatTrainerEngine):
     init_info_cls = BroadcastTrainerInitInfo
-    group: dist.ProcessGroup | None = None
+    group: dist.ProcessGroupGloo | None = None  # the sender's, from _rendezvous
+    store: dist.TCPStore | None = None  # the sender's, from _rendezvous
+    timeout_s: float
+    buffers: list[torch.Tensor]  # the sender's two send buffers, from _buffers
+    dests: list[list[torch.Tensor]]  # each bucket's typed views into its buffer
 
     @classmethod
     def trainer_init(
         cls, init_info: BroadcastTrainerInitInfo, *, client: Any, source: WeightSource | None = None
     ) -> BroadcastTrainerEngine:
+        if source is None:  # vLLM's signature allows none; this engine ships a trainer's weights
+            raise ValueError("the broadcast weight-sync engine needs source= (the trainer's weights)")
         layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
         engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
         engine.timeout_s = init_info.timeout_s
@@ -83,7 +90,7 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
     def _rendezvous(self, info: BroadcastTrainerInitInfo) -> None:
         """Open the store (port 0: the OS picks), then meet the workers, who block in their init meanwhile."""
         timeout = timedelta(seconds=info.timeout_s)
-        self.store = master_store(info.host, 0, info.world_size, timeout)
+        self.store = store = master_store(info.host, 0, info.world_size, timeout)
         name = f"relayrl-{uuid.uuid4().hex[:8]}"
         payload = {
             "layout": self.layout.to_dict(),
@@ -91,7 +98,7 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
             "rank_offset": 1,
             "channel": {
                 "host": info.host,
-                "port": self.store.port,
+                "port": store.port,
                 "world_size": info.world_size,
                 "group_name": name,
                 "timeout_s": info.timeout_s,
@@ -99,9 +106,7 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
         }
         with ThreadPoolExecutor(max_workers=1) as pool:
             joined = pool.submit(self.client.init_weight_transfer_engine, payload)
-            self.group = open_group(
-                info.host, self.store.port, 0, info.world_size, name, info.timeout_s, store=self.store
-            )
+            self.group = open_group(info.host, store.port, 0, info.world_size, name, info.timeout_s, store=store)
             joined.result()
 
     def transfer(self, named: Any, info: dict[str, Any]) -> None:
@@ -124,15 +129,19 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
         ]
 
     def _send_buckets(self, named: Any, version: int) -> None:
+        group = self.group
+        if group is None:
+            raise RuntimeError("only the sending rank sends, after its init joined the group")
         work = None
         for i, bucket in enumerate(self.layout.buckets):
             pack(self.layout, bucket, named, self.dests[i])  # overlaps the previous bucket's send
             if work is not None:
                 work.wait()
             buf = self.buffers[i % len(self.buffers)]
-            work = broadcast(self.group, buf[: bucket.end - bucket.start], self.timeout_s)
-        work.wait()
-        broadcast(self.group, trailer(version, self.layout), self.timeout_s).wait()
+            work = broadcast(group, buf[: bucket.end - bucket.start], self.timeout_s)
+        if work is not None:
+            work.wait()
+        broadcast(group, trailer(version, self.layout), self.timeout_s).wait()
 
     def shutdown(self) -> None:
         self.group = None
@@ -145,7 +154,7 @@ class BroadcastReceiver:
     def __init__(self, layout: FlatLayout, channel: dict[str, Any], rank: int) -> None:
         self.timeout_s = channel["timeout_s"]
         self.staging = torch.zeros(layout.nbytes, dtype=torch.uint8)
-        self.group: dist.ProcessGroup | None = open_group(
+        self.group: dist.ProcessGroupGloo | None = open_group(
             channel["host"], channel["port"], rank, channel["world_size"], channel["group_name"], self.timeout_s
         )
 

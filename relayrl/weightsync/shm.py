@@ -106,25 +106,28 @@ class ShmTrainerInitInfo(TrainerInitInfo):
 
 class ShmTrainerEngine(FlatTrainerEngine):
     init_info_cls = ShmTrainerInitInfo
-    region: ShmRegion | None = None
+    region: ShmRegion | None = None  # the sender's mapping, from trainer_init
+    dests: list[list[torch.Tensor]]  # each bucket's typed views into the mapping
 
     @classmethod
     def trainer_init(
         cls, init_info: ShmTrainerInitInfo, *, client: Any, source: WeightSource | None = None
     ) -> ShmTrainerEngine:
+        if source is None:  # vLLM's signature allows none; this engine ships a trainer's weights
+            raise ValueError("the shm weight-sync engine needs source= (the trainer's weights)")
         layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
         engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
         if engine.is_sender:
-            engine.region = ShmRegion.create(init_info.shm_dir, layout.nbytes)
+            engine.region = region = ShmRegion.create(init_info.shm_dir, layout.nbytes)
             try:
                 client.init_weight_transfer_engine(
-                    {"layout": layout.to_dict(), "transport": "shm", "channel": {"path": engine.region.path}}
+                    {"layout": layout.to_dict(), "transport": "shm", "channel": {"path": region.path}}
                 )
             finally:
                 # Every engine has mapped it (or failed): the name can go now, the memory stays until the
                 # last mapping closes, so even a SIGKILLed trainer leaves nothing behind in /dev/shm.
-                engine.region.unlink()
-            engine.dests = [bucket_views(layout, b, engine.region.data, base=0) for b in layout.buckets]
+                region.unlink()
+            engine.dests = [bucket_views(layout, b, region.data, base=0) for b in layout.buckets]
         return engine
 
     def transfer(self, named: Any, info: dict[str, Any]) -> None:
@@ -133,8 +136,11 @@ class ShmTrainerEngine(FlatTrainerEngine):
         The write is the trainer's own work (FSDP gathers included), so its deadline is checked
         here: a write slower than ``timeout_s`` aborts the sync like a slow engine would.
         """
+        region = self.region
+        if region is None:
+            raise RuntimeError("only the sending rank transfers, into the mapping its init created")
         t0 = time.perf_counter()
-        self.region.begin()
+        region.begin()
         for bucket, dests in zip(self.layout.buckets, self.dests):
             pack(self.layout, bucket, named, dests)
         if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
@@ -142,7 +148,7 @@ class ShmTrainerEngine(FlatTrainerEngine):
                 f"gathering and writing v{info['version']} took {seconds:.1f}s > "
                 f"weightsync.timeout_s={self.client.timeout_s:g}"
             )
-        self.region.commit(info["version"], info["digest"])
+        region.commit(info["version"], info["digest"])
         self.client.update_weights(info)
 
     def shutdown(self) -> None:
@@ -153,9 +159,11 @@ class ShmReceiver:
     """Engine end: map the trainer's file once; every version is read in place (zero-copy views)."""
 
     def __init__(self, layout: FlatLayout, channel: dict[str, Any], rank: int) -> None:
-        self.region = ShmRegion(channel["path"], layout.nbytes)
+        self.region: ShmRegion | None = ShmRegion(channel["path"], layout.nbytes)
 
     def receive(self, layout: FlatLayout, info: FlatUpdateInfo) -> torch.Tensor:
+        if self.region is None:
+            raise RuntimeError("the shm receiver was closed")
         self.region.check(info.version, info.digest)
         return self.region.data
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from relayrl.weightsync import register_with_vllm
 from relayrl.weightsync.commit import keep_cpu_weights_if_asked
+
+if TYPE_CHECKING:
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
 register_with_vllm()
 keep_cpu_weights_if_asked()  # before vLLM builds the model: weightsync.commit=inplace needs the CPU linears' weights
@@ -25,6 +28,11 @@ keep_cpu_weights_if_asked()  # before vLLM builds the model: weightsync.commit=i
 
 class WeightSyncExtension:
     """Methods prefixed ``relayrl_`` so they cannot collide with vLLM's own worker methods."""
+
+    # The vLLM worker's, which this class is mixed into (annotations only: nothing is defined here).
+    weight_transfer_engine: WeightTransferEngine | None
+    model_runner: Any  # the platform's model runner (CPU or GPU), whose classes share no base type
+    _weight_update_active: bool
 
     def relayrl_abort_weight_update(self) -> None:
         """End an open update without loading anything.

@@ -11,7 +11,9 @@ def test_rows_are_correct_sums_in_range_and_seeded():
     assert len(rows) == 200
     pattern = re.escape(ARITH_QUESTION).replace(r"\{a\}", r"(\d+)").replace(r"\{b\}", r"(\d+)")
     for row in rows:
-        a, b = map(int, re.fullmatch(pattern, row["question"]).groups())
+        match = re.fullmatch(pattern, row["question"])
+        assert match, row["question"]
+        a, b = map(int, match.groups())
         assert 0 <= a <= 9 and 0 <= b <= 9
         assert row["answer"] == str(a + b)
     assert make_arith_rows(200, 9, seed=3) == rows

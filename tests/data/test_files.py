@@ -117,12 +117,18 @@ def test_split_heldout_by_distinct_prompt():
         split_heldout(rows, 0.05, seed=0)  # round(0.25) = 0
 
 
+def _heldout(cfg: DataConfig, n: int, seed: int) -> tuple[list[dict], str]:
+    held = load_heldout(cfg, n, seed=seed)
+    assert held is not None
+    return held
+
+
 def test_heldout_fraction_keeps_prompts_out_of_training_and_eval_scores_them(tmp_path):
     rows = [{"question": f"q{i}", "answer": str(i)} for i in range(10)]
     path = write(tmp_path, ".jsonl", rows)
     for task in ("jsonl", "hf"):
         cfg = DataConfig(task=task, path=str(path), heldout_fraction=0.3)
-        train, (held, where) = load_task(cfg), load_heldout(cfg, 0, seed=1)
+        train, (held, where) = load_task(cfg), _heldout(cfg, 0, seed=1)
         assert len(train) == 7 and len(held) == 3 and sorted(train + held, key=lambda r: int(r["answer"])) == rows
         assert where == f"held-out: data.heldout_fraction=0.3 of {path}"
     assert load_heldout(DataConfig(task="hf", path=str(path)), 0, seed=1) is None
@@ -131,15 +137,15 @@ def test_heldout_fraction_keeps_prompts_out_of_training_and_eval_scores_them(tmp
 def test_eval_path_and_eval_split_name_the_heldout_data(tmp_path):
     path, test = write(tmp_path, "diskdict"), write(tmp_path, ".csv", [{"problem": "9 + 9?", "solution": "18"}])
     cfg = DataConfig(task="hf", path=str(path), prompt_key="problem", answer_key="solution", eval_split="test")
-    rows, where = load_heldout(cfg, 0, seed=1)
+    rows, where = _heldout(cfg, 0, seed=1)
     assert [r["question"] for r in rows] == ["2 + 3?"] and where == f"held-out: data.eval_path={path} split test"
     cfg = DataConfig(task="hf", path=str(path), prompt_key="problem", answer_key="solution", eval_path=str(test))
-    assert [r["answer"] for r in load_heldout(cfg, 0, seed=1)[0]] == ["18"]
+    assert [r["answer"] for r in _heldout(cfg, 0, seed=1)[0]] == ["18"]
 
 
 def test_generated_heldout_problems_are_not_training_problems():
     cfg = DataConfig(task="countdown", num_prompts=50, max_operand=5)
-    held, where = load_heldout(cfg, 20, seed=1)
+    held, where = _heldout(cfg, 20, seed=1)
     assert len(held) == 20 and where == "held-out: 20 countdown problems no training row holds"
     assert not {r["question"] for r in held} & {r["question"] for r in load_task(cfg)}
 

@@ -89,7 +89,7 @@ def test_each_prompt_carries_a_seed_from_the_sampling_seed_and_its_id():
     batches = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=11), 4)
     seeds = {p.prompt_id: p.seed for b in batches for p in b}
     assert all(s == prompt_seed(11, pid) for pid, s in seeds.items())
-    assert all(0 <= s < 2**62 for s in seeds.values())
+    assert all(s is not None and 0 <= s < 2**62 for s in seeds.values())
     again = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=11), 4)
     assert [[p.seed for p in b] for b in again] == [[p.seed for p in b] for b in batches]
     other = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=12), 4)

@@ -169,8 +169,11 @@ def test_answer_column_may_be_text_with_separators():
 
 
 def test_tool_errors_from_user_tools_become_messages():
+    def boom(args: str) -> str:  # a user tool's bug
+        raise KeyError(args)
+
     class Boom(ToolEnv):
-        tools: ClassVar[dict[str, Tool]] = {"boom": lambda args: {}[args]}
+        tools: ClassVar[dict[str, Tool]] = {"boom": boom}
 
     assert Boom().step("<boom>key</boom>") == ("<result>error: KeyError: 'key'</result>\n", 0.0, False)
     with pytest.raises(NotImplementedError, match="must implement finish"):
@@ -201,7 +204,8 @@ def test_registry_and_import_paths():
     assert load_env_class("tests.envs.test_calculator:Countdown") is Countdown
     make = env_factory("tests.envs.test_calculator:Countdown", {"turns": 3})
     a, b = make(), make()
-    assert a is not b and a.turns == 3 and isinstance(a, Environment)  # a fresh instance per episode
+    assert a is not b and isinstance(a, Environment)  # a fresh instance per episode
+    assert isinstance(a, Countdown) and a.turns == 3
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.generation import GenerateDecoderOnlyOutput
 
 NEW_TOKENS = 16
 QUESTION = "What is 12 + 7?"
@@ -72,7 +73,8 @@ def _hf_greedy(model_dir, prompt_ids: list[int]) -> tuple[list[int], list[float]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
-        out = model.generate(
+        # misc: transformers 5.19 types from_pretrained's model as a class its own generate's `self` rejects
+        out = model.generate(  # type: ignore[misc]
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=NEW_TOKENS,
@@ -82,6 +84,7 @@ def _hf_greedy(model_dir, prompt_ids: list[int]) -> tuple[list[int], list[float]
             return_dict_in_generate=True,
             pad_token_id=model.config.pad_token_id,
         )
+    assert isinstance(out, GenerateDecoderOnlyOutput) and out.logits is not None  # return_dict, output_logits
     tokens = out.sequences[0, len(prompt_ids) :].tolist()
     # raw logits, not `scores`: min_new_tokens masks eos in the scores, which shifts their normaliser
     logprobs = [torch.log_softmax(logits[0], -1)[t].item() for logits, t in zip(out.logits, tokens)]

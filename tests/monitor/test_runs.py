@@ -14,7 +14,7 @@ def make_run(root, name, rewards, steps_total=3):
     (path / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": i + 1, "reward/mean": r}) + "\n" for i, r in enumerate(rewards))
     )
-    return RunDir(None, path, None)
+    return RunDir(None, path, None)  # type: ignore[arg-type]  # reading a run back needs no Config
 
 
 def test_status_and_best_reward_from_files(tmp_path):

@@ -96,11 +96,17 @@ def test_to_schema_derives_lr_and_throughput_by_hand():
     assert all(lookup(k) is not None for k in out), [k for k in out if lookup(k) is None]
 
 
+def _name(key: str) -> str:
+    metric = lookup(key)
+    assert metric is not None, key
+    return metric.name
+
+
 def test_lookup_prefers_exact_names_and_families_match_one_part():
-    assert lookup("reward/mean").name == "reward/mean"
-    assert lookup("reward/digit_fraction").name == "reward/<fn>"
-    assert lookup("reward/errors/timeout").name == "reward/errors/<reason>"
-    assert lookup("staleness/2").name == "staleness/<d>" and lookup("staleness/max").name == "staleness/max"
+    assert _name("reward/mean") == "reward/mean"
+    assert _name("reward/digit_fraction") == "reward/<fn>"
+    assert _name("reward/errors/timeout") == "reward/errors/<reason>"
+    assert _name("staleness/2") == "staleness/<d>" and _name("staleness/max") == "staleness/max"
     assert lookup("staleness/abc") is None and lookup("loss") is None and lookup("nope/x") is None
 
 

@@ -121,8 +121,8 @@ def test_forkserver_worker_is_bound_as_vllm_binds_a_spawned_one(actor, ray_sessi
 
     import psutil
 
-    binding = ray_session.get(actor.cpu_binding.remote())
-    assert binding["cpus"] == list(range(os.cpu_count())) and binding["threads"] == os.cpu_count()
+    binding, cores = ray_session.get(actor.cpu_binding.remote()), os.cpu_count()
+    assert cores is not None and binding["cpus"] == list(range(cores)) and binding["threads"] == cores
     worker = psutil.Process(binding["pid"])
     assert "VLLM::Worker" in " ".join(worker.cmdline())  # vLLM's title, as for a spawned worker
     server = worker.parent()
@@ -180,7 +180,8 @@ def test_commit_refuses_to_keep_a_prefix_cache_it_cannot_empty():
             return False
 
     rollout = object.__new__(Rollout)
-    rollout.rollout_cfg, rollout.engine = RolloutConfig(), Engine()
+    rollout.rollout_cfg = RolloutConfig()
+    rollout.engine = Engine()  # type: ignore[assignment]  # a fake with the one method the call uses
     with pytest.raises(RuntimeError, match="prefix_sharing=false"):
         asyncio.run(rollout._drop_prefix_cache("commit of v3"))
     rollout.rollout_cfg = RolloutConfig(prefix_sharing=False)

@@ -364,11 +364,12 @@ def test_train_batch_from_episodes_masks_env_tokens(episodes):
             t.reward = float(i)
     batch = build_train_batch(groups, pad_token_id=0)
     trajs = [t for g in groups for t in g.trajectories]
-    for b, t in enumerate(trajs):
+    masks = [t.completion_mask or [] for t in trajs]  # each set: the episodes have env turns
+    for b, (t, mask) in enumerate(zip(trajs, masks)):
         positions = batch.loss_mask[b].nonzero().squeeze(1)
-        model_ids = [tok for tok, m in zip(t.completion_token_ids, t.completion_mask) if m]
+        model_ids = [tok for tok, m in zip(t.completion_token_ids, mask, strict=True) if m]
         assert batch.input_ids[b, positions + 1].tolist() == model_ids
-    assert batch.loss_mask.sum() == sum(sum(t.completion_mask) for t in trajs)
+    assert batch.loss_mask.sum() == sum(sum(mask) for mask in masks)
     assert batch.loss_mask.sum() < sum(len(t.completion_token_ids) for t in trajs)
 
 

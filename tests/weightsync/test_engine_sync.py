@@ -64,7 +64,7 @@ def next_version(actor, ray_session) -> int:
 
 
 def _sha(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+    return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -162,12 +162,13 @@ def test_reload_commit_loads_the_same_model(ray_session, tiny_llama, tmp_path):
         sync_cfg=WeightSyncConfig(commit="reload"),
     )
     cfg = WeightSyncConfig(backend="shm", commit="reload", timeout_s=30, bucket_mb=1, shm_dir=str(tmp_path))
-    sync = TrainerSync(cfg, StateDictSource({}), rank=0, rollouts=[handle], workers=[1])
+    source = StateDictSource({})
+    sync = TrainerSync(cfg, source, rank=0, rollouts=[handle], workers=[1])
     try:
         assert "model.layers.0.self_attn.qkv_proj.weight" not in ray_session.get(handle.param_digests.remote())
         for version in (1, 2):
             weights = perturbed(tiny_llama, NOISE, seed=300 + version)
-            sync.source.state_dict = weights
+            source.state_dict = weights
             check_round_trip(handle, ray_session, tiny_llama, weights, version, sync.sync(version))
     finally:
         sync.close()
@@ -236,7 +237,8 @@ def test_killed_trainer_mid_transfer_leaves_the_engine_serving(actor, ray_sessio
     before = ray_session.get(actor.prompt_logprobs.remote(PROBE))
     aborts = state()["aborts"]
     cfg = WeightSyncConfig(backend=backend, timeout_s=TIMEOUT_S, bucket_mb=1, shm_dir=str(tmp_path))
-    sender = Sender.remote(cfg, perturbed(tiny_llama, NOISE, seed=200))
+    # attr-defined: ray's stubs keep a decorated class's own type, which has no .remote
+    sender = Sender.remote(cfg, perturbed(tiny_llama, NOISE, seed=200))  # type: ignore[attr-defined]
     ref = sender.sync_weights.remote(old + 1)
     deadline = time.time() + 120  # the sender's actor and its connect start first
     while state()["open"] != old + 1 and time.time() < deadline:
