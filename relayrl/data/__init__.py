@@ -23,12 +23,25 @@ from relayrl.data.jsonl import JsonlError, load_jsonl
 from relayrl.data.sampler import Prompt, PromptSampler, chat_formatter, prompt_text
 from relayrl.data.wordproblem import make_wordproblem_rows
 
-__all__ = ["ARITH_QUESTION", "GENERATORS", "JsonlError", "Prompt", "PromptSampler", "chat_formatter",
-           "load_heldout", "load_hf", "load_jsonl", "load_task", "make_arith_rows", "prompt_text", "split_heldout"]
+__all__ = [
+    "ARITH_QUESTION",
+    "GENERATORS",
+    "JsonlError",
+    "Prompt",
+    "PromptSampler",
+    "chat_formatter",
+    "load_heldout",
+    "load_hf",
+    "load_jsonl",
+    "load_task",
+    "make_arith_rows",
+    "prompt_text",
+    "split_heldout",
+]
 
 Rows = list[dict[str, Any]]
 
-GENERATORS: dict[str, Callable[[int, int, int], Rows]] = {
+GENERATORS: dict[str, Callable[[int, int, int | str], Rows]] = {
     "arith": make_arith_rows,
     "countdown": make_countdown_rows,
     "wordproblem": make_wordproblem_rows,
@@ -58,8 +71,9 @@ def load_heldout(data_cfg: DataConfig, n: int, seed: int) -> tuple[Rows, str] | 
         where = f"held-out: data.eval_path={path}" + (f" split {split}" if data_cfg.eval_split else "")
         return _read(data_cfg, path, split), where
     if data_cfg.heldout_fraction:
-        rows = split_heldout(_read(data_cfg, data_cfg.path, data_cfg.split), data_cfg.heldout_fraction,
-                             data_cfg.seed)[1]
+        _, rows = split_heldout(
+            _read(data_cfg, data_cfg.path, data_cfg.split), data_cfg.heldout_fraction, data_cfg.seed
+        )
         return rows, f"held-out: data.heldout_fraction={data_cfg.heldout_fraction:g} of {data_cfg.path}"
     return None
 
@@ -86,23 +100,29 @@ def split_heldout(rows: Rows, fraction: float, seed: int) -> tuple[Rows, Rows]:
     keys = list(dict.fromkeys(prompt_text(row["question"]) for row in rows))
     k = round(len(keys) * fraction)
     if not 1 <= k < len(keys):
-        raise ConfigError(f"data.heldout_fraction={fraction:g} of {len(keys)} distinct prompts holds out {k}; "
-                          "it must leave at least one prompt on each side: change data.heldout_fraction")
+        raise ConfigError(
+            f"data.heldout_fraction={fraction:g} of {len(keys)} distinct prompts holds out {k}; "
+            "it must leave at least one prompt on each side: change data.heldout_fraction"
+        )
     order = list(range(len(keys)))
     random.Random(f"relayrl-heldout-split/{seed}").shuffle(order)
     held = {keys[i] for i in order[:k]}
-    return ([r for r in rows if prompt_text(r["question"]) not in held],
-            [r for r in rows if prompt_text(r["question"]) in held])
+    return (
+        [r for r in rows if prompt_text(r["question"]) not in held],
+        [r for r in rows if prompt_text(r["question"]) in held],
+    )
 
 
-
-def _read(data_cfg: DataConfig, path: str, split: str) -> Rows:
+def _read(data_cfg: DataConfig, path: str | None, split: str) -> Rows:
     """All rows of one file task's dataset; chat-message prompts only with the chat template on."""
+    if path is None:  # DataConfig rejects a file task without data.path; this is for a config built by hand
+        raise ConfigError(f"data.task={data_cfg.task} reads a file; set data.path")
     if data_cfg.task == "jsonl":
         rows = load_jsonl(path)
     else:
         rows = load_hf(path, data_cfg.prompt_key, data_cfg.answer_key, split, dict(data_cfg.columns))
     if not data_cfg.chat_template and any(not isinstance(r["question"], str) for r in rows):
-        raise ConfigError(f"{path}: prompts are chat messages, which the chat template formats; "
-                          "set data.chat_template=true")
+        raise ConfigError(
+            f"{path}: prompts are chat messages, which the chat template formats; set data.chat_template=true"
+        )
     return rows

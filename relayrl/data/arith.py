@@ -12,7 +12,7 @@ ARITH_QUESTION = "What is {a} + {b}? Reply with 'Answer: N'."
 """Question template; ``{a}`` and ``{b}`` are the operands. Change it here to re-phrase the task."""
 
 
-def make_arith_rows(n: int, max_operand: int, seed: int) -> list[dict[str, str]]:
+def make_arith_rows(n: int, max_operand: int, seed: int | str) -> list[dict[str, str]]:
     """Return ``n`` problems ``a + b`` with ``a, b`` uniform in ``[0, max_operand]``, seeded.
 
     The same ``(n, max_operand, seed)`` always gives the same rows, so a resumed run sees the same

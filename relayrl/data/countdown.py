@@ -29,8 +29,10 @@ OPS = ("+", "-", "*", "/")
 def make_countdown_rows(n: int, max_number: int, seed: int | str) -> list[dict]:
     """``n`` problems with numbers uniform in ``[1, max_number]``, seeded: same arguments, same rows."""
     if n <= 0 or max_number < 1:
-        raise ValueError(f"countdown needs num_prompts > 0 and max_operand >= 1, got {n} and {max_number}; "
-                         "set data.num_prompts / data.max_operand")
+        raise ValueError(
+            f"countdown needs num_prompts > 0 and max_operand >= 1, got {n} and {max_number}; "
+            "set data.num_prompts / data.max_operand"
+        )
     rng = random.Random(f"relayrl-countdown/{seed}")
     return [_problem(rng, max_number) for _ in range(n)]
 
@@ -42,8 +44,13 @@ def _problem(rng: random.Random, max_number: int) -> dict:
         value, text = _combine(rng, nums)
         if value is not None and value.denominator == 1 and 1 <= value <= TARGET_MAX:
             target = int(value)
-            return {"question": COUNTDOWN_QUESTION.format(nums=nums, target=target), "answer": str(target),
-                    "nums": nums, "target": target, "solution": text}
+            return {
+                "question": COUNTDOWN_QUESTION.format(nums=nums, target=target),
+                "answer": str(target),
+                "nums": nums,
+                "target": target,
+                "solution": text,
+            }
 
 
 def _combine(rng: random.Random, nums: list[int]) -> tuple[Fraction | None, str]:

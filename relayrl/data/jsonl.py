@@ -31,8 +31,10 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
             if line.strip():
                 rows.append(_parse_row(line, f"{path}:{lineno}"))
     if not rows:
-        raise JsonlError(f"{path}: file has no rows; add lines like "
-                         '{"question": "...", "answer": "#### 42"} or use another data.path')
+        raise JsonlError(
+            f"{path}: file has no rows; add lines like "
+            '{"question": "...", "answer": "#### 42"} or use another data.path'
+        )
     return rows
 
 
@@ -41,15 +43,20 @@ def _parse_row(line: str, where: str) -> dict[str, Any]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise JsonlError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); "
-                         "write one JSON object per line") from None
+        raise JsonlError(
+            f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); write one JSON object per line"
+        ) from None
     if not isinstance(row, dict):
-        raise JsonlError(f"{where}: expected a JSON object, got {type(row).__name__}; "
-                         'write rows like {"question": "...", "answer": "..."}')
+        raise JsonlError(
+            f"{where}: expected a JSON object, got {type(row).__name__}; "
+            'write rows like {"question": "...", "answer": "..."}'
+        )
     missing = [k for k in REQUIRED_KEYS if k not in row]
     if missing:
-        raise JsonlError(f"{where}: missing key(s) {', '.join(missing)} (has: {', '.join(row) or 'none'}); "
-                         "add them or rename the columns to question/answer")
+        raise JsonlError(
+            f"{where}: missing key(s) {', '.join(missing)} (has: {', '.join(row) or 'none'}); "
+            "add them or rename the columns to question/answer"
+        )
     row["question"], row["answer"] = str(row["question"]), str(row["answer"])
     if GSM8K_MARKER in row["answer"]:
         row["solution"] = row["answer"]

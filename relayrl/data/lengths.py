@@ -20,13 +20,14 @@ MAX_GENERATED_CHECKED = 8192
 
 @dataclass(frozen=True)
 class LongestPrompt:
-    row: int        # index into the dataset's rows (for a file: its n-th non-blank line, from 0)
-    tokens: int     # prompt tokens after the chat template, special tokens included
+    row: int  # index into the dataset's rows (for a file: its n-th non-blank line, from 0)
+    tokens: int  # prompt tokens after the chat template, special tokens included
     question: str
 
 
-def longest_prompt(rows: list[dict[str, Any]], tokenizer: Any, format_prompt: Callable[[Any], str],
-                   limit: int | None = None) -> LongestPrompt:
+def longest_prompt(
+    rows: list[dict[str, Any]], tokenizer: Any, format_prompt: Callable[[Any], str], limit: int | None = None
+) -> LongestPrompt:
     """The row whose formatted prompt has the most tokens. ``limit=None`` checks every row (files);
     a number checks that many distinct questions, the longest by characters first (generated tasks)."""
     first_row: dict[str, int] = {}
@@ -37,4 +38,3 @@ def longest_prompt(rows: list[dict[str, Any]], tokenizer: Any, format_prompt: Ca
     counts = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
     best = max(range(len(questions)), key=counts.__getitem__)
     return LongestPrompt(first_row[questions[best]], counts[best], questions[best])
-

@@ -29,13 +29,13 @@ class Prompt:
     Kept here, torch-free, beside the sampler that makes it (``relayrl.types`` holds the torch records).
     """
 
-    prompt_id: int                       # epoch * rows + row index: unique for the run
-    prompt: str                          # the text sent to the engine (after the chat template)
+    prompt_id: int  # epoch * rows + row index: unique for the run
+    prompt: str  # the text sent to the engine (after the chat template)
     columns: dict[str, Any] = field(default_factory=dict)
     """The dataset row (``question``, ``answer``, task fields such as countdown's ``nums``/``target``):
     reward functions receive each column as a keyword argument, environments as ``reset``'s sample."""
-    seed: int | None = None              # sample i is seeded seed + i (``prompt_seed``); None: unseeded
-    temperature: float | None = None     # overrides rollout.temperature (0: greedy, evaluation uses it)
+    seed: int | None = None  # sample i is seeded seed + i (``prompt_seed``); None: unseeded
+    temperature: float | None = None  # overrides rollout.temperature (0: greedy, evaluation uses it)
 
     def to_json(self) -> dict[str, Any]:
         """The dict a checkpoint's ``driver.json`` holds in ``pending``; ``temperature`` only when set."""
@@ -43,7 +43,7 @@ class Prompt:
         return out if self.temperature is None else {**out, "temperature": self.temperature}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Prompt":
+    def from_json(cls, d: dict[str, Any]) -> Prompt:
         return cls(**d)
 
 
@@ -73,8 +73,14 @@ def _identity(text: str) -> str:
 class PromptSampler:
     """Yields batches of ``batch_size`` formatted prompts, forever, in a seeded per-epoch order."""
 
-    def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int,
-                 format_prompt: Callable[[str], str] = _identity, sampling_seed: int | None = None):
+    def __init__(
+        self,
+        rows: list[dict[str, Any]],
+        batch_size: int,
+        seed: int,
+        format_prompt: Callable[[str], str] = _identity,
+        sampling_seed: int | None = None,
+    ):
         """``seed`` orders the rows; ``sampling_seed`` (default: ``seed``) seeds the completions (the run's
         seed belongs here, so that another run seed samples differently on the same data)."""
         if not rows:
@@ -85,7 +91,8 @@ class PromptSampler:
         self.format_prompt = format_prompt
         self.sampling_seed = seed if sampling_seed is None else sampling_seed
         self.epoch, self.position = 0, 0
-        self._order_epoch, self._order = -1, []
+        self._order_epoch = -1
+        self._order: list[int] = []
 
     def _epoch_order(self) -> list[int]:
         """Row indexes of the current epoch: a permutation seeded by ``(seed, epoch)`` only."""
@@ -102,8 +109,14 @@ class PromptSampler:
             index = self._epoch_order()[self.position]
             row = self.rows[index]
             prompt_id = self.epoch * len(self.rows) + index
-            batch.append(Prompt(prompt_id, self.format_prompt(row["question"]), dict(row),
-                                prompt_seed(self.sampling_seed, prompt_id)))
+            batch.append(
+                Prompt(
+                    prompt_id,
+                    self.format_prompt(row["question"]),
+                    dict(row),
+                    prompt_seed(self.sampling_seed, prompt_id),
+                )
+            )
             self.position += 1
             if self.position == len(self.rows):
                 self.epoch, self.position = self.epoch + 1, 0
@@ -121,11 +134,15 @@ class PromptSampler:
         """Restore a cursor saved by ``state_dict``; refuse one taken with other data or another seed."""
         for key, mine in (("seed", self.seed), ("num_rows", len(self.rows))):
             if state[key] != mine:
-                raise ValueError(f"sampler state has {key}={state[key]} but this sampler has {key}={mine}; "
-                                 "resume with the same data config and seed, or start a fresh run")
+                raise ValueError(
+                    f"sampler state has {key}={state[key]} but this sampler has {key}={mine}; "
+                    "resume with the same data config and seed, or start a fresh run"
+                )
         if not 0 <= state["position"] < len(self.rows) or state["epoch"] < 0:
-            raise ValueError(f"sampler state epoch={state['epoch']} position={state['position']} is out of "
-                             f"range for {len(self.rows)} rows; the state file is corrupt, start a fresh run")
+            raise ValueError(
+                f"sampler state epoch={state['epoch']} position={state['position']} is out of "
+                f"range for {len(self.rows)} rows; the state file is corrupt, start a fresh run"
+            )
         self.epoch, self.position = state["epoch"], state["position"]
 
 
@@ -139,8 +156,10 @@ def chat_formatter(tokenizer: Any, use_chat_template: bool) -> Callable[[Any], s
     if not use_chat_template:
         return _identity
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
-                         "set data.chat_template=false to send raw questions")
+        raise ValueError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
+            "set data.chat_template=false to send raw questions"
+        )
 
     def format_prompt(question: str | list[dict[str, str]]) -> str:
         messages = [{"role": "user", "content": question}] if isinstance(question, str) else question

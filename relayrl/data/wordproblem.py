@@ -12,8 +12,10 @@ import random
 
 NAMES = ("Ava", "Ben", "Chloe", "Dan", "Ella", "Finn", "Grace", "Hugo", "Ivy", "Jack")
 ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards")
-INSTRUCTION = ("Think step by step inside <think> </think> tags, then give only the final number inside "
-               "<answer> </answer> tags, for example <think> 2 + 3 = 5 </think> <answer> 5 </answer>.")
+INSTRUCTION = (
+    "Think step by step inside <think> </think> tags, then give only the final number inside "
+    "<answer> </answer> tags, for example <think> 2 + 3 = 5 </think> <answer> 5 </answer>."
+)
 """Closes every question; the example shows the exact shape ``think_answer_format`` pays for."""
 MIN_STEPS, MAX_STEPS = 2, 4
 TIMES = {2: "doubled", 3: "tripled"}
@@ -22,8 +24,10 @@ TIMES = {2: "doubled", 3: "tripled"}
 def make_wordproblem_rows(n: int, max_number: int, seed: int | str) -> list[dict[str, str]]:
     """``n`` problems whose quantities are drawn from ``[1, max_number]``, seeded."""
     if n <= 0 or max_number < 1:
-        raise ValueError(f"wordproblem needs num_prompts > 0 and max_operand >= 1, got {n} and {max_number}; "
-                         "set data.num_prompts / data.max_operand")
+        raise ValueError(
+            f"wordproblem needs num_prompts > 0 and max_operand >= 1, got {n} and {max_number}; "
+            "set data.num_prompts / data.max_operand"
+        )
     rng = random.Random(f"relayrl-wordproblem/{seed}")
     return [_problem(rng, max_number) for _ in range(n)]
 

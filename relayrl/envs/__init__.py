@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from relayrl.envs.base import Environment
-from relayrl.envs.calculator import CalculatorEnv, CalcError, calculate
+from relayrl.envs.calculator import CalcError, CalculatorEnv, calculate
 from relayrl.envs.tools import ToolCall, ToolEnv, ToolError, parse_tool_call
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
@@ -19,8 +19,19 @@ ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
 }
 """Built-in environments by name: the names ``env.name`` accepts besides ``module:Class``."""
 
-__all__ = ["ENVIRONMENTS", "CalcError", "CalculatorEnv", "Environment", "ToolCall", "ToolEnv", "ToolError",
-           "calculate", "env_factory", "load_env_class", "parse_tool_call"]
+__all__ = [
+    "ENVIRONMENTS",
+    "CalcError",
+    "CalculatorEnv",
+    "Environment",
+    "ToolCall",
+    "ToolEnv",
+    "ToolError",
+    "calculate",
+    "env_factory",
+    "load_env_class",
+    "parse_tool_call",
+]
 
 
 def load_env_class(name: str) -> Callable[..., Environment]:
@@ -31,8 +42,7 @@ def load_env_class(name: str) -> Callable[..., Environment]:
 
     cls = import_path(name, "environment", ENVIRONMENTS, "module:Class, e.g. my_envs:GuessEnv", "class")
     if not callable(cls):
-        raise ValueError(f"environment {name!r} names {type(cls).__name__}, not a class; "
-                         "check the name after the ':'")
+        raise ValueError(f"environment {name!r} names {type(cls).__name__}, not a class; check the name after the ':'")
     return cls
 
 
@@ -45,9 +55,12 @@ def env_factory(name: str, kwargs: dict[str, Any] | None = None) -> Callable[[],
     try:
         env = cls(**kwargs)
     except TypeError as exc:
-        raise ValueError(f"environment {name!r} rejects kwargs={kwargs} ({exc}); "
-                         "set env.kwargs to match its constructor") from None
+        raise ValueError(
+            f"environment {name!r} rejects kwargs={kwargs} ({exc}); set env.kwargs to match its constructor"
+        ) from None
     if not isinstance(env, Environment):
-        raise ValueError(f"environment {name!r} ({type(env).__name__}) lacks reset(sample) or step(action); "
-                         "implement relayrl.envs.Environment")
+        raise ValueError(
+            f"environment {name!r} ({type(env).__name__}) lacks reset(sample) or step(action); "
+            "implement relayrl.envs.Environment"
+        )
     return lambda: cls(**kwargs)

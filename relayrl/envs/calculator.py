@@ -14,9 +14,9 @@ import ast
 import math
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from relayrl.envs.tools import ToolEnv, ToolError
+from relayrl.envs.tools import Tool, ToolEnv, ToolError
 
 MAX_CHARS = 200
 MAX_MAGNITUDE = 1e100
@@ -24,8 +24,13 @@ MAX_MAGNITUDE = 1e100
 Number = int | float
 
 _BINARY: dict[type, Callable[[Number, Number], Number]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 _UNARY: dict[type, Callable[[Number], Number]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
@@ -53,7 +58,7 @@ def calculate(expression: str) -> str:
 
 
 def _eval(node: ast.AST) -> Number:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):   # not bool, str, complex
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):  # not bool, str, complex
         return _checked(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
@@ -77,7 +82,7 @@ def _apply(op: type, left: Number, right: Number) -> Number:
 def _checked(value: Any) -> Number:
     if isinstance(value, complex):
         raise CalcError("result is not a real number (negative base with a fractional exponent)")
-    if isinstance(value, float) and not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:
+    if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > MAX_MAGNITUDE:
         raise CalcError(f"result is larger than {MAX_MAGNITUDE:g}")
     return value
 
@@ -114,7 +119,7 @@ class CalculatorEnv(ToolEnv):
       Re-prompting instead of ending lets a model recover from a malformed turn within ``max_turns``.
     """
 
-    tools = {"calc": calculate}
+    tools: ClassVar[dict[str, Tool]] = {"calc": calculate}
 
     def __init__(self, hint: str = HINT, feedback: str = FEEDBACK) -> None:
         super().__init__()
@@ -123,8 +128,10 @@ class CalculatorEnv(ToolEnv):
 
     def prompt(self, sample: dict[str, Any]) -> str:
         if "answer" not in sample:
-            raise ValueError(f"CalculatorEnv needs an 'answer' column, the sample has {sorted(sample)}; "
-                             "use data.task=arith or a jsonl file with integer answers")
+            raise ValueError(
+                f"CalculatorEnv needs an 'answer' column, the sample has {sorted(sample)}; "
+                "use data.task=arith or a jsonl file with integer answers"
+            )
         self.answer = int(str(sample["answer"]).strip().replace(",", ""))
         prompt, question = sample["prompt"], sample.get("question", "")
         if not self.hint:

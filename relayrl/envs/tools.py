@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 Tool = Callable[[str], str]
 """A tool takes the call's argument text and returns the text the model reads back."""
@@ -69,7 +69,7 @@ class ToolEnv:
     model input. Tool calls earn reward 0: the episode's reward comes from ``finish``.
     """
 
-    tools: dict[str, Tool] = {}
+    tools: ClassVar[dict[str, Tool]] = {}
 
     def __init__(self) -> None:
         self.sample: dict[str, Any] = {}

@@ -9,10 +9,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relayrl.models._cache import models_dir
 from relayrl.models.smollm2 import ensure_smollm2
 from relayrl.models.tiny import build_tiny_model
+
+if TYPE_CHECKING:  # transformers is imported where it is used: it takes seconds
+    from transformers import PreTrainedTokenizerBase
 
 
 class ModelNotFoundError(ValueError):
@@ -36,11 +40,12 @@ def resolve_model(path: str | Path, cache_dir: str | Path | None = None) -> Path
         return local.resolve()
     raise ModelNotFoundError(
         f"model.path={str(path)!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor a local HF "
-        f"directory with config.json; set model.path to one of those")
+        f"directory with config.json; set model.path to one of those"
+    )
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer(path: str | Path, cache_dir: str | Path | None = None):
+def load_tokenizer(path: str | Path, cache_dir: str | Path | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer of ``resolve_model(path)``, loaded the way vLLM loads it (``AutoTokenizer``), once per
     process and path: the driver's prompt check (before Ray) and its prompt sampler (as the actors start)
     share one load instead of paying for two on the driver's single-threaded start. Callers only read it."""
@@ -49,5 +54,11 @@ def load_tokenizer(path: str | Path, cache_dir: str | Path | None = None):
     return AutoTokenizer.from_pretrained(resolve_model(path, cache_dir))
 
 
-__all__ = ["BUILTIN_MODELS", "ModelNotFoundError", "build_tiny_model", "ensure_smollm2", "load_tokenizer",
-           "resolve_model"]
+__all__ = [
+    "BUILTIN_MODELS",
+    "ModelNotFoundError",
+    "build_tiny_model",
+    "ensure_smollm2",
+    "load_tokenizer",
+    "resolve_model",
+]

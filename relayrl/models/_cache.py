@@ -24,7 +24,7 @@ def is_complete(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in REQUIRED_FILES)
 
 
-def build_once(out: Path, write: Callable[[Path], None]) -> Path:
+def build_once(out: Path, write: Callable[[Path], object]) -> Path:
     """Return ``out``, calling ``write(tmp_dir)`` to create it first if it is not complete yet."""
     out = Path(out)
     if is_complete(out):
@@ -35,8 +35,10 @@ def build_once(out: Path, write: Callable[[Path], None]) -> Path:
         if is_complete(out):  # another process finished while we waited
             return out
         if out.exists():  # not ours to delete: it may hold someone's files
-            raise FileExistsError(f"{out} exists but holds no complete model ({', '.join(REQUIRED_FILES)}); "
-                                  f"delete it or choose another directory")
+            raise FileExistsError(
+                f"{out} exists but holds no complete model ({', '.join(REQUIRED_FILES)}); "
+                f"delete it or choose another directory"
+            )
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)  # under the lock, a leftover tmp is from a crashed build
         tmp.mkdir()

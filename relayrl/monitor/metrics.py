@@ -18,11 +18,18 @@ import string
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from relayrl.config import LoggingConfig
-from relayrl.monitor.schema import (POLICY_APPROX_KL, POLICY_KL, REWARD_MEAN, REWARD_PASS_RATE, REWARD_STD,
-                                    STALENESS_MAX, TIMING_STEP)
+from relayrl.monitor.schema import (
+    POLICY_APPROX_KL,
+    POLICY_KL,
+    REWARD_MEAN,
+    REWARD_PASS_RATE,
+    REWARD_STD,
+    STALENESS_MAX,
+    TIMING_STEP,
+)
 
 KL_KEYS = (POLICY_KL, POLICY_APPROX_KL)
 """The KL the console shows, first present: to the reference (0 without one), else the step's own change."""
@@ -113,16 +120,23 @@ class ConsoleSink:
     def _start_bar(self) -> Any:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("reward [cyan]{task.fields[reward]}[/cyan] | stale {task.fields[stale]}"
-                                       " | ETA {task.fields[eta]}"), TimeElapsedColumn(),
-                            console=self.console, refresh_per_second=2)
+        progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "reward [cyan]{task.fields[reward]}[/cyan] | stale {task.fields[stale]} | ETA {task.fields[eta]}"
+            ),
+            TimeElapsedColumn(),
+            console=self.console,
+            refresh_per_second=2,
+        )
         self._task = progress.add_task("train", total=self.total_steps, reward="-", stale="-", eta="-")
         progress.start()
         return progress
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        if step == 0:    # not a training step: the initial model's eval/* (its evaluator prints a line)
+        if step == 0:  # not a training step: the initial model's eval/* (its evaluator prints a line)
             return
         now = time.perf_counter()
         seconds = metrics.get(TIMING_STEP, now - self._last)
@@ -131,9 +145,13 @@ class ConsoleSink:
         self.console.print(self.format_line(step, metrics, seconds))
         if self.progress is not None:
             reward = metrics.get(REWARD_MEAN)
-            self.progress.update(self._task, completed=step, eta=self._eta(step),
-                                 reward="-" if reward is None else f"{reward:.3f}",
-                                 stale=f"{metrics.get(STALENESS_MAX, 0):.0f}")
+            self.progress.update(
+                self._task,
+                completed=step,
+                eta=self._eta(step),
+                reward="-" if reward is None else f"{reward:.3f}",
+                stale=f"{metrics.get(STALENESS_MAX, 0):.0f}",
+            )
             self.progress.refresh()
 
     def _eta(self, step: int) -> str:
@@ -144,7 +162,9 @@ class ConsoleSink:
         parts = [f"[bold]step {step}/{self.total_steps}[/bold]"]
         if REWARD_MEAN in metrics:
             std = metrics.get(REWARD_STD)
-            parts.append(f"reward [cyan]{metrics[REWARD_MEAN]:.3f}[/cyan]" + (f" ±{std:.3f}" if std is not None else ""))
+            parts.append(
+                f"reward [cyan]{metrics[REWARD_MEAN]:.3f}[/cyan]" + (f" ±{std:.3f}" if std is not None else "")
+            )
         if REWARD_PASS_RATE in metrics:
             parts.append(f"pass {metrics[REWARD_PASS_RATE]:.2f}")
         kl = next((k for k in KL_KEYS if k in metrics), None) or next((k for k in metrics if is_kl_key(k)), None)
@@ -167,7 +187,7 @@ class ConsoleSink:
 
 def _clock(seconds: float) -> str:
     """``75`` -> ``1:15``; ``3725`` -> ``1:02:05``."""
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
@@ -182,11 +202,11 @@ def wandb_run_id(run_dir: Path) -> str:
     path = run_dir / WANDB_ID_FILE
     if path.is_file() and path.read_text().strip():
         return path.read_text().strip()
-    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))   # wandb's form
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # wandb's form
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(run_id + "\n")
-    tmp.replace(path)                           # atomic: a crash leaves no half-written id
+    tmp.replace(path)  # atomic: a crash leaves no half-written id
     return run_id
 
 
@@ -202,15 +222,18 @@ class WandbSink:
     ``MetricsLogger.ready``) waits for it and raises its error, and ``run`` waits too.
     """
 
-    def __init__(self, run_dir: str | Path, project: str, mode: str = "offline",
-                 config_dict: dict[str, Any] | None = None):
+    def __init__(
+        self, run_dir: str | Path, project: str, mode: str = "offline", config_dict: dict[str, Any] | None = None
+    ):
         if mode not in ("offline", "online"):
             raise ValueError(f"WandbSink mode={mode!r}; use offline or online (logging.wandb=disabled turns it off)")
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         pool = ThreadPoolExecutor(1, thread_name_prefix="wandb-init")
-        self._init = pool.submit(_wandb_init, run_dir, project, mode, config_dict or {})
-        pool.shutdown(wait=False)   # the thread ends with wandb.init; nothing else runs on it
+        # cast: checked just above (LoggingConfig.wandb is a plain str until the config takes Literal types)
+        checked = cast(Literal["offline", "online"], mode)
+        self._init = pool.submit(_wandb_init, run_dir, project, checked, config_dict or {})
+        pool.shutdown(wait=False)  # the thread ends with wandb.init; nothing else runs on it
 
     @property
     def run(self) -> Any:
@@ -229,7 +252,7 @@ class WandbSink:
         data = [[_json_value(row.get(k)) for k in columns] for row in rows]
         import wandb
 
-        self.run.log({"samples": wandb.Table(columns=columns, data=data)}, step=step)
+        self.run.log({"samples": wandb.Table(columns=list(columns), data=data)}, step=step)
 
     def close(self) -> None:
         """Finish the run and wait until its records are on disk: in wandb 0.31 ``finish`` returns before
@@ -237,18 +260,26 @@ class WandbSink:
         the service is torn down here; the next ``wandb.init`` starts a new one."""
         import wandb
 
-        if self._init.exception() is not None:   # never started (ready() raised it): nothing to finish
+        if self._init.exception() is not None:  # never started (ready() raised it): nothing to finish
             return
         self.run.finish()
         wandb.teardown()
 
 
-def _wandb_init(run_dir: Path, project: str, mode: str, config_dict: dict[str, Any]) -> Any:
+def _wandb_init(run_dir: Path, project: str, mode: Literal["offline", "online"], config_dict: dict[str, Any]) -> Any:
     import wandb
 
-    return wandb.init(project=project, mode=mode, dir=str(run_dir), name=run_dir.name, id=wandb_run_id(run_dir),
-                      resume="allow", config=config_dict, reinit="create_new",
-                      settings=wandb.Settings(silent=True, console="off"))
+    return wandb.init(
+        project=project,
+        mode=mode,
+        dir=str(run_dir),
+        name=run_dir.name,
+        id=wandb_run_id(run_dir),
+        resume="allow",
+        config=config_dict,
+        reinit="create_new",
+        settings=wandb.Settings(silent=True, console="off"),
+    )
 
 
 class MetricsLogger:
@@ -286,15 +317,16 @@ class MetricsLogger:
             for sink in self.sinks:
                 sink.close()
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-def make_logger(logging_cfg: LoggingConfig, run_dir: str | Path, config_dict: dict[str, Any],
-                total_steps: int) -> MetricsLogger:
+def make_logger(
+    logging_cfg: LoggingConfig, run_dir: str | Path, config_dict: dict[str, Any], total_steps: int
+) -> MetricsLogger:
     """Always ``metrics.jsonl``; the console line if ``logging.console``; wandb unless ``logging.wandb=disabled``."""
     sinks: list[Sink] = [JsonlSink(run_dir)]
     if logging_cfg.console:

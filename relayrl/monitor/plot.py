@@ -15,14 +15,29 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from relayrl.monitor.metrics import is_kl_key
-from relayrl.monitor.schema import (EVAL_TIME_S, PERF_COMPLETIONS_PER_S, PERF_TOKENS_PER_S,
-                                    PERF_TOKENS_PER_S_PER_REPLICA, REWARD_FN, REWARD_MEAN, REWARD_STD,
-                                    ROLLOUT_TOKENS_PER_S, STALENESS_LAG, TIMING_GENERATE, TIMING_REWARD, TIMING_STEP,
-                                    TIMING_SYNC, TIMING_TRAIN, TIMING_WAIT, lookup)
+from relayrl.monitor.schema import (
+    EVAL_TIME_S,
+    PERF_COMPLETIONS_PER_S,
+    PERF_TOKENS_PER_S,
+    PERF_TOKENS_PER_S_PER_REPLICA,
+    REWARD_FN,
+    REWARD_MEAN,
+    REWARD_STD,
+    ROLLOUT_TOKENS_PER_S,
+    STALENESS_LAG,
+    TIMING_GENERATE,
+    TIMING_REWARD,
+    TIMING_STEP,
+    TIMING_SYNC,
+    TIMING_TRAIN,
+    TIMING_WAIT,
+    lookup,
+)
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 EVAL_PREFIX = "eval/"
@@ -44,8 +59,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) where ``key`` has a finite number."""
-    pairs = [(r["step"], r[key]) for r in records
-             if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    pairs = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     return [s for s, _ in pairs], [v for _, v in pairs]
 
 
@@ -58,14 +72,14 @@ def _axes(title: str, ylabel: str) -> tuple[Any, Any]:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.set(title=title, xlabel="step", ylabel=ylabel)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # steps are whole numbers
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.grid(alpha=0.3)
     return fig, ax
 
 
 def _save(fig: Any, ax: Any, path: Path, loc: str = "best") -> Path:
     handles, labels = ax.get_legend_handles_labels()
-    for other in fig.axes[1:]:                               # twin axes: one legend for all lines
+    for other in fig.axes[1:]:  # twin axes: one legend for all lines
         h, lab = other.get_legend_handles_labels()
         handles, labels = handles + h, labels + lab
     ax.legend(handles, labels, loc=loc, fontsize=8)
@@ -74,8 +88,13 @@ def _save(fig: Any, ax: Any, path: Path, loc: str = "best") -> Path:
     return path
 
 
-def _save_chart(path: Path, title: str, ylabel: str, lines: list[tuple[str, list[int], list[float]]],
-                band: tuple[list[int], list[float], list[float]] | None = None) -> Path:
+def _save_chart(
+    path: Path,
+    title: str,
+    ylabel: str,
+    lines: list[tuple[str, list[int], list[float]]],
+    band: tuple[list[int], list[float], list[float]] | None = None,
+) -> Path:
     fig, ax = _axes(title, ylabel)
     if band is not None:
         ax.fill_between(band[0], band[1], band[2], alpha=0.2, label="±1 std")
@@ -115,13 +134,20 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out = Path(run_dir) / "plots"
     out.mkdir(exist_ok=True)
     keys = list(dict.fromkeys(k for r in records for k in r))
-    charts = [_reward_chart(records, keys, out / "reward.png"),
-              _line_chart(records, [k for k in keys if is_kl_key(k)], out / "kl.png", "KL", "nats/token"),
-              _staleness_chart(records, keys, out / "staleness.png"),
-              _throughput_chart(records, out / "throughput.png"),
-              _timing_chart(records, out / "timing.png"),
-              _line_chart(records, [k for k in keys if k.startswith(EVAL_PREFIX) and k not in EVAL_SKIP],
-                          out / "eval.png", "Held-out evaluation (step 0: initial model)", "fraction / reward")]
+    charts = [
+        _reward_chart(records, keys, out / "reward.png"),
+        _line_chart(records, [k for k in keys if is_kl_key(k)], out / "kl.png", "KL", "nats/token"),
+        _staleness_chart(records, keys, out / "staleness.png"),
+        _throughput_chart(records, out / "throughput.png"),
+        _timing_chart(records, out / "timing.png"),
+        _line_chart(
+            records,
+            [k for k in keys if k.startswith(EVAL_PREFIX) and k not in EVAL_SKIP],
+            out / "eval.png",
+            "Held-out evaluation (step 0: initial model)",
+            "fraction / reward",
+        ),
+    ]
     return [path for path in charts if path is not None]
 
 
@@ -180,7 +206,7 @@ def _throughput_chart(records: list[dict[str, Any]], path: Path) -> Path | None:
         _, steps, values = completions[0]
         right.plot(steps, values, "k--", label=f"{PERF_COMPLETIONS_PER_S} (right axis)")
         right.set_ylim(bottom=0, top=max(values) * 1.6 or 1.0)
-    ax.set_ylim(bottom=0, top=max(v for _, _, values in lines for v in values) * 1.6 or 1.0)   # room for the legend
+    ax.set_ylim(bottom=0, top=max(v for _, _, values in lines for v in values) * 1.6 or 1.0)  # room for the legend
     return _save(fig, ax, path, loc="upper center")
 
 
@@ -206,4 +232,4 @@ def _downsample(values: list[float], width: int) -> list[float]:
     if len(values) <= width:
         return values
     edges = [round(i * len(values) / width) for i in range(width + 1)]
-    return [sum(values[a:b]) / (b - a) for a, b in zip(edges, edges[1:])]
+    return [sum(values[a:b]) / (b - a) for a, b in pairwise(edges)]

@@ -2,8 +2,8 @@
 
 Status comes from ``status.json``, which ``RunDir`` writes: ``running`` (with the driver's pid and host)
 when the run starts, ``finished`` after the final checkpoint and plots, ``failed`` (with the error's first
-line) when ``train`` raises, ``interrupted`` after Ctrl-C. A ``running`` run whose process is gone from this host died without
-saying so (killed, out of memory): it is shown as ``failed``. Runs without the file (older runs) are
+line) when ``train`` raises, ``interrupted`` after Ctrl-C. A ``running`` run whose process is gone from this
+host died without saying so (killed, out of memory): it is shown as ``failed``. Runs without the file (older runs) are
 ``finished`` when metrics.jsonl reached ``run.steps`` and ``unknown`` otherwise.
 """
 
@@ -23,13 +23,13 @@ from relayrl.monitor.schema import REWARD_MEAN
 @dataclass
 class RunInfo:
     path: Path
-    status: str                 # finished | running | failed | interrupted | unknown
+    status: str  # finished | running | failed | interrupted | unknown
     steps_done: int
     steps_total: int | None
     best_reward: float | None
     best_step: int | None
     last_reward: float | None
-    started: float              # config.yaml's mtime (seconds since the epoch)
+    started: float  # config.yaml's mtime (seconds since the epoch)
     error: str = ""
 
 
@@ -44,8 +44,9 @@ def read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
             out.append((line, json.loads(line)))
         except json.JSONDecodeError:
             if i < len(lines):
-                raise ValueError(f"{path}: line {i} is not JSON (only a torn last line is tolerated); "
-                                 "repair or delete that line") from None
+                raise ValueError(
+                    f"{path}: line {i} is not JSON (only a torn last line is tolerated); repair or delete that line"
+                ) from None
     return out
 
 
@@ -57,8 +58,12 @@ def is_live(run_dir: Path) -> bool:
     except (OSError, json.JSONDecodeError):
         return False
     pid = record.get("pid", -1)
-    return (record.get("status") == "running" and record.get("host") == socket.gethostname()
-            and pid != os.getpid() and _pid_alive(pid))
+    return (
+        record.get("status") == "running"
+        and record.get("host") == socket.gethostname()
+        and pid != os.getpid()
+        and _pid_alive(pid)
+    )
 
 
 def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -83,13 +88,13 @@ def _steps_total(run_dir: Path) -> int | None:
 
 
 def _pid_alive(pid: int) -> bool:
-    if not isinstance(pid, int) or pid <= 0:     # kill(-1, 0) or kill(0, 0) would ask about many processes
+    if not isinstance(pid, int) or pid <= 0:  # kill(-1, 0) or kill(0, 0) would ask about many processes
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:      # someone else's process: alive
+    except PermissionError:  # someone else's process: alive
         return True
     return True
 
@@ -110,15 +115,17 @@ def run_status(run_dir: Path, steps_done: int, steps_total: int | None) -> tuple
 def run_info(run_dir: str | Path) -> RunInfo:
     run_dir = Path(run_dir)
     records = read_records(run_dir)
-    rewards = [(r["step"], r[REWARD_MEAN]) for r in records
-               if isinstance(r.get(REWARD_MEAN), (int, float)) and math.isfinite(r[REWARD_MEAN])]
+    rewards = [
+        (r["step"], r[REWARD_MEAN])
+        for r in records
+        if isinstance(r.get(REWARD_MEAN), (int, float)) and math.isfinite(r[REWARD_MEAN])
+    ]
     best = max(rewards, key=lambda sr: sr[1], default=(None, None))
     total = _steps_total(run_dir)
-    steps = sum(r.get("step", 0) > 0 for r in records)   # step 0: the initial model's eval (eval.every)
+    steps = sum(r.get("step", 0) > 0 for r in records)  # step 0: the initial model's eval (eval.every)
     status, error = run_status(run_dir, steps, total)
     started = (run_dir / "config.yaml").stat().st_mtime if (run_dir / "config.yaml").exists() else 0.0
-    return RunInfo(run_dir, status, steps, total, best[1], best[0],
-                   rewards[-1][1] if rewards else None, started, error)
+    return RunInfo(run_dir, status, steps, total, best[1], best[0], rewards[-1][1] if rewards else None, started, error)
 
 
 def scan_runs(root: str | Path) -> list[RunInfo]:
@@ -143,6 +150,7 @@ def runs_table(infos: list[RunInfo]) -> Any:
         best = "-" if info.best_reward is None else f"{info.best_reward:.3f} (step {info.best_step})"
         last = "-" if info.last_reward is None else f"{info.last_reward:.3f}"
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.started)) if info.started else "-"
-        table.add_row(info.path.name, f"[{style.get(info.status, 'yellow')}]{info.status}", steps, best, last,
-                      started, info.error)
+        table.add_row(
+            info.path.name, f"[{style.get(info.status, 'yellow')}]{info.status}", steps, best, last, started, info.error
+        )
     return table

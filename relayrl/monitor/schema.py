@@ -24,7 +24,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-
 REDUCTIONS = ("mean", "sum", "min", "max")
 
 # Names that code in several files writes or reads: one constant each, so a rename is one edit.
@@ -56,7 +55,7 @@ WEIGHTSYNC_BYTES = "weightsync/bytes"
 WEIGHTSYNC_TOTAL_S = "weightsync/total_s"
 WEIGHTSYNC_GBPS = "weightsync/gbps"
 WEIGHTSYNC_STALL_S = "weightsync/stall_s"
-WEIGHTSYNC_STAGE_S = "weightsync/{stage}_s"   # a stage's seconds: start, transfer, receive, commit, init, connect
+WEIGHTSYNC_STAGE_S = "weightsync/{stage}_s"  # a stage's seconds: start, transfer, receive, commit, init, connect
 MISMATCH_MEAN_ABS = "mismatch/mean_abs"
 MISMATCH_MAX_ABS = "mismatch/max_abs"
 MISMATCH_TOKENS = "mismatch/tokens"
@@ -68,11 +67,11 @@ EVAL_TIME_S = "eval/time_s"
 
 @dataclass(frozen=True)
 class Metric:
-    name: str      # "group/name"; "<...>" parts are families
+    name: str  # "group/name"; "<...>" parts are families
     unit: str
     meaning: str
     when: str = "always"
-    reduce: str = "mean"   # how per-call values combine into the step's: group-weighted mean | sum | min | max
+    reduce: str = "mean"  # how per-call values combine into the step's: group-weighted mean | sum | min | max
 
     def __post_init__(self) -> None:
         if self.reduce not in REDUCTIONS:
@@ -95,11 +94,21 @@ SCHEMA: tuple[Metric, ...] = (
     M(REWARD_STD, "reward", "population std of the total reward (per generate call, averaged)"),
     M(REWARD_FN, "reward", "mean of one reward function, over completions where it applied"),
     M(REWARD_PASS_RATE, "fraction", "completions whose primary (first) reward function gave >= 1"),
-    M(REWARD_SPREAD_GROUPS, "groups", "trainable groups whose rewards vary (what dynamic sampling keeps)", reduce="sum"),
+    M(
+        REWARD_SPREAD_GROUPS,
+        "groups",
+        "trainable groups whose rewards vary (what dynamic sampling keeps)",
+        reduce="sum",
+    ),
     M("reward/zero_std_groups", "fraction", "prompt groups whose completions all scored the same (no GRPO signal)"),
     M("reward/errors", "count", "completions excluded because a reward function failed on them", reduce="sum"),
     M("reward/error_rate", "fraction", "excluded completions / all completions"),
-    M("reward/errors/<reason>", "count", "excluded completions per reason (raised, timeout, worker_died, ...)", reduce="sum"),
+    M(
+        "reward/errors/<reason>",
+        "count",
+        "excluded completions per reason (raised, timeout, worker_died, ...)",
+        reduce="sum",
+    ),
     M("reward/dropped_groups", "count", "groups not trained on: fewer than 2 scored completions left", reduce="sum"),
     # policy/* - the trainer's step statistics, token-weighted means over ranks and epochs
     M("policy/loss", "loss", "policy loss (incl. KL and entropy terms) over the aggregation's denominator"),
@@ -136,7 +145,12 @@ SCHEMA: tuple[Metric, ...] = (
     M("rollout/len_mean", "tokens", "mean completion length"),
     M("rollout/truncated_frac", "fraction", "completions cut at rollout.max_tokens"),
     M("rollout/empty_frac", "fraction", "completions with no visible text (EOS first or whitespace only)"),
-    M(ROLLOUT_CALLS, "count", "generate calls whose groups the step took (replicas; more when DAPO refills)", reduce="sum"),
+    M(
+        ROLLOUT_CALLS,
+        "count",
+        "generate calls whose groups the step took (replicas; more when DAPO refills)",
+        reduce="sum",
+    ),
     M(ROLLOUT_TOKENS_PER_S, "tokens/s", "generation speed of one busy engine: tokens / engine-seconds"),
     M(ROLLOUT_MIN_VERSION, "version", "oldest policy version among the step's tokens", reduce="min"),
     M(ROLLOUT_MAX_VERSION, "version", "newest policy version among the step's tokens", reduce="max"),
@@ -166,19 +180,37 @@ SCHEMA: tuple[Metric, ...] = (
     M(TIMING_WAIT, "s", "trainer idle waiting for a full batch since the last step"),
     M(TIMING_STEP, "s", "wall seconds since the previous step was logged"),
     # startup/* (the first step a driver process logs)
-    M("startup/engine_s", "s", "slowest rollout engine's construction (AsyncLLM start; its vLLM import unless forked from the preloaded server)", when="first_step"),
-    M("startup/engines_up_s", "s", "system start -> every engine answers (actors start concurrently)",
-      when="first_step"),
-    M("startup/actors_s", "s", "system start -> engines up, trainer ranks set up and connected to them",
-      when="first_step"),
+    M(
+        "startup/engine_s",
+        "s",
+        "slowest rollout engine's construction (AsyncLLM start; its vLLM import unless forked from the preloaded "
+        "server)",
+        when="first_step",
+    ),
+    M(
+        "startup/engines_up_s",
+        "s",
+        "system start -> every engine answers (actors start concurrently)",
+        when="first_step",
+    ),
+    M(
+        "startup/actors_s",
+        "s",
+        "system start -> engines up, trainer ranks set up and connected to them",
+        when="first_step",
+    ),
     M("startup/first_step_s", "s", "system up -> first step logged", when="first_step"),
     M("startup/to_first_step_s", "s", "process launch -> first step logged", when="first_step"),
     # idle/*
     M("idle/rollout", "fraction", "1 - engine busy seconds / (replicas x step seconds)"),
     M("idle/trainer", "fraction", "1 - trainer busy seconds / step seconds"),
     M("colocated/switches", "count", "bundle hand-overs rollout<->trainer in the step (0 unless colocated)"),
-    M("colocated/offload_bytes", "bytes", "trainer state moved to/from the GPU per rank at the last switch (0 on CPU)",
-      "colocated"),
+    M(
+        "colocated/offload_bytes",
+        "bytes",
+        "trainer state moved to/from the GPU per rank at the last switch (0 on CPU)",
+        "colocated",
+    ),
     # weightsync/*
     M(WEIGHTSYNC_VERSION, "version", "version the engines committed (= step)"),
     M(WEIGHTSYNC_BYTES, "bytes", "bytes moved per engine (wire dtype, aligned)"),
@@ -203,8 +235,7 @@ SCHEMA: tuple[Metric, ...] = (
     # (step 0: the initial model) on eval.train_prompts held-out prompts
     M("eval/greedy_accuracy", "fraction", "greedy completions (temperature 0, one per prompt) that pass", "eval"),
     M("eval/sampled_accuracy", "fraction", "sampled completions (rollout.temperature) that pass", "eval"),
-    M("eval/pass@<k>", "fraction", "prompts with a passing sample among k = eval.samples (unbiased pass@k)",
-      "eval"),
+    M("eval/pass@<k>", "fraction", "prompts with a passing sample among k = eval.samples (unbiased pass@k)", "eval"),
     M("eval/mean_reward", "reward", "mean weighted total reward of the sampled completions", "eval"),
     M(EVAL_TIME_S, "s", "wall seconds of the evaluation (the trainer waits this long)", "eval"),
 )
@@ -216,8 +247,10 @@ colocated, weightsync, mismatch, perf, eval."""
 
 RENAMES: dict[str, str] = {
     TIMING_SCORE: TIMING_REWARD,
-    "fetch_seconds": "timing/fetch", "logprob_seconds": "timing/logprob",
-    "train_seconds": "timing/update", "step_seconds": "timing/train_actor",
+    "fetch_seconds": "timing/fetch",
+    "logprob_seconds": "timing/logprob",
+    "train_seconds": "timing/update",
+    "step_seconds": "timing/train_actor",
 }
 """Producer names that are not ``policy/<name>``. Every other bare name (no ``/``) is a trainer stat and
 becomes ``policy/<name>``."""
@@ -286,12 +319,16 @@ def schema_markdown() -> str:
     """The schema as one markdown table per group (what docs/observability.md shows)."""
     parts = []
     for group in GROUPS:
-        rows = [f"| `{m.name}` | {m.unit} | {m.meaning.replace('|', chr(92) + '|')} | {m.when} |"
-                for m in SCHEMA if m.group == group]
-        parts.append("\n".join([f"### {group}/*", "", "| metric | unit | meaning | when |",
-                                "|---|---|---|---|", *rows]))
+        rows = [
+            f"| `{m.name}` | {m.unit} | {m.meaning.replace('|', chr(92) + '|')} | {m.when} |"
+            for m in SCHEMA
+            if m.group == group
+        ]
+        parts.append(
+            "\n".join([f"### {group}/*", "", "| metric | unit | meaning | when |", "|---|---|---|---|", *rows])
+        )
     return "\n\n".join(parts) + "\n"
 
 
-if __name__ == "__main__":   # regenerate the tables of docs/observability.md
-    print(schema_markdown(), end="")
+if __name__ == "__main__":  # regenerate the tables of docs/observability.md
+    print(schema_markdown(), end="")  # noqa: T201 - the tables go to stdout, to paste into the doc

@@ -24,8 +24,9 @@ QUIET = ["logging.wandb=disabled", "logging.console=false", "run.save_final=fals
 ``verify_every`` steps that a median over a few steps would catch or miss by chance)."""
 
 
-def run_layout(recipe: str, layout: Layout, steps: int, extra: list[str], output_dir: str | Path,
-               cpu: bool = True) -> Path:
+def run_layout(
+    recipe: str, layout: Layout, steps: int, extra: list[str], output_dir: str | Path, cpu: bool = True
+) -> Path:
     """Train ``recipe`` for ``steps`` steps in ``layout`` (overrides from ``plan.overrides``); its run dir."""
     import ray
 
@@ -33,9 +34,18 @@ def run_layout(recipe: str, layout: Layout, steps: int, extra: list[str], output
     from relayrl.controller import train
 
     name = f"plan-{layout.placement}-{layout.split().replace(':', 'x')}-{layout.mode}{layout.k}"
-    cfg = load_config(recipe, [*overrides(layout, cpu), *QUIET, f"run.steps={steps}", f"run.name={name}",
-                               f"run.output_dir={output_dir}", *extra])
-    started = not ray.is_initialized()      # a test session's Ray stays up; one this call started goes
+    cfg = load_config(
+        recipe,
+        [
+            *overrides(layout, cpu),
+            *QUIET,
+            f"run.steps={steps}",
+            f"run.name={name}",
+            f"run.output_dir={output_dir}",
+            *extra,
+        ],
+    )
+    started = not ray.is_initialized()  # a test session's Ray stays up; one this call started goes
     try:
         return train(cfg).run_dir
     finally:
@@ -61,8 +71,15 @@ class Check:
         return abs(self.predicted_s - self.measured_s) / self.measured_s
 
 
-def check_layouts(recipe: str, profile_layout: Layout, targets: list[Layout], steps: int, extra: list[str],
-                  output_dir: str | Path, bracket: bool = True) -> tuple[Profile, list[Check]]:
+def check_layouts(
+    recipe: str,
+    profile_layout: Layout,
+    targets: list[Layout],
+    steps: int,
+    extra: list[str],
+    output_dir: str | Path,
+    bracket: bool = True,
+) -> tuple[Profile, list[Check]]:
     """Profile ``recipe`` in ``profile_layout`` (one core per device on a CPU box), then predict and run each
     target layout. ``bracket``: profile again after the targets and use both profile runs (their costs
     averaged), so that a machine whose load drifts during the check (a shared box's step times can move
@@ -70,7 +87,7 @@ def check_layouts(recipe: str, profile_layout: Layout, targets: list[Layout], st
     checks: their errors show the drift (one profile run reproduces its own median exactly). A target equal
     to the profile layout is not run again."""
     cores = os.cpu_count()
-    targets = [layout for layout in targets if layout != profile_layout]     # the profile runs measure it
+    targets = [layout for layout in targets if layout != profile_layout]  # the profile runs measure it
     runs = [run_layout(recipe, profile_layout, steps, extra, output_dir)]
     measured = [(layout, run_layout(recipe, layout, steps, extra, output_dir)) for layout in targets]
     if bracket:

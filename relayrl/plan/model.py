@@ -19,7 +19,8 @@ and the step is
 ::
 
     separate, sync  (or k = 0):  step = Tg(r) + Tr + Tt(t) + Ts + O
-    separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s, train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
+    separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s,
+                                            train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
     colocated (sync), N devices: step = c * Tg(N) + Tr + Tt(N) + Ts + 2 * switch_s + O
     shared (CPU, sync), N cores: step = Tg(N) + Tr + Tt(N) + Ts + O   (Tg with g, Tt with e(N))
 
@@ -70,40 +71,51 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from relayrl.monitor.runs import read_records
-from relayrl.monitor.schema import (ROLLOUT_COMPLETIONS, ROLLOUT_TOKENS, TIMING_GENERATE, TIMING_REWARD, TIMING_STEP,
-                                    TIMING_SYNC, TIMING_TRAIN, WEIGHTSYNC_BYTES, WEIGHTSYNC_GBPS, WEIGHTSYNC_STALL_S)
+from relayrl.monitor.schema import (
+    ROLLOUT_COMPLETIONS,
+    ROLLOUT_TOKENS,
+    TIMING_GENERATE,
+    TIMING_REWARD,
+    TIMING_STEP,
+    TIMING_SYNC,
+    TIMING_TRAIN,
+    WEIGHTSYNC_BYTES,
+    WEIGHTSYNC_GBPS,
+    WEIGHTSYNC_STALL_S,
+)
 
 
 @dataclass(frozen=True)
 class Profile:
     """Measured (or given) costs of one recipe; seconds per training step unless said."""
 
-    tokens: float                      # completion tokens per step
-    completions: float                 # completions per step
-    prompts_per_step: int              # run.prompts_per_step (replica counts must divide it)
-    gen_dev_s_per_token: float         # device-seconds of generation per completion token
-    train_dev_s_per_token: float       # device-seconds of training (update + reference logprobs) per token
-    gen_call_s: float = 0.0            # per generate call, does not divide by replicas
-    reward_s: float = 0.0              # scoring one generate call's completions
-    train_fixed_s: float = 0.0         # train call minus update/logprob: batch fetch, driver <-> rank round trip
-    sync_bytes: float = 0.0            # weight bytes moved per sync (per engine)
-    sync_bytes_per_s: float = 1e9      # transfer + commit speed of a sync
-    sync_fixed_s: float = 0.0          # sync seconds that are not bytes / speed (pause, verify, version check)
-    stall_s: float = 0.0               # async: seconds each sync pauses the engines
-    overhead_s: float = 0.0            # O: per step, what the phase timers miss (driver calls, logging)
-    switch_s: float = 0.0              # colocated: one hand-over between rollout and trainer
-    train_efficiency: float = 0.9      # e(t > 1): multi-rank training throughput per rank, relative to 1 rank
-    gen_efficiency: float = 0.8        # g: one replica's throughput per thread on N > 1 threads, relative to 1
-    overlap_slowdown: float | None = None   # s: Tg and Tt's per-token part run this much slower while they
-                                            # overlap; None: (2r + t) / (r + t) if cpu, else 1
-    colocated_gen_slowdown: float | None = None   # c: colocated generation this much slower; None: 2 if cpu
-    cpu: bool = False                  # devices are CPU cores of one host (profiled with --cores)
-    source: str = "given"              # the run dir(s) or file it came from
+    tokens: float  # completion tokens per step
+    completions: float  # completions per step
+    prompts_per_step: int  # run.prompts_per_step (replica counts must divide it)
+    gen_dev_s_per_token: float  # device-seconds of generation per completion token
+    train_dev_s_per_token: float  # device-seconds of training (update + reference logprobs) per token
+    gen_call_s: float = 0.0  # per generate call, does not divide by replicas
+    reward_s: float = 0.0  # scoring one generate call's completions
+    train_fixed_s: float = 0.0  # train call minus update/logprob: batch fetch, driver <-> rank round trip
+    sync_bytes: float = 0.0  # weight bytes moved per sync (per engine)
+    sync_bytes_per_s: float = 1e9  # transfer + commit speed of a sync
+    sync_fixed_s: float = 0.0  # sync seconds that are not bytes / speed (pause, verify, version check)
+    stall_s: float = 0.0  # async: seconds each sync pauses the engines
+    overhead_s: float = 0.0  # O: per step, what the phase timers miss (driver calls, logging)
+    switch_s: float = 0.0  # colocated: one hand-over between rollout and trainer
+    train_efficiency: float = 0.9  # e(t > 1): multi-rank training throughput per rank, relative to 1 rank
+    gen_efficiency: float = 0.8  # g: one replica's throughput per thread on N > 1 threads, relative to 1
+    overlap_slowdown: float | None = None  # s: Tg and Tt's per-token part run this much slower while they
+    # overlap; None: (2r + t) / (r + t) if cpu, else 1
+    colocated_gen_slowdown: float | None = None  # c: colocated generation this much slower; None: 2 if cpu
+    cpu: bool = False  # devices are CPU cores of one host (profiled with --cores)
+    source: str = "given"  # the run dir(s) or file it came from
 
     def sync_s(self) -> float:
         """Ts = sync_fixed_s + sync_bytes / sync_bytes_per_s."""
@@ -122,26 +134,41 @@ class Profile:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "given") -> "Profile":
+    def from_dict(cls, data: dict[str, Any], source: str = "given") -> Profile:
         """A profile from given figures (a yaml/json mapping of field names); unknown names are an error."""
         names = {f.name for f in dataclasses.fields(cls)}
         if unknown := sorted(set(data) - names):
             raise ValueError(f"unknown profile field(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
-        missing = [n for n in ("tokens", "completions", "prompts_per_step", "gen_dev_s_per_token",
-                               "train_dev_s_per_token") if n not in data]
+        missing = [
+            n
+            for n in ("tokens", "completions", "prompts_per_step", "gen_dev_s_per_token", "train_dev_s_per_token")
+            if n not in data
+        ]
         if missing:
             raise ValueError(f"profile lacks {', '.join(missing)}; give them (or profile a run: relayrl plan RUN_DIR)")
         return cls(**{"source": source, **data})
 
     @classmethod
-    def from_run(cls, path: str | Path, cores: int | None = None, skip: int = 1,
-                 train_efficiency: float | None = None, gen_efficiency: float | None = None) -> "Profile":
+    def from_run(
+        cls,
+        path: str | Path,
+        cores: int | None = None,
+        skip: int = 1,
+        train_efficiency: float | None = None,
+        gen_efficiency: float | None = None,
+    ) -> Profile:
         """Profile of one run directory (see ``from_runs``)."""
         return cls.from_runs([path], cores, skip, train_efficiency, gen_efficiency)
 
     @classmethod
-    def from_runs(cls, paths: list[str | Path], cores: int | None = None, skip: int = 1,
-                  train_efficiency: float | None = None, gen_efficiency: float | None = None) -> "Profile":
+    def from_runs(
+        cls,
+        paths: Sequence[str | Path],
+        cores: int | None = None,
+        skip: int = 1,
+        train_efficiency: float | None = None,
+        gen_efficiency: float | None = None,
+    ) -> Profile:
         """Costs measured in run directories (metrics.jsonl + config.yaml), medians over steps after the
         first ``skip`` (warm-up: engine and allocator first use). ``cores``: this is a CPU box with that
         many cores, so a replica or rank with ``num_threads=0`` used all of them (its device count).
@@ -155,21 +182,38 @@ class Profile:
         scaling below g look alike (a shared run and a one-thread run: the fit puts the difference into a)."""
         if not paths:
             raise ValueError("no run directories given; pass at least one runs/<id>")
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}     # None: the field's default
-        train_efficiency = defaults["train_efficiency"] if train_efficiency is None else train_efficiency
-        gen_efficiency = defaults["gen_efficiency"] if gen_efficiency is None else gen_efficiency
-        samples = [_run_sample(Path(p), cores, skip, train_efficiency, gen_efficiency) for p in paths]
+        # None: the field's default (a dataclass keeps a plain default as the class attribute)
+        train_eff = cls.train_efficiency if train_efficiency is None else train_efficiency
+        gen_eff = cls.gen_efficiency if gen_efficiency is None else gen_efficiency
+        samples = [_run_sample(Path(p), cores, skip, train_eff, gen_eff) for p in paths]
         x = [s["tokens"] / s["gen_devices"] for s in samples]
         y = [s["gen"] for s in samples]
         gen_call, gen_tok = _fit_line(x, y)
         avg = {k: statistics.fmean(s[k] for s in samples) for k in _AVERAGED}
-        return cls(gen_call_s=gen_call, gen_dev_s_per_token=gen_tok, train_efficiency=train_efficiency,
-                   gen_efficiency=gen_efficiency, cpu=cores is not None, source=", ".join(str(p) for p in paths),
-                   prompts_per_step=samples[0]["prompts_per_step"], **avg)
+        return cls(
+            gen_call_s=gen_call,
+            gen_dev_s_per_token=gen_tok,
+            train_efficiency=train_eff,
+            gen_efficiency=gen_eff,
+            cpu=cores is not None,
+            source=", ".join(str(p) for p in paths),
+            prompts_per_step=int(samples[0]["prompts_per_step"]),  # an int in a dict of floats
+            **avg,
+        )
 
 
-_AVERAGED = ("tokens", "completions", "train_dev_s_per_token", "reward_s", "train_fixed_s", "sync_bytes",
-             "sync_bytes_per_s", "sync_fixed_s", "stall_s", "overhead_s")
+_AVERAGED = (
+    "tokens",
+    "completions",
+    "train_dev_s_per_token",
+    "reward_s",
+    "train_fixed_s",
+    "sync_bytes",
+    "sync_bytes_per_s",
+    "sync_fixed_s",
+    "stall_s",
+    "overhead_s",
+)
 
 
 def scaling(n: int, factor: float) -> float:
@@ -204,7 +248,7 @@ def _fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
     mx, my = statistics.fmean(x), statistics.fmean(y)
     b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sum((xi - mx) ** 2 for xi in x)
     a = my - b * mx
-    if a < 0:                          # noise: a fixed cost can't be negative, the line goes through 0
+    if a < 0:  # noise: a fixed cost can't be negative, the line goes through 0
         return 0.0, sum(xi * yi for xi, yi in zip(x, y)) / sum(xi * xi for xi in x)
     return a, b
 
@@ -214,8 +258,9 @@ def _read_run(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
     metrics, config = path / "metrics.jsonl", path / "config.yaml"
     if not metrics.is_file() or not config.is_file():
-        raise FileNotFoundError(f"{path} is not a run directory (needs metrics.jsonl and config.yaml); "
-                                "pass runs/<id> of a finished run")
+        raise FileNotFoundError(
+            f"{path} is not a run directory (needs metrics.jsonl and config.yaml); pass runs/<id> of a finished run"
+        )
     return yaml.safe_load(config.read_text()), read_records(path)
 
 
@@ -228,16 +273,19 @@ def run_devices(cfg: dict[str, Any], cores: int | None) -> tuple[int, int]:
     return r * replica_threads(cfg, cores), t * int(cfg["trainer"].get("num_threads") or cores)
 
 
-def _run_sample(path: Path, cores: int | None, skip: int, train_efficiency: float,
-                gen_efficiency: float) -> dict[str, float]:
+def _run_sample(
+    path: Path, cores: int | None, skip: int, train_efficiency: float, gen_efficiency: float
+) -> dict[str, float]:
     """One run's medians turned into the profile's per-token and fixed costs: one device's, whether the run
     had one-thread replicas and ranks or a replica and a rank on every core (``num_threads=0``)."""
     cfg, rows = _read_run(path)
     rows = rows[skip:]
     need = (TIMING_GENERATE, TIMING_TRAIN, "timing/update", TIMING_SYNC, TIMING_STEP, ROLLOUT_TOKENS)
     if not rows or any(k not in rows[0] for k in need):
-        raise ValueError(f"{path}/metrics.jsonl has no steps after the {skip} warm-up step(s) with "
-                         f"{', '.join(need)}; profile a run of at least {skip + 3} steps")
+        raise ValueError(
+            f"{path}/metrics.jsonl has no steps after the {skip} warm-up step(s) with "
+            f"{', '.join(need)}; profile a run of at least {skip + 3} steps"
+        )
     med = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in {*need, *_OPTIONAL}}
     r, t = run_devices(cfg, cores)
     g = scaling(replica_threads(cfg, cores), gen_efficiency)
@@ -246,14 +294,22 @@ def _run_sample(path: Path, cores: int | None, skip: int, train_efficiency: floa
     e = scaling(t, train_efficiency)
     bw = med[WEIGHTSYNC_GBPS] * 1e9 or 1e9
     colocated_cpu = cores is not None and cfg.get("placement", {}).get("mode") == "colocated"
-    c = CPU_COLOCATED_GEN_SLOWDOWN if colocated_cpu else 1.0      # its generation ran c times slower
-    return {"tokens": tokens, "completions": med[ROLLOUT_COMPLETIONS], "gen_devices": r * g,
-            "prompts_per_step": int(cfg["run"]["prompts_per_step"]), "gen": med[TIMING_GENERATE] / c,
-            "train_dev_s_per_token": update * t * e / tokens, "reward_s": med[TIMING_REWARD],
-            "train_fixed_s": max(0.0, med[TIMING_TRAIN] - update), "sync_bytes": med[WEIGHTSYNC_BYTES],
-            "sync_bytes_per_s": bw,
-            "sync_fixed_s": max(0.0, med[TIMING_SYNC] - med[WEIGHTSYNC_BYTES] / bw),
-            "stall_s": med[WEIGHTSYNC_STALL_S], "overhead_s": _overhead(cfg, rows)}
+    c = CPU_COLOCATED_GEN_SLOWDOWN if colocated_cpu else 1.0  # its generation ran c times slower
+    return {
+        "tokens": tokens,
+        "completions": med[ROLLOUT_COMPLETIONS],
+        "gen_devices": r * g,
+        "prompts_per_step": int(cfg["run"]["prompts_per_step"]),
+        "gen": med[TIMING_GENERATE] / c,
+        "train_dev_s_per_token": update * t * e / tokens,
+        "reward_s": med[TIMING_REWARD],
+        "train_fixed_s": max(0.0, med[TIMING_TRAIN] - update),
+        "sync_bytes": med[WEIGHTSYNC_BYTES],
+        "sync_bytes_per_s": bw,
+        "sync_fixed_s": max(0.0, med[TIMING_SYNC] - med[WEIGHTSYNC_BYTES] / bw),
+        "stall_s": med[WEIGHTSYNC_STALL_S],
+        "overhead_s": _overhead(cfg, rows),
+    }
 
 
 def replica_threads(cfg: dict[str, Any], cores: int | None) -> int:
@@ -262,8 +318,14 @@ def replica_threads(cfg: dict[str, Any], cores: int | None) -> int:
     return 1 if cores is None else int(cfg["rollout"].get("num_threads") or cores)
 
 
-_OPTIONAL = ("timing/logprob", TIMING_REWARD, ROLLOUT_COMPLETIONS, WEIGHTSYNC_BYTES, WEIGHTSYNC_GBPS,
-             WEIGHTSYNC_STALL_S)
+_OPTIONAL = (
+    "timing/logprob",
+    TIMING_REWARD,
+    ROLLOUT_COMPLETIONS,
+    WEIGHTSYNC_BYTES,
+    WEIGHTSYNC_GBPS,
+    WEIGHTSYNC_STALL_S,
+)
 
 
 def _overhead(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> float:
@@ -290,11 +352,11 @@ PLACEMENTS = ("separate", "colocated", "shared")
 
 @dataclass(frozen=True)
 class Layout:
-    placement: str          # separate | colocated | shared (CPU: one replica and one rank, each on all N cores)
-    rollout_devices: int    # r: one replica per device (shared: N threads of the one replica)
-    trainer_devices: int    # t: trainer ranks (FSDP2) (shared: N threads of the one rank)
-    mode: str = "sync"      # sync | async
-    k: int = 0              # buffer.max_staleness (async)
+    placement: str  # separate | colocated | shared (CPU: one replica and one rank, each on all N cores)
+    rollout_devices: int  # r: one replica per device (shared: N threads of the one replica)
+    trainer_devices: int  # t: trainer ranks (FSDP2) (shared: N threads of the one rank)
+    mode: str = "sync"  # sync | async
+    k: int = 0  # buffer.max_staleness (async)
 
     @property
     def overlaps(self) -> bool:
@@ -316,23 +378,31 @@ class Prediction:
     step_s: float
     completions_per_s: float
     tokens_per_s: float
-    bottleneck: str         # generate | train | sync | overhead | switch: the largest term on the critical path
-    idle_rollout: float     # 1 - rollout busy / step
-    idle_trainer: float     # 1 - trainer busy (train + sync) / step
-    phases: dict[str, float] = dataclasses.field(default_factory=dict)   # the terms, seconds
+    bottleneck: str  # generate | train | sync | overhead | switch: the largest term on the critical path
+    idle_rollout: float  # 1 - rollout busy / step
+    idle_trainer: float  # 1 - trainer busy (train + sync) / step
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # the terms, seconds
 
 
 def predict(profile: Profile, layout: Layout) -> Prediction:
     """Step time, throughput, bottleneck and idle fractions of ``layout`` (laws: module docstring)."""
     _check_layout(layout)
     if layout.placement == "shared" and not profile.cpu:
-        raise ValueError(f"layout {layout}: shared placement time-shares CPU cores; this profile's devices "
-                         "are GPUs (profile with --cores, or use colocated)")
+        raise ValueError(
+            f"layout {layout}: shared placement time-shares CPU cores; this profile's devices "
+            "are GPUs (profile with --cores, or use colocated)"
+        )
     colocated = layout.placement == "colocated"
     tg = profile.gen_s(layout.rollout_devices, layout.threads) * (colocated_slowdown(profile) if colocated else 1.0)
     tt = profile.train_s(layout.trainer_devices)
-    ph = {"generate": tg, "reward": profile.reward_s, "train": tt, "sync": profile.sync_s(),
-          "overhead": profile.overhead_s, "switch": 2 * profile.switch_s if colocated else 0.0}
+    ph = {
+        "generate": tg,
+        "reward": profile.reward_s,
+        "train": tt,
+        "sync": profile.sync_s(),
+        "overhead": profile.overhead_s,
+        "switch": 2 * profile.switch_s if colocated else 0.0,
+    }
     rollout_path = tg + ph["reward"]
     trainer_path = tt + ph["sync"]
     if layout.overlaps:
@@ -347,9 +417,16 @@ def predict(profile: Profile, layout: Layout) -> Prediction:
     step = core + ph["overhead"]
     if ph["overhead"] > max(ph["generate"], ph["train"], ph["sync"]):
         bottleneck = "overhead"
-    return Prediction(layout, step, profile.completions / step, profile.tokens / step, bottleneck,
-                      idle_rollout=max(0.0, 1 - rollout_path / step), idle_trainer=max(0.0, 1 - trainer_path / step),
-                      phases=ph)
+    return Prediction(
+        layout,
+        step,
+        profile.completions / step,
+        profile.tokens / step,
+        bottleneck,
+        idle_rollout=max(0.0, 1 - rollout_path / step),
+        idle_trainer=max(0.0, 1 - trainer_path / step),
+        phases=ph,
+    )
 
 
 def colocated_slowdown(profile: Profile) -> float:
@@ -373,8 +450,10 @@ def _check_layout(layout: Layout) -> None:
     if layout.rollout_devices < 1 or layout.trainer_devices < 1 or layout.k < 0:
         raise ValueError(f"layout {layout}: needs >= 1 rollout and trainer device and k >= 0")
     if layout.placement == "shared" and (layout.mode != "sync" or layout.rollout_devices != layout.trainer_devices):
-        raise ValueError(f"layout {layout}: shared runs sync with the replica and the rank on the same N cores "
-                         "(rollout devices = trainer devices)")
+        raise ValueError(
+            f"layout {layout}: shared runs sync with the replica and the rank on the same N cores "
+            "(rollout devices = trainer devices)"
+        )
 
 
 def layouts(devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,), cpu: bool = False) -> list[Layout]:
@@ -401,8 +480,10 @@ def rank(profile: Profile, devices: int, ks: tuple[int, ...] = (1,)) -> list[Pre
     """Predictions for every layout of ``devices`` devices, fastest first (ties: smaller k, i.e. fresher data)."""
     preds = [predict(profile, lay) for lay in layouts(devices, profile.prompts_per_step, ks, profile.cpu)]
     if not preds:
-        raise ValueError(f"no layout of {devices} devices divides run.prompts_per_step={profile.prompts_per_step}; "
-                         "use more devices or a prompts_per_step divisible by the replica count")
+        raise ValueError(
+            f"no layout of {devices} devices divides run.prompts_per_step={profile.prompts_per_step}; "
+            "use more devices or a prompts_per_step divisible by the replica count"
+        )
     return sorted(preds, key=lambda p: (round(p.step_s, 9), p.layout.k))
 
 
@@ -413,10 +494,22 @@ def overrides(layout: Layout, cpu: bool = False) -> list[str]:
     than the box has runs on that many)."""
     if layout.placement == "shared":
         n = layout.threads
-        return ["placement=separate", "rollout.num_replicas=1", "trainer.world_size=1", "mode=sync",
-                "rollout.num_cpus=1", f"rollout.num_threads={n}", "trainer.num_cpus=1", f"trainer.num_threads={n}"]
-    out = [f"placement={layout.placement}", f"rollout.num_replicas={layout.rollout_devices}",
-           f"trainer.world_size={layout.trainer_devices}", f"mode={layout.mode}"]
+        return [
+            "placement=separate",
+            "rollout.num_replicas=1",
+            "trainer.world_size=1",
+            "mode=sync",
+            "rollout.num_cpus=1",
+            f"rollout.num_threads={n}",
+            "trainer.num_cpus=1",
+            f"trainer.num_threads={n}",
+        ]
+    out = [
+        f"placement={layout.placement}",
+        f"rollout.num_replicas={layout.rollout_devices}",
+        f"trainer.world_size={layout.trainer_devices}",
+        f"mode={layout.mode}",
+    ]
     if layout.mode == "async":
         out.append(f"buffer.max_staleness={layout.k}")
     if cpu:

@@ -47,7 +47,6 @@ from relayrl.envs.base import Environment
 from relayrl.rollout.outputs import ModelTurn, model_turn
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
-
 SampleTurn = Callable[[list[int], int, list[str], int | None], Awaitable[ModelTurn]]
 """``(context token ids, max new tokens, stop strings, seed) -> ModelTurn``: one request to the engine."""
 
@@ -82,8 +81,9 @@ class Episode:
 
     def add_model_turn(self, turn: ModelTurn) -> None:
         if len(turn.logprobs) != len(turn.token_ids):
-            raise RuntimeError(f"engine returned {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens; "
-                               "request logprobs=0")
+            raise RuntimeError(
+                f"engine returned {len(turn.logprobs)} logprobs for {len(turn.token_ids)} tokens; request logprobs=0"
+            )
         offset = len(self.tokens)
         self.versions += [VersionSpan(s.version, offset + s.start, offset + s.end) for s in turn.versions]
         self.tokens += turn.token_ids
@@ -103,11 +103,19 @@ class Episode:
         self.texts.append(text)
 
     def trajectory(self, prompt_id: int, sample_idx: int, seconds: float) -> Trajectory:
-        return Trajectory(prompt_id=prompt_id, sample_idx=sample_idx, prompt_token_ids=list(self.prompt_ids),
-                          completion_token_ids=list(self.tokens), behaviour_logprobs=list(self.logprobs),
-                          completion_text="".join(self.texts),
-                          finish_reason=self.finish_reason if self.done else "length", versions=list(self.versions),
-                          gen_seconds=seconds, completion_mask=list(self.mask), env_reward=self.reward)
+        return Trajectory(
+            prompt_id=prompt_id,
+            sample_idx=sample_idx,
+            prompt_token_ids=list(self.prompt_ids),
+            completion_token_ids=list(self.tokens),
+            behaviour_logprobs=list(self.logprobs),
+            completion_text="".join(self.texts),
+            finish_reason=self.finish_reason if self.done else "length",
+            versions=list(self.versions),
+            gen_seconds=seconds,
+            completion_mask=list(self.mask),
+            env_reward=self.reward,
+        )
 
 
 class EpisodeError(RuntimeError):
@@ -131,9 +139,10 @@ async def _call_env(env: Environment, method: str, arg: Any, where: str) -> Any:
         return await result if inspect.isawaitable(result) else result
     except asyncio.CancelledError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the env's failure is reported, never allowed to end the actor
-        raise EpisodeError(f"environment {type(env).__name__}.{method} failed on {where}: "
-                           f"{type(exc).__name__}: {exc}") from exc
+    except BaseException as exc:  # the env's failure is reported, never allowed to end the actor
+        raise EpisodeError(
+            f"environment {type(env).__name__}.{method} failed on {where}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def check_prompts(prompts: list[Prompt], group_size: int) -> None:
@@ -142,8 +151,10 @@ def check_prompts(prompts: list[Prompt], group_size: int) -> None:
         raise ValueError(f"group_size={group_size} must be >= 1; set algorithm.group_size")
     for p in prompts:
         if not isinstance(p, Prompt):
-            raise TypeError(f"prompt {p!r} is a {type(p).__name__}; pass relayrl.data.Prompt(prompt_id, "
-                            "prompt, columns, seed) records")
+            raise TypeError(
+                f"prompt {p!r} is a {type(p).__name__}; pass relayrl.data.Prompt(prompt_id, "
+                "prompt, columns, seed) records"
+            )
 
 
 class EpisodeRunner:
@@ -154,50 +165,56 @@ class EpisodeRunner:
     a sequence). ``max_tokens`` bounds each model turn, ``max_model_len`` the whole context.
     """
 
-    def __init__(self, sample_turn: SampleTurn, tokenizer: Any, max_turns: int, max_tokens: int,
-                 max_model_len: int) -> None:
+    def __init__(
+        self, sample_turn: SampleTurn, tokenizer: Any, max_turns: int, max_tokens: int, max_model_len: int
+    ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1; set env.max_turns")
         self.sample_turn, self.tokenizer = sample_turn, tokenizer
         self.max_turns, self.max_tokens, self.max_model_len = max_turns, max_tokens, max_model_len
 
-    async def run_group(self, prompt: Prompt, group_size: int,
-                        make_env: Callable[[], Environment]) -> TrajectoryGroup:
+    async def run_group(self, prompt: Prompt, group_size: int, make_env: Callable[[], Environment]) -> TrajectoryGroup:
         """``group_size`` concurrent episodes of ``prompt``, a fresh env each."""
         check_prompts([prompt], group_size)
         columns = dict(prompt.columns)
         sample = {**columns, "prompt": prompt.prompt}
-        results = await asyncio.gather(*(self.run_episode(make_env(), dict(sample), prompt.prompt_id, i,
-                                                          prompt.seed) for i in range(group_size)))
+        results = await asyncio.gather(
+            *(self.run_episode(make_env(), dict(sample), prompt.prompt_id, i, prompt.seed) for i in range(group_size))
+        )
         return TrajectoryGroup(prompt.prompt_id, results[0][0], columns, [traj for _, traj in results])
 
-    async def run_episode(self, env: Environment, sample: dict[str, Any], prompt_id: int,
-                          sample_idx: int, seed: int | None = None) -> tuple[str, Trajectory]:
+    async def run_episode(
+        self, env: Environment, sample: dict[str, Any], prompt_id: int, sample_idx: int, seed: int | None = None
+    ) -> tuple[str, Trajectory]:
         """One episode; returns (the first model input text, the trajectory). ``seed``: the prompt's (see
         ``turn_seed``)."""
         t0 = time.perf_counter()
         first = await _call_env(env, "reset", sample, f"prompt {prompt_id} sample {sample_idx}")
         episode = Episode(prompt_ids=list(self.tokenizer.encode(first)))
         if len(episode.prompt_ids) >= self.max_model_len:
-            raise ValueError(f"prompt {prompt_id} is {len(episode.prompt_ids)} tokens, no room to generate within "
-                             f"model.max_model_len={self.max_model_len}; raise model.max_model_len")
+            raise ValueError(
+                f"prompt {prompt_id} is {len(episode.prompt_ids)} tokens, no room to generate within "
+                f"model.max_model_len={self.max_model_len}; raise model.max_model_len"
+            )
         stop = list(getattr(env, "stop", None) or [])
         while not episode.done and episode.turns < self.max_turns:
             room = self.max_model_len - len(episode.context)
             if room < 1:
                 break
-            turn = await self.sample_turn(episode.context, min(self.max_tokens, room), stop,
-                                          turn_seed(seed, sample_idx, episode.turns))
+            turn = await self.sample_turn(
+                episode.context, min(self.max_tokens, room), stop, turn_seed(seed, sample_idx, episode.turns)
+            )
             episode.add_model_turn(turn)
-            obs, reward, done = await _call_env(env, "step", turn.text,
-                                                f"prompt {prompt_id} sample {sample_idx} turn {episode.turns}")
+            obs, reward, done = await _call_env(
+                env, "step", turn.text, f"prompt {prompt_id} sample {sample_idx} turn {episode.turns}"
+            )
             episode.reward += float(reward)
             episode.done = bool(done)
             if episode.done or episode.turns == self.max_turns:
                 break
             obs_ids = list(self.tokenizer.encode(obs, add_special_tokens=False)) if obs else []
             if len(episode.context) + len(obs_ids) >= self.max_model_len:
-                break                       # no room for the observation and another model token
+                break  # no room for the observation and another model token
             episode.add_env_turn(obs_ids, obs)
         return first, episode.trajectory(prompt_id, sample_idx, time.perf_counter() - t0)
 
@@ -210,9 +227,17 @@ def vllm_sample_turn(final_output: Callable[[Any, Any], Awaitable[Any]], cfg: Ro
     from vllm.sampling_params import RequestOutputKind
 
     async def sample_turn(context: list[int], max_tokens: int, stop: list[str], seed: int | None) -> ModelTurn:
-        params = SamplingParams(n=1, logprobs=0, temperature=cfg.temperature, top_p=cfg.top_p,
-                                max_tokens=max_tokens, stop=stop or None, include_stop_str_in_output=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY, seed=seed)
+        params = SamplingParams(
+            n=1,
+            logprobs=0,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=max_tokens,
+            stop=stop or None,
+            include_stop_str_in_output=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            seed=seed,
+        )
         final = await final_output(TokensPrompt(prompt_token_ids=list(context)), params)
         return model_turn(final.outputs[0])
 

@@ -52,10 +52,11 @@ import select
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, reduction, resource_tracker
-from typing import Any, Callable
+from typing import Any, Protocol, cast
 
 from relayrl.rollout.queuepoll import sleep_between_polls_if_asked
 from relayrl.vllm_import import import_vllm
@@ -68,7 +69,7 @@ OWNER_ENV = "RELAYRL_ENGINE_OWNER"
 """In the environment of engine processes forked from the driver's server: the pid of their rollout actor."""
 
 
-def _run(env: dict[str, str], streams: "_StdStreams", target: Callable, args: tuple, kwargs: dict) -> Any:
+def _run(env: dict[str, str], streams: _StdStreams, target: Callable, args: tuple, kwargs: dict) -> Any:
     """The child's entry point: the parent's environment and output, its owner, thread count and server, then
     vLLM."""
     title_ready()
@@ -81,7 +82,7 @@ def _run(env: dict[str, str], streams: "_StdStreams", target: Callable, args: tu
     patch_vllm()
     sleep_between_polls_if_asked()
     if cpus := omp_cpus(env):
-        os.sched_setaffinity(0, cpus)      # the OpenMP threads torch starts later inherit it
+        os.sched_setaffinity(0, cpus)  # the OpenMP threads torch starts later inherit it
     if threads := env.get("OMP_NUM_THREADS"):
         import torch
 
@@ -119,13 +120,13 @@ def belong_to(owner: int) -> None:
     register(owner, os.getpid())
     try:
         pidfd = os.pidfd_open(owner)
-    except ProcessLookupError:                      # it died while this process started
+    except ProcessLookupError:  # it died while this process started
         os._exit(1)
     threading.Thread(target=_die_with, args=(pidfd,), name="relayrl-owner", daemon=True).start()
 
 
 def _die_with(pidfd: int) -> None:
-    select.select([pidfd], [], [])                  # readable once the owner has exited
+    select.select([pidfd], [], [])  # readable once the owner has exited
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -137,7 +138,7 @@ class _StdStreams:
         self.fds = fds
 
     def __reduce__(self) -> tuple:
-        return _StdStreams, ((reduction.DupFd(1), reduction.DupFd(2)),)   # pickled while the child starts
+        return _StdStreams, ((reduction.DupFd(1), reduction.DupFd(2)),)  # pickled while the child starts
 
     def install(self) -> None:
         _redirect_std(tuple(dup.detach() for dup in self.fds))
@@ -146,10 +147,19 @@ class _StdStreams:
 class _Process(mp_context.ForkServerProcess):
     """A forkserver child that receives its parent's environment as it is when ``start()`` runs."""
 
-    def __init__(self, group: Any = None, target: Callable | None = None, name: str | None = None,
-                 args: tuple = (), kwargs: dict | None = None, *, daemon: bool | None = None) -> None:
-        super().__init__(group, _run, name, ({}, _StdStreams(), target, tuple(args), dict(kwargs or {})),
-                         daemon=daemon)
+    _args: tuple[Any, ...]  # BaseProcess keeps ``args`` here (private: typeshed does not declare it)
+
+    def __init__(
+        self,
+        group: Any = None,
+        target: Callable | None = None,
+        name: str | None = None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        daemon: bool | None = None,
+    ) -> None:
+        super().__init__(group, _run, name, ({}, _StdStreams(), target, tuple(args), dict(kwargs or {})), daemon=daemon)
 
     def start(self) -> None:
         self._args = (dict(os.environ), *self._args[1:])
@@ -172,11 +182,28 @@ def engine_context() -> EngineContext:
 
 def patch_vllm() -> None:
     """Make vLLM's engine-core launcher and multiprocess executor take their processes from ``CONTEXT``."""
-    import_vllm()                                   # first import here (the actor's): without Inductor
+    import_vllm()  # first import here (the actor's): without Inductor
     import vllm.v1.engine.utils as engine_utils
     import vllm.v1.executor.multiproc_executor as executor
 
     engine_utils.get_mp_context = executor.get_mp_context = engine_context
+
+
+class _ServerState(Protocol):
+    """The private state of CPython's ``multiprocessing.forkserver.ForkServer`` (3.10-3.13) that this module
+    reads and sets: typeshed declares none of it, so it is spelled out here, in one place."""
+
+    _forkserver_pid: int | None
+    _forkserver_address: str | None
+    _forkserver_alive_fd: int | None
+    ensure_running: Callable[[], None]
+
+    def _stop(self) -> None: ...
+
+
+def _server() -> _ServerState:
+    """This process's forkserver state (``forkserver._forkserver``, the module's singleton)."""
+    return cast(_ServerState, forkserver._forkserver)
 
 
 def adopt_server() -> None:
@@ -185,7 +212,7 @@ def adopt_server() -> None:
 
     Python's server hands each child its address and "alive" pipe end, but only the process that started
     the server knows its pid, and ``ensure_running`` starts a new server when it has none."""
-    server = forkserver._forkserver
+    server = _server()
     if server._forkserver_pid is None and server._forkserver_address is not None:
         server.ensure_running = resource_tracker.ensure_running
 
@@ -210,9 +237,9 @@ def start_forkserver() -> None:
 class SharedServer:
     """The driver's server, as rollout actors see it (``SHARED_ENV``)."""
 
-    address: str                    # its Unix socket
-    boot_id: str                    # the host's boot: a socket path on another host means nothing here
-    env: dict[str, str]             # the variables it was started with; an actor adopts it if its own match
+    address: str  # its Unix socket
+    boot_id: str  # the host's boot: a socket path on another host means nothing here
+    env: dict[str, str]  # the variables it was started with; an actor adopts it if its own match
 
     def started_with(self, env: Any) -> bool:
         """Does ``env`` (a mapping) hold the values this server was started with?"""
@@ -232,10 +259,10 @@ def start_shared(env: dict[str, str]) -> None:
     """In the driver, at launch, single-threaded: start a server under ``os.environ`` updated with ``env``
     (what the rollout actors will have), its output discarded and Ctrl-C ignored (the driver handles it)."""
     global _shared
-    if forkserver._forkserver._forkserver_pid is not None:
-        return                                      # this process runs one already, started otherwise
+    if _server()._forkserver_pid is not None:
+        return  # this process runs one already, started otherwise
     saved, streams = dict(os.environ), _silence_output()
-    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)        # inherited through exec
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec
     try:
         os.environ.update(env)
         CONTEXT.set_forkserver_preload(PRELOAD)
@@ -245,7 +272,9 @@ def start_shared(env: dict[str, str]) -> None:
         _redirect_std(streams)
         os.environ.clear()
         os.environ.update(saved)
-    _shared = SharedServer(forkserver._forkserver._forkserver_address, boot_id(), dict(env))
+    address = _server()._forkserver_address
+    assert address is not None  # ensure_running just started it
+    _shared = SharedServer(address, boot_id(), dict(env))
 
 
 def _silence_output() -> tuple[int, int]:
@@ -269,8 +298,10 @@ def stop_shared() -> None:
     global _shared
     if _shared is not None:
         _shared = None
-        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)  # it may still be importing PRELOAD
-        forkserver._forkserver._stop()
+        server = _server()
+        if server._forkserver_pid is not None:  # set by start_shared's ensure_running
+            os.kill(server._forkserver_pid, signal.SIGTERM)  # it may still be importing PRELOAD
+        server._stop()
 
 
 def shared_actor_env(env: dict[str, str]) -> dict[str, str]:
@@ -291,11 +322,11 @@ def adopt_shared() -> bool:
         return False
     from relayrl.rollout.cleanup import forget_dead_owners, forget_owned
 
-    forget_owned(os.getpid())                       # what an earlier process with this pid registered
+    forget_owned(os.getpid())  # what an earlier process with this pid registered
     forget_dead_owners()
-    state = forkserver._forkserver
+    state = _server()
     state._forkserver_address = server.address
-    state._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)   # the driver keeps the server alive
+    state._forkserver_alive_fd = os.open(os.devnull, os.O_RDONLY)  # the driver keeps the server alive
     adopt_server()
     os.environ[OWNER_ENV] = str(os.getpid())
     return True

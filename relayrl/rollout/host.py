@@ -17,6 +17,7 @@ later one with ``EngineHostDied``, which the controller treats as a dead replica
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import pickle
@@ -42,13 +43,14 @@ class HostedRollout:
         child.close()
         self.pending: dict[int, asyncio.Future] = {}
         self.next_id = 0
-        self.dead = ""                          # why the host is gone, once it is
+        self.dead = ""  # why the host is gone, once it is
         self.reading = False
         try:
-            ok, value = self.conn.recv()        # the Rollout's construction: the engine up, or why not
+            ok, value = self.conn.recv()  # the Rollout's construction: the engine up, or why not
         except (EOFError, OSError):
-            raise EngineHostDied(f"the engine host (pid {self.process.pid}) exited while its engine started; "
-                                 "its output above says why") from None
+            raise EngineHostDied(
+                f"the engine host (pid {self.process.pid}) exited while its engine started; its output above says why"
+            ) from None
         if not ok:
             raise value
 
@@ -62,9 +64,9 @@ class HostedRollout:
         self.pending[self.next_id] = future
         try:
             self.conn.send((self.next_id, name, args, kwargs or {}))
-        except (BrokenPipeError, OSError) as exc:      # gone before the reader saw its pipe close
+        except (BrokenPipeError, OSError) as exc:  # gone before the reader saw its pipe close
             self._died(exc)
-        except BaseException:                           # an argument that does not pickle: nothing was sent
+        except BaseException:  # an argument that does not pickle: nothing was sent
             del self.pending[self.next_id]
             raise
         return await future
@@ -88,8 +90,10 @@ class HostedRollout:
     def _died(self, why: BaseException) -> None:
         asyncio.get_running_loop().remove_reader(self.conn.fileno())
         self.process.join(timeout=1.0)
-        self.dead = (f"the engine host (pid {self.process.pid}) is gone ({type(why).__name__}: {why}; "
-                     f"exit code {self.process.exitcode})")
+        self.dead = (
+            f"the engine host (pid {self.process.pid}) is gone ({type(why).__name__}: {why}; "
+            f"exit code {self.process.exitcode})"
+        )
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(EngineHostDied(self.dead))
@@ -154,10 +158,8 @@ async def _answer(conn: Connection, rollout: Any, call_id: int, name: str, args:
         reply = (call_id, True, await invoke(rollout, name, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - the actor re-raises it
         reply = (call_id, False, portable(exc))
-    try:
+    with contextlib.suppress(BrokenPipeError, OSError):  # the actor is gone; the host ends at the pipe's EOF
         _send(conn, reply, name)
-    except (BrokenPipeError, OSError):      # the actor is gone; the host ends at the pipe's EOF
-        pass
 
 
 def _send(conn: Connection, reply: tuple, name: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from relayrl.types import VersionSpan
 
-INITIAL_VERSION_LABEL = "default"   # vLLM's label for the weights an engine started with (our v0)
+INITIAL_VERSION_LABEL = "default"  # vLLM's label for the weights an engine started with (our v0)
 
 
 @dataclass
@@ -34,8 +34,15 @@ def model_turn(completion: Any) -> ModelTurn:
     tokens = list(completion.token_ids)
     spans = [VersionSpan(parse_version(s.version), s.start, s.end) for s in completion.weight_versions or []]
     if tokens and not spans:
-        raise RuntimeError("vLLM reported no weight_versions for a finished completion; "
-                           "relayrl needs vLLM>=0.32 (CompletionOutput.weight_versions)")
+        raise RuntimeError(
+            "vLLM reported no weight_versions for a finished completion; "
+            "relayrl needs vLLM>=0.32 (CompletionOutput.weight_versions)"
+        )
     logprobs = [pos[tok].logprob for tok, pos in zip(tokens, completion.logprobs)]
-    return ModelTurn(token_ids=tokens, logprobs=logprobs, text=completion.text,
-                     finish_reason=completion.finish_reason or "length", versions=spans)
+    return ModelTurn(
+        token_ids=tokens,
+        logprobs=logprobs,
+        text=completion.text,
+        finish_reason=completion.finish_reason or "length",
+        versions=spans,
+    )

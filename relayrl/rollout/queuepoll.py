@@ -30,9 +30,11 @@ def sleep_between_polls(poll_us: int) -> None:
     window (idempotent; ``poll_us <= 0`` leaves vLLM's spin in place)."""
     import vllm.distributed.device_communicators.shm_broadcast as shm
 
+    # Patching vLLM's class is the point (hence the method-assign ignores). The wrapper carries the method it
+    # wraps, so a second call replaces the wrapper instead of wrapping it, and its poll_us, for tests.
     spin = getattr(shm.SpinCondition.wait, "relayrl_original", shm.SpinCondition.wait)
     if poll_us <= 0:
-        shm.SpinCondition.wait = spin
+        shm.SpinCondition.wait = spin  # type: ignore[method-assign]
         return
     pause = poll_us / 1e6
 
@@ -42,9 +44,8 @@ def sleep_between_polls(poll_us: int) -> None:
         else:
             spin(self, timeout_ms)
 
-    wait.relayrl_original = spin
-    wait.relayrl_poll_us = poll_us
-    shm.SpinCondition.wait = wait
+    wait.__dict__.update(relayrl_original=spin, relayrl_poll_us=poll_us)
+    shm.SpinCondition.wait = wait  # type: ignore[method-assign]
 
 
 def sleep_between_polls_if_asked() -> None:

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -39,6 +39,9 @@ from vllm.distributed.weight_transfer.base import (
 
 from relayrl.weightsync.layout import FlatLayout, to_dtype
 from relayrl.weightsync.names import RECEIVERS, load
+
+if TYPE_CHECKING:
+    from relayrl.weightsync.client import RolloutClient
 
 
 @dataclass
@@ -106,11 +109,13 @@ class RelayWeightEngine(WeightTransferEngine):
         on a CPU-only host; nothing here is asynchronous, so it is left out.)"""
         info = self.parse_update_info(update_info)
         self._staged = None
-        if self.receiver is None:
+        if self.receiver is None or self.layout is None:  # both are set by init_transfer_engine
             raise RuntimeError("weight transfer was not initialised; call init_weight_transfer_engine first")
         if info.digest != self.layout.digest:
-            raise ValueError(f"v{info.version}: trainer layout {info.digest} != engine layout "
-                             f"{self.layout.digest}; re-run init_weight_transfer_engine")
+            raise ValueError(
+                f"v{info.version}: trainer layout {info.digest} != engine layout "
+                f"{self.layout.digest}; re-run init_weight_transfer_engine"
+            )
         self._staged = self.receiver.receive(self.layout, info)
 
     def receive_weights(self, update_info: FlatUpdateInfo) -> None:
@@ -118,7 +123,7 @@ class RelayWeightEngine(WeightTransferEngine):
 
     def finish_weight_update(self) -> None:
         """Commit: the only place the model's weights change."""
-        if self._staged is None:
+        if self._staged is None or self.layout is None:  # a payload is staged only against a layout
             raise RuntimeError("finish_weight_update without a verified payload; the update was aborted")
         from relayrl.weightsync.commit import load_flat
 
@@ -144,8 +149,10 @@ class FlatTrainerEngine(TrainerWeightTransferEngine):
     """
 
     backend: ClassVar[str]
+    client: RolloutClient  # vLLM's base types it as its client protocol; ours also carries version and seconds
+    source: WeightSource  # vLLM's base allows None (engines given a payload instead); ours always iterate one
 
-    def __init__(self, *, client: Any, source: WeightSource, is_sender: bool, layout: FlatLayout) -> None:
+    def __init__(self, *, client: RolloutClient, source: WeightSource, is_sender: bool, layout: FlatLayout) -> None:
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.layout = layout
 
@@ -164,8 +171,8 @@ class FlatTrainerEngine(TrainerWeightTransferEngine):
             with one_thread():
                 self.transfer(named, {"version": self.client.version, "digest": self.layout.digest})
         finally:
-            drain(named)   # a failed transfer still finishes the gathers, or FSDP peers would hang
-        self.client.seconds["transfer"] = time.perf_counter() - t0   # gathers + copies + engine receive
+            drain(named)  # a failed transfer still finishes the gathers, or FSDP peers would hang
+        self.client.seconds["transfer"] = time.perf_counter() - t0  # gathers + copies + engine receive
         self.client.finish_weight_update()
 
 
@@ -176,7 +183,7 @@ def plan_layout(source: WeightSource, bucket_bytes: int, wire_dtype: str | None)
 
 
 @contextmanager
-def one_thread():
+def one_thread() -> Iterator[None]:
     """Copy with one torch thread. A copy is bound by memory bandwidth, which one thread already fills
     (memcpy speed), while splitting each tensor's copy over threads makes its time depend on every thread
     getting a core: on a host whose cores are busy one late thread stalls the whole copy

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-COMMIT_GRACE_S = 60.0   # commit (reload into the model) gets at least this long, whatever timeout_s is
+COMMIT_GRACE_S = 60.0  # commit (reload into the model) gets at least this long, whatever timeout_s is
 
 
 def abort_update(rollouts: list[Any], reason: str, timeout_s: float) -> None:
@@ -58,8 +58,10 @@ class RolloutClient:
         """Same payload to every replica, except that ``rank_offset`` (a group rank) moves past the
         workers of the replicas before it: vLLM numbers workers from 0 within each engine."""
         offsets = [sum(self.workers[:i]) for i in range(len(self.rollouts))]
-        payloads = [{**init_info, "rank_offset": init_info["rank_offset"] + off} if "rank_offset" in init_info
-                    else init_info for off in offsets]
+        payloads = [
+            {**init_info, "rank_offset": init_info["rank_offset"] + off} if "rank_offset" in init_info else init_info
+            for off in offsets
+        ]
         self._all("init", [r.init_weight_transfer.remote(p) for r, p in zip(self.rollouts, payloads)])
 
     def start_weight_update(self) -> None:
@@ -70,8 +72,11 @@ class RolloutClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         version = self.version if weight_version is None else int(weight_version)
-        stalls = self._all("commit", [r.finish_weight_update.remote(version) for r in self.rollouts],
-                           max(self.timeout_s, COMMIT_GRACE_S))
+        stalls = self._all(
+            "commit",
+            [r.finish_weight_update.remote(version) for r in self.rollouts],
+            max(self.timeout_s, COMMIT_GRACE_S),
+        )
         self.stall_s = max(stalls)
 
     # ---- relayrl's addition ----------------------------------------------------------------------
@@ -89,12 +94,15 @@ class RolloutClient:
             try:
                 out.append(ray.get(ref, timeout=max(deadline - time.perf_counter(), 0.0)))
             except ray.exceptions.GetTimeoutError:
-                raise WeightSyncError(f"weight sync v{self.version}: stage {stage!r} timed out on rollout "
-                                      f"replica {i} (weightsync.timeout_s={self.timeout_s:g}); raise it if "
-                                      "the weights are large") from None
-            except Exception as exc:  # noqa: BLE001 - any actor/engine error becomes one named line
-                raise WeightSyncError(f"weight sync v{self.version}: stage {stage!r} failed on rollout "
-                                      f"replica {i}: {last_line(exc)}") from exc
+                raise WeightSyncError(
+                    f"weight sync v{self.version}: stage {stage!r} timed out on rollout "
+                    f"replica {i} (weightsync.timeout_s={self.timeout_s:g}); raise it if "
+                    "the weights are large"
+                ) from None
+            except Exception as exc:  # any actor/engine error becomes one named line
+                raise WeightSyncError(
+                    f"weight sync v{self.version}: stage {stage!r} failed on rollout replica {i}: {last_line(exc)}"
+                ) from exc
         self.seconds[stage] = time.perf_counter() - t0
         return out
 

@@ -27,13 +27,18 @@ Two paths (``weightsync.commit``):
 from __future__ import annotations
 
 import os
-from typing import Any
+from itertools import pairwise
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
 
 from relayrl.weightsync.layout import FlatLayout, Slot, dtype_name, to_dtype
 from relayrl.weightsync.names import KEEP_ENV
+
+Layer = Any
+"""A vLLM linear or LM head. Its ``weight`` (a registered parameter) and ``quant_method`` are set as the model
+loads; torch's ``nn.Module`` stub types such attributes as ``Tensor | Module``, so layers are duck-typed here."""
 
 
 def keep_cpu_weights() -> None:
@@ -51,7 +56,7 @@ def keep_cpu_weights() -> None:
     def dispatch(layer: nn.Module, remove_weight: bool) -> None:
         original(layer, remove_weight=False)
 
-    dispatch.relayrl_keeps_weight = True
+    dispatch.__dict__["relayrl_keeps_weight"] = True  # marks the patch, so a second call leaves it
     utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
@@ -74,8 +79,7 @@ def can_load_in_place(vllm_config: Any, model: nn.Module) -> bool:
     up for a packed copy built straight from the buffer (``pack_direct``, which records its shape)."""
     if vllm_config.model_config.quantization is not None:
         return False
-    return all(m.weight.numel() > 0 or hasattr(m, DROPPED_SHAPE)
-               for m in linear_layers(model) if hasattr(m, "weight"))
+    return all(m.weight.numel() > 0 or hasattr(m, DROPPED_SHAPE) for m in linear_layers(model) if hasattr(m, "weight"))
 
 
 def load_in_place(model: nn.Module, layout: FlatLayout, buffer: torch.Tensor) -> None:
@@ -91,7 +95,8 @@ def load_in_place(model: nn.Module, layout: FlatLayout, buffer: torch.Tensor) ->
     copied = [m for m in linear_layers(model) if m not in direct]
     for module in copied:
         restore_weight(module)
-    model.load_weights((name, view) for name, view in layout.views(buffer) if name not in covered)
+    # operator: vLLM models define load_weights; nn.Module's stub types an unknown attribute as Tensor | Module
+    model.load_weights((name, view) for name, view in layout.views(buffer) if name not in covered)  # type: ignore[operator]
     for module, slots in direct.items():
         pack_direct(module, fused_view(buffer, slots))
     repack(copied)
@@ -102,7 +107,7 @@ DROPPED_SHAPE = "relayrl_dropped_shape"
 arrive in a layout that needs the copy (``restore_weight``)."""
 
 
-def direct_sources(model: nn.Module, layout: FlatLayout) -> dict[nn.Module, list[Slot]]:
+def direct_sources(model: nn.Module, layout: FlatLayout) -> dict[Layer, list[Slot]]:
     """Unquantized, unsharded linears whose weight is one run of the layout: the checkpoint tensors vLLM fuses
     into it (``packed_modules_mapping``: q/k/v -> qkv_proj, gate/up -> gate_up_proj), end to end in that
     order, in the parameter's dtype, stacking to its shape."""
@@ -110,29 +115,34 @@ def direct_sources(model: nn.Module, layout: FlatLayout) -> dict[nn.Module, list
 
     slots = {slot.name: slot for slot in layout.slots}
     fused = getattr(model, "packed_modules_mapping", {}) or {}
-    out = {}
+    out: dict[Layer, list[Slot]] = {}
     for name, module in model.named_modules():
-        if (not isinstance(module, LinearBase) or not isinstance(module.quant_method, UnquantizedLinearMethod)
-                or getattr(module, "_cpu_skip_gemm_dispatch", False)):   # F.linear on the weight itself
+        if (
+            not isinstance(module, LinearBase)
+            or not isinstance(module.quant_method, UnquantizedLinearMethod)
+            or getattr(module, "_cpu_skip_gemm_dispatch", False)
+        ):  # F.linear on the weight itself
             continue
         parent, _, leaf = name.rpartition(".")
-        parts = [slots.get(f"{parent}.{shard}.weight" if parent else f"{shard}.weight")
-                 for shard in fused.get(leaf, [leaf])]
+        parts = [
+            slots.get(f"{parent}.{shard}.weight" if parent else f"{shard}.weight") for shard in fused.get(leaf, [leaf])
+        ]
         if getattr(module, "tp_size", 1) == 1 and is_run(parts, weight_shape(module), module.params_dtype):
             out[module] = parts
     return out
 
 
-def is_run(parts: list[Slot | None], shape: tuple[int, int], dtype: torch.dtype) -> bool:
+def is_run(parts: list[Slot | None], shape: tuple[int, int], dtype: torch.dtype) -> TypeGuard[list[Slot]]:
     """``parts`` are 2-D slots of ``dtype``, each starting where the last ends, stacking to ``shape``."""
-    if not parts or any(p is None or len(p.shape) != 2 or p.dtype != dtype_name(dtype) for p in parts):
+    slots = [p for p in parts if p is not None]
+    if not slots or len(slots) < len(parts) or any(len(p.shape) != 2 or p.dtype != dtype_name(dtype) for p in slots):
         return False
-    ends_meet = all(a.offset + a.nbytes == b.offset for a, b in zip(parts, parts[1:]))
-    stacked = (sum(p.shape[0] for p in parts), parts[0].shape[1])
-    return ends_meet and all(p.shape[1] == shape[1] for p in parts) and stacked == tuple(shape)
+    ends_meet = all(a.offset + a.nbytes == b.offset for a, b in pairwise(slots))
+    stacked = (sum(p.shape[0] for p in slots), slots[0].shape[1])
+    return ends_meet and all(p.shape[1] == shape[1] for p in slots) and stacked == tuple(shape)
 
 
-def weight_shape(module: nn.Module) -> tuple[int, int]:
+def weight_shape(module: Layer) -> tuple[int, int]:
     return tuple(module.weight.shape) if module.weight.numel() > 0 else getattr(module, DROPPED_SHAPE, (0, 0))
 
 
@@ -142,7 +152,7 @@ def fused_view(buffer: torch.Tensor, parts: list[Slot]) -> torch.Tensor:
     return buffer[start:end].view(to_dtype(parts[0].dtype)).view(-1, parts[0].shape[1])
 
 
-def pack_direct(module: nn.Module, weight: torch.Tensor) -> None:
+def pack_direct(module: Layer, weight: torch.Tensor) -> None:
     """Build ``module``'s packed GEMM copy from ``weight`` (a view of the buffer), then empty its parameter:
     the packed copy is all the CPU kernel reads, and the buffer will hold the next version."""
     shape = weight_shape(module)
@@ -152,7 +162,7 @@ def pack_direct(module: nn.Module, weight: torch.Tensor) -> None:
     setattr(module, DROPPED_SHAPE, shape)
 
 
-def restore_weight(module: nn.Module) -> None:
+def restore_weight(module: Layer) -> None:
     """Give an emptied linear its parameter back (uninitialised: the load that follows fills it)."""
     if module.weight.numel() == 0 and hasattr(module, DROPPED_SHAPE):
         module.weight.data = module.weight.new_empty(getattr(module, DROPPED_SHAPE))
@@ -164,8 +174,12 @@ def packs_a_copy() -> bool:
     from vllm import _custom_ops as ops
     from vllm.platforms import CpuArchEnum, current_platform
 
-    return (current_platform.is_cpu() and bool(ops._supports_onednn) and not current_platform.is_zen_cpu()
-            and current_platform.get_cpu_architecture() != CpuArchEnum.POWERPC)
+    return (
+        current_platform.is_cpu()
+        and bool(ops._supports_onednn)
+        and not current_platform.is_zen_cpu()
+        and current_platform.get_cpu_architecture() != CpuArchEnum.POWERPC
+    )
 
 
 def _is_cpu() -> bool:
@@ -174,7 +188,7 @@ def _is_cpu() -> bool:
     return current_platform.is_cpu()
 
 
-def repack(layers: list[nn.Module]) -> None:
+def repack(layers: list[Layer]) -> None:
     """CPU: rebuild each of ``layers``' packed GEMM copy (oneDNN handle) from its updated parameter.
     Elsewhere the kernels read the parameters themselves and there is nothing to rebuild."""
     if not _is_cpu():
@@ -183,14 +197,17 @@ def repack(layers: list[nn.Module]) -> None:
         module.quant_method.process_weights_after_loading(module)
 
 
-def linear_layers(model: nn.Module) -> list[nn.Module]:
+def linear_layers(model: nn.Module) -> list[Layer]:
     """The layers that multiply by a weight (``LinearBase`` and the LM head): the input embedding is a
     lookup, so its handle (which vLLM builds too) is never used and is not rebuilt."""
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-    return [m for m in model.modules()
-            if isinstance(m, (LinearBase, ParallelLMHead)) and getattr(m, "quant_method", None) is not None]
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, (LinearBase, ParallelLMHead)) and getattr(m, "quant_method", None) is not None
+    ]
 
 
 def reload_flat(vllm_config: Any, model: nn.Module, layout: FlatLayout, buffer: torch.Tensor) -> None:
@@ -198,8 +215,9 @@ def reload_flat(vllm_config: Any, model: nn.Module, layout: FlatLayout, buffer: 
     from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
     ties = tied_parameters(model)
-    reload_weights(vllm_config, model, weights_iterator=layout.views(buffer), weights_path=None,
-                   is_checkpoint_format=True)
+    reload_weights(
+        vllm_config, model, weights_iterator=layout.views(buffer), weights_path=None, is_checkpoint_format=True
+    )
     retie(ties)
 
 

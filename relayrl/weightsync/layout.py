@@ -65,7 +65,7 @@ class FlatLayout:
     nbytes: int
 
     @classmethod
-    def plan(cls, metas: Iterable[tuple[str, torch.dtype, tuple[int, ...]]], bucket_bytes: int) -> "FlatLayout":
+    def plan(cls, metas: Iterable[tuple[str, torch.dtype, tuple[int, ...]]], bucket_bytes: int) -> FlatLayout:
         """Lay ``(name, dtype, shape)`` tensors end to end (aligned) and cut buckets of ``bucket_bytes``."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes={bucket_bytes} must be positive; set weightsync.bucket_mb")
@@ -85,31 +85,37 @@ class FlatLayout:
 
     def to_dict(self) -> dict[str, Any]:
         """Builtins only: crosses vLLM's ``collective_rpc`` (msgpack) and Ray."""
-        return {"slots": [[s.name, s.dtype, list(s.shape), s.offset, s.nbytes] for s in self.slots],
-                "buckets": [list(asdict(b).values()) for b in self.buckets], "nbytes": self.nbytes}
+        return {
+            "slots": [[s.name, s.dtype, list(s.shape), s.offset, s.nbytes] for s in self.slots],
+            "buckets": [list(asdict(b).values()) for b in self.buckets],
+            "nbytes": self.nbytes,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "FlatLayout":
+    def from_dict(cls, d: dict[str, Any]) -> FlatLayout:
         slots = tuple(Slot(n, dt, tuple(shape), off, nb) for n, dt, shape, off, nb in d["slots"])
         return cls(slots, tuple(Bucket(*b) for b in d["buckets"]), int(d["nbytes"]))
 
-    def views(self, buffer: torch.Tensor, first: int = 0, last: int | None = None,
-              base: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    def views(
+        self, buffer: torch.Tensor, first: int = 0, last: int | None = None, base: int = 0
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` views into ``buffer`` (uint8) for slots ``[first, last)``; no copies.
 
         ``base`` is the buffer's own offset in the flat layout (a bucket buffer starts at its
         bucket's ``start``).
         """
         for s in self.slots[first:last]:
-            raw = buffer[s.offset - base: s.offset - base + s.nbytes]
+            raw = buffer[s.offset - base : s.offset - base + s.nbytes]
             yield s.name, raw.view(to_dtype(s.dtype)).view(s.shape)
 
     def check(self, name: str, tensor: torch.Tensor, index: int) -> Slot:
         """The slot for the ``index``-th tensor, after checking the sender yields what was planned."""
         slot = self.slots[index]
         if name != slot.name or tuple(tensor.shape) != slot.shape:
-            raise ValueError(f"weight {index} is {name!r} {tuple(tensor.shape)} but the layout planned "
-                             f"{slot.name!r} {slot.shape}; the model changed after the transfer was set up")
+            raise ValueError(
+                f"weight {index} is {name!r} {tuple(tensor.shape)} but the layout planned "
+                f"{slot.name!r} {slot.shape}; the model changed after the transfer was set up"
+            )
         return slot
 
 
@@ -131,8 +137,9 @@ def bucket_views(layout: FlatLayout, bucket: Bucket, out: torch.Tensor, base: in
     return [t for _, t in layout.views(out, bucket.first, bucket.last, base)]
 
 
-def pack(layout: FlatLayout, bucket: Bucket, named: Iterator[tuple[str, torch.Tensor]],
-         dests: list[torch.Tensor]) -> None:
+def pack(
+    layout: FlatLayout, bucket: Bucket, named: Iterator[tuple[str, torch.Tensor]], dests: list[torch.Tensor]
+) -> None:
     """Copy ``bucket``'s tensors, pulled from ``named`` (the layout's tensors in order, next up
     ``bucket.first``; checked against the plan), into ``dests`` (``bucket_views``), converting to the
     wire dtype. One multi-tensor copy per bucket instead of one call per tensor."""
@@ -141,4 +148,4 @@ def pack(layout: FlatLayout, bucket: Bucket, named: Iterator[tuple[str, torch.Te
         name, tensor = next(named)
         layout.check(name, tensor, i)
         tensors.append(tensor.detach())
-    torch._foreach_copy_(dests, tensors)   # the multi-tensor copy FSDP2 and optimizers use
+    torch._foreach_copy_(dests, tensors)  # the multi-tensor copy FSDP2 and optimizers use

@@ -52,11 +52,12 @@ class ShmRegion:
         self.data = self.buffer[HEADER_BYTES:]
 
     @classmethod
-    def create(cls, shm_dir: str, nbytes: int) -> "ShmRegion":
+    def create(cls, shm_dir: str, nbytes: int) -> ShmRegion:
         """A new file of the right size in ``shm_dir``, every page touched now rather than mid-sync."""
         if not Path(shm_dir).is_dir():
-            raise FileNotFoundError(f"weightsync.shm_dir={shm_dir} is not a directory; "
-                                    "set it to an existing (ideally tmpfs) directory")
+            raise FileNotFoundError(
+                f"weightsync.shm_dir={shm_dir} is not a directory; set it to an existing (ideally tmpfs) directory"
+            )
         path = os.path.join(shm_dir, f"relayrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}.bin")
         create_private(path, HEADER_BYTES + nbytes)
         region = cls(path, nbytes)
@@ -79,8 +80,10 @@ class ShmRegion:
             raise ValueError(f"{self.path} is not a relayrl weight buffer (bad magic)")
         if stamped != version:
             state = "is mid-write" if stamped == WRITING else f"holds v{stamped}"
-            raise ValueError(f"shm payload {state}, expected a complete v{version}; the trainer did not "
-                             "finish writing it (the engine keeps its previous weights)")
+            raise ValueError(
+                f"shm payload {state}, expected a complete v{version}; the trainer did not "
+                "finish writing it (the engine keeps its previous weights)"
+            )
         if stamped_digest != _digest_int(digest):
             raise ValueError(f"shm payload v{version} was cut by another layout; re-initialise the transfer")
 
@@ -89,7 +92,7 @@ class ShmRegion:
 
 
 def _digest_int(digest: str) -> int:
-    return int(digest[:15], 16)   # 60 bits: fits a signed int64 header field
+    return int(digest[:15], 16)  # 60 bits: fits a signed int64 header field
 
 
 @dataclass
@@ -103,23 +106,28 @@ class ShmTrainerInitInfo(TrainerInitInfo):
 
 class ShmTrainerEngine(FlatTrainerEngine):
     init_info_cls = ShmTrainerInitInfo
-    region: ShmRegion | None = None
+    region: ShmRegion | None = None  # the sender's mapping, from trainer_init
+    dests: list[list[torch.Tensor]]  # each bucket's typed views into the mapping
 
     @classmethod
-    def trainer_init(cls, init_info: ShmTrainerInitInfo, *, client: Any,
-                     source: WeightSource | None = None) -> "ShmTrainerEngine":
+    def trainer_init(
+        cls, init_info: ShmTrainerInitInfo, *, client: Any, source: WeightSource | None = None
+    ) -> ShmTrainerEngine:
+        if source is None:  # vLLM's signature allows none; this engine ships a trainer's weights
+            raise ValueError("the shm weight-sync engine needs source= (the trainer's weights)")
         layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
         engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
         if engine.is_sender:
-            engine.region = ShmRegion.create(init_info.shm_dir, layout.nbytes)
+            engine.region = region = ShmRegion.create(init_info.shm_dir, layout.nbytes)
             try:
-                client.init_weight_transfer_engine({"layout": layout.to_dict(), "transport": "shm",
-                                                    "channel": {"path": engine.region.path}})
+                client.init_weight_transfer_engine(
+                    {"layout": layout.to_dict(), "transport": "shm", "channel": {"path": region.path}}
+                )
             finally:
                 # Every engine has mapped it (or failed): the name can go now, the memory stays until the
                 # last mapping closes, so even a SIGKILLed trainer leaves nothing behind in /dev/shm.
-                engine.region.unlink()
-            engine.dests = [bucket_views(layout, b, engine.region.data, base=0) for b in layout.buckets]
+                region.unlink()
+            engine.dests = [bucket_views(layout, b, region.data, base=0) for b in layout.buckets]
         return engine
 
     def transfer(self, named: Any, info: dict[str, Any]) -> None:
@@ -128,27 +136,34 @@ class ShmTrainerEngine(FlatTrainerEngine):
         The write is the trainer's own work (FSDP gathers included), so its deadline is checked
         here: a write slower than ``timeout_s`` aborts the sync like a slow engine would.
         """
+        region = self.region
+        if region is None:
+            raise RuntimeError("only the sending rank transfers, into the mapping its init created")
         t0 = time.perf_counter()
-        self.region.begin()
+        region.begin()
         for bucket, dests in zip(self.layout.buckets, self.dests):
             pack(self.layout, bucket, named, dests)
         if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
-            raise TimeoutError(f"gathering and writing v{info['version']} took {seconds:.1f}s > "
-                               f"weightsync.timeout_s={self.client.timeout_s:g}")
-        self.region.commit(info["version"], info["digest"])
+            raise TimeoutError(
+                f"gathering and writing v{info['version']} took {seconds:.1f}s > "
+                f"weightsync.timeout_s={self.client.timeout_s:g}"
+            )
+        region.commit(info["version"], info["digest"])
         self.client.update_weights(info)
 
     def shutdown(self) -> None:
-        self.region = None   # the file was unlinked at init; dropping the mapping frees the memory
+        self.region = None  # the file was unlinked at init; dropping the mapping frees the memory
 
 
 class ShmReceiver:
     """Engine end: map the trainer's file once; every version is read in place (zero-copy views)."""
 
     def __init__(self, layout: FlatLayout, channel: dict[str, Any], rank: int) -> None:
-        self.region = ShmRegion(channel["path"], layout.nbytes)
+        self.region: ShmRegion | None = ShmRegion(channel["path"], layout.nbytes)
 
     def receive(self, layout: FlatLayout, info: FlatUpdateInfo) -> torch.Tensor:
+        if self.region is None:
+            raise RuntimeError("the shm receiver was closed")
         self.region.check(info.version, info.digest)
         return self.region.data
 

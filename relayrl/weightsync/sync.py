@@ -15,8 +15,14 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightSource
 
 from relayrl.config import WeightSyncConfig
-from relayrl.monitor.schema import (WEIGHTSYNC_BYTES, WEIGHTSYNC_GBPS, WEIGHTSYNC_STAGE_S, WEIGHTSYNC_STALL_S,
-                                    WEIGHTSYNC_TOTAL_S, WEIGHTSYNC_VERSION)
+from relayrl.monitor.schema import (
+    WEIGHTSYNC_BYTES,
+    WEIGHTSYNC_GBPS,
+    WEIGHTSYNC_STAGE_S,
+    WEIGHTSYNC_STALL_S,
+    WEIGHTSYNC_TOTAL_S,
+    WEIGHTSYNC_VERSION,
+)
 from relayrl.weightsync import BACKENDS, register_with_vllm
 from relayrl.weightsync.client import RolloutClient, WeightSyncError, last_line
 
@@ -24,8 +30,15 @@ from relayrl.weightsync.client import RolloutClient, WeightSyncError, last_line
 class TrainerSync:
     """``source``: this rank's weights (vLLM ``ModuleSource`` over the FSDP model, or a dict source)."""
 
-    def __init__(self, cfg: WeightSyncConfig, source: WeightSource, rank: int, rollouts: list[Any],
-                 workers: list[int], wire_dtype: str | None = None):
+    def __init__(
+        self,
+        cfg: WeightSyncConfig,
+        source: WeightSource,
+        rank: int,
+        rollouts: list[Any],
+        workers: list[int],
+        wire_dtype: str | None = None,
+    ):
         register_with_vllm()
         self.cfg, self.source, self.rank, self.wire_dtype = cfg, source, rank, wire_dtype
         self.client = RolloutClient(rollouts, workers, cfg.timeout_s)
@@ -39,18 +52,19 @@ class TrainerSync:
         t0 = time.perf_counter()
         try:
             if self.engine is None:
-                info = BACKENDS[self.cfg.backend].trainer_info(self.cfg, self.rank, self.client.num_workers,
-                                                               self.wire_dtype)
-                self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client,
-                                                                         source=self.source)
+                info = BACKENDS[self.cfg.backend].trainer_info(
+                    self.cfg, self.rank, self.client.num_workers, self.wire_dtype
+                )
+                self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
                 self.client.seconds["connect"] = time.perf_counter() - t0
             self.engine.send_weights()
         except BaseException as exc:
             self._fail(exc)
             if isinstance(exc, WeightSyncError):
                 raise
-            raise WeightSyncError(f"weight sync v{version} failed on trainer rank {self.rank}: "
-                                  f"{last_line(exc)}") from exc
+            raise WeightSyncError(
+                f"weight sync v{version} failed on trainer rank {self.rank}: {last_line(exc)}"
+            ) from exc
         return self.metrics(time.perf_counter() - t0)
 
     def _fail(self, exc: BaseException) -> None:
@@ -62,15 +76,21 @@ class TrainerSync:
 
     def metrics(self, total_s: float) -> dict[str, float]:
         if hasattr(self.engine, "layout"):
-            nbytes = float(self.engine.layout.nbytes)   # what moved: wire dtype, aligned
-        else:                                           # vLLM's own engines: the source's bytes
+            nbytes = float(self.engine.layout.nbytes)  # what moved: wire dtype, aligned
+        else:  # vLLM's own engines: the source's bytes
             nbytes = float(sum(torch.Size(m.shape).numel() * m.dtype.itemsize for m in self.source.metadata()))
-        seconds = self.client.seconds   # vLLM's own engines report no trainer-side transfer: use receive
+        seconds = self.client.seconds  # vLLM's own engines report no trainer-side transfer: use receive
         moved = seconds.get("transfer", seconds.get("receive", 0.0)) + seconds.get("commit", 0.0)
         out = {WEIGHTSYNC_STAGE_S.format(stage=k): v for k, v in self.client.seconds.items()}
-        out.update({WEIGHTSYNC_BYTES: nbytes, WEIGHTSYNC_TOTAL_S: total_s,
-                    WEIGHTSYNC_GBPS: nbytes / moved / 1e9 if moved > 0 else 0.0,
-                    WEIGHTSYNC_STALL_S: self.client.stall_s, WEIGHTSYNC_VERSION: float(self.client.version)})
+        out.update(
+            {
+                WEIGHTSYNC_BYTES: nbytes,
+                WEIGHTSYNC_TOTAL_S: total_s,
+                WEIGHTSYNC_GBPS: nbytes / moved / 1e9 if moved > 0 else 0.0,
+                WEIGHTSYNC_STALL_S: self.client.stall_s,
+                WEIGHTSYNC_VERSION: float(self.client.version),
+            }
+        )
         return out
 
     def close(self) -> None:

@@ -14,15 +14,20 @@ from __future__ import annotations
 from relayrl.monitor.schema import MISMATCH_MAX_ABS, MISMATCH_MEAN_ABS, MISMATCH_TOKENS
 
 
-def logprob_mismatch(engine: list[list[float]], trainer: list[list[float]],
-                     starts: list[int]) -> dict[str, float]:
+def logprob_mismatch(engine: list[list[float]], trainer: list[list[float]], starts: list[int]) -> dict[str, float]:
     """Mean / max |engine - trainer| over positions ``starts[i]:`` of each sequence's logprob list.
 
     ``starts[i]`` is the index of the first completion token's logprob (prompt length - 1).
     """
-    diffs = [abs(e - t) for eng, tr, s in zip(engine, trainer, starts, strict=True)
-             for e, t in zip(eng[s:], tr[s:], strict=True)]
+    diffs = [
+        abs(e - t)
+        for eng, tr, s in zip(engine, trainer, starts, strict=True)
+        for e, t in zip(eng[s:], tr[s:], strict=True)
+    ]
     if not diffs:
         return {MISMATCH_MEAN_ABS: 0.0, MISMATCH_MAX_ABS: 0.0, MISMATCH_TOKENS: 0.0}
-    return {MISMATCH_MEAN_ABS: sum(diffs) / len(diffs), MISMATCH_MAX_ABS: max(diffs),
-            MISMATCH_TOKENS: float(len(diffs))}
+    return {
+        MISMATCH_MEAN_ABS: sum(diffs) / len(diffs),
+        MISMATCH_MAX_ABS: max(diffs),
+        MISMATCH_TOKENS: float(len(diffs)),
+    }

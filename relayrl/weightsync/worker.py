@@ -12,19 +12,27 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from relayrl.weightsync import register_with_vllm
 from relayrl.weightsync.commit import keep_cpu_weights_if_asked
 
+if TYPE_CHECKING:
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
 register_with_vllm()
-keep_cpu_weights_if_asked()   # before vLLM builds the model: weightsync.commit=inplace needs the CPU linears' weights
+keep_cpu_weights_if_asked()  # before vLLM builds the model: weightsync.commit=inplace needs the CPU linears' weights
 
 
 class WeightSyncExtension:
     """Methods prefixed ``relayrl_`` so they cannot collide with vLLM's own worker methods."""
+
+    # The vLLM worker's, which this class is mixed into (annotations only: nothing is defined here).
+    weight_transfer_engine: WeightTransferEngine | None
+    model_runner: Any  # the platform's model runner (CPU or GPU), whose classes share no base type
+    _weight_update_active: bool
 
     def relayrl_abort_weight_update(self) -> None:
         """End an open update without loading anything.
@@ -60,5 +68,8 @@ class WeightSyncExtension:
         up as absent here.
         """
         model = self.model_runner.get_model()
-        return {name: hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
-                for name, p in model.named_parameters() if p.numel() > 0}
+        return {
+            name: hashlib.sha256(p.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+            for name, p in model.named_parameters()
+            if p.numel() > 0
+        }

@@ -11,7 +11,9 @@ def test_rows_are_correct_sums_in_range_and_seeded():
     assert len(rows) == 200
     pattern = re.escape(ARITH_QUESTION).replace(r"\{a\}", r"(\d+)").replace(r"\{b\}", r"(\d+)")
     for row in rows:
-        a, b = map(int, re.fullmatch(pattern, row["question"]).groups())
+        match = re.fullmatch(pattern, row["question"])
+        assert match, row["question"]
+        a, b = map(int, match.groups())
         assert 0 <= a <= 9 and 0 <= b <= 9
         assert row["answer"] == str(a + b)
     assert make_arith_rows(200, 9, seed=3) == rows
@@ -23,9 +25,9 @@ def test_phrasing_asks_for_the_answer_format():
 
 
 def test_bad_arguments_name_the_config_field():
-    with pytest.raises(ValueError, match="data.num_prompts"):
+    with pytest.raises(ValueError, match=r"data\.num_prompts"):
         make_arith_rows(0, 5, 0)
-    with pytest.raises(ValueError, match="data.max_operand"):
+    with pytest.raises(ValueError, match=r"data\.max_operand"):
         make_arith_rows(3, -1, 0)
 
 
@@ -34,5 +36,5 @@ def test_load_task_dispatches(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"question": "q", "answer": "#### 5"}\n')
     assert load_task(DataConfig(task="jsonl", path=str(path)))[0]["answer"] == "5"
-    with pytest.raises(ValueError, match="data.path"):
+    with pytest.raises(ValueError, match=r"data\.path"):
         load_task(DataConfig(task="jsonl"))

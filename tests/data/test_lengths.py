@@ -18,5 +18,5 @@ def test_every_row_counts_with_the_template_and_duplicates_name_their_first_row(
 
 def test_a_limit_checks_the_longest_questions_by_characters():
     rows = [{"question": q} for q in ("a b c d e", "x" * 20, "yy")]
-    assert longest_prompt(rows, words, str, limit=1).row == 1        # only "xxx..." (1 word) was tokenized
+    assert longest_prompt(rows, words, str, limit=1).row == 1  # only "xxx..." (1 word) was tokenized
     assert longest_prompt(rows, words, str, limit=2).row == 0

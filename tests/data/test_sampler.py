@@ -1,4 +1,5 @@
 import json
+from itertools import pairwise
 
 import pytest
 
@@ -18,13 +19,13 @@ def ids(batches) -> list[int]:
 
 def test_batches_cover_each_epoch_once_in_a_new_order_with_unique_ids():
     sampler = PromptSampler(ROWS, batch_size=2, seed=0)
-    got = ids(take(sampler, 10))                         # 20 prompts = 4 epochs of 5 rows
+    got = ids(take(sampler, 10))  # 20 prompts = 4 epochs of 5 rows
     assert len(set(got)) == 20
     for epoch in range(4):
-        chunk = got[epoch * 5:(epoch + 1) * 5]
-        assert sorted(chunk) == [epoch * 5 + i for i in range(5)]   # id = epoch * len(rows) + row index
-    orders = [tuple(i % 5 for i in got[e * 5:(e + 1) * 5]) for e in range(4)]
-    assert len(set(orders)) > 1                          # reshuffled per epoch
+        chunk = got[epoch * 5 : (epoch + 1) * 5]
+        assert sorted(chunk) == [epoch * 5 + i for i in range(5)]  # id = epoch * len(rows) + row index
+    orders = [tuple(i % 5 for i in got[e * 5 : (e + 1) * 5]) for e in range(4)]
+    assert len(set(orders)) > 1  # reshuffled per epoch
     assert sampler.state_dict() == {"epoch": 4, "position": 0, "seed": 0, "num_rows": 5}
 
 
@@ -35,7 +36,7 @@ def test_batch_content_matches_its_row_and_crosses_epoch_boundary():
     for p in first + second:
         row = ROWS[p.prompt_id % 5]
         assert p.prompt == f"<{row['question']}>" and p.columns == row
-        assert p.columns is not row                   # a copy: reward fns can't corrupt the dataset
+        assert p.columns is not row  # a copy: reward fns can't corrupt the dataset
 
 
 def test_same_seed_same_stream_other_seed_differs():
@@ -66,7 +67,7 @@ def test_resume_refuses_other_data_or_seed():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="no rows"):
         PromptSampler([], 2, 0)
-    with pytest.raises(ValueError, match="run.prompts_per_step"):
+    with pytest.raises(ValueError, match=r"run\.prompts_per_step"):
         PromptSampler(ROWS, 0, 0)
 
 
@@ -76,7 +77,7 @@ def test_chat_formatter_applies_template_with_generation_prompt():
     assert fmt("What is 1 + 2?") == "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
     assert chat_formatter(tokenizer, use_chat_template=False)("hi") == "hi"
     tokenizer.chat_template = None
-    with pytest.raises(ValueError, match="data.chat_template=false"):
+    with pytest.raises(ValueError, match=r"data\.chat_template=false"):
         chat_formatter(tokenizer, use_chat_template=True)
 
 
@@ -88,15 +89,15 @@ def test_each_prompt_carries_a_seed_from_the_sampling_seed_and_its_id():
     batches = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=11), 4)
     seeds = {p.prompt_id: p.seed for b in batches for p in b}
     assert all(s == prompt_seed(11, pid) for pid, s in seeds.items())
-    assert all(0 <= s < 2**62 for s in seeds.values())
+    assert all(s is not None and 0 <= s < 2**62 for s in seeds.values())
     again = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=11), 4)
     assert [[p.seed for p in b] for b in again] == [[p.seed for p in b] for b in batches]
     other = take(PromptSampler(ROWS, 3, seed=2, sampling_seed=12), 4)
     assert all(p.seed != q.seed for b, c in zip(batches, other) for p, q in zip(b, c))
-    first = PromptSampler(ROWS, 1, seed=4).next_batch()[0]                  # default: the data seed
+    first = PromptSampler(ROWS, 1, seed=4).next_batch()[0]  # default: the data seed
     assert first.seed == prompt_seed(4, first.prompt_id)
     bases = sorted(prompt_seed(11, pid) for pid in range(1000))
-    assert all(b - a >= 64 for a, b in zip(bases, bases[1:]))      # group sizes up to 64 never share seeds
+    assert all(b - a >= 64 for a, b in pairwise(bases))  # group sizes up to 64 never share seeds
 
 
 def test_prompt_json_is_the_checkpoint_format():

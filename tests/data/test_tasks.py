@@ -19,8 +19,7 @@ def test_countdown_rows_are_seeded_and_solvable_by_their_solution():
         assert f"{row['nums']}" in row["question"] and f"equals {row['target']}." in row["question"]
         assert countdown_value(row["solution"], row["nums"]) == row["target"]
     solved = [f"<think>.</think><answer>{r['solution']}</answer>" for r in rows]
-    assert countdown_correct([""] * 200, solved, [r["nums"] for r in rows], [r["target"] for r in rows]) \
-        == [1.0] * 200
+    assert countdown_correct([""] * 200, solved, [r["nums"] for r in rows], [r["target"] for r in rows]) == [1.0] * 200
 
 
 def test_wordproblem_rows_chain_two_to_four_whole_number_steps():
@@ -31,7 +30,7 @@ def test_wordproblem_rows_chain_two_to_four_whole_number_steps():
         assert MIN_STEPS <= len(steps) <= MAX_STEPS
         value = int(steps[0].split()[0])
         assert f"has {value} " in row["question"]
-        for step in steps:                         # "a op b = c": recompute each step from the text
+        for step in steps:  # "a op b = c": recompute each step from the text
             a, op, b, _, c = step.split()
             assert int(a) == value and int(c) >= 1
             value = {"+": value + int(b), "-": value - int(b), "*": value * int(b)}.get(op, value // int(b))
@@ -42,9 +41,11 @@ def test_wordproblem_rows_chain_two_to_four_whole_number_steps():
 def test_wordproblem_worked_example():
     # seed 0's first problem, worked by hand from its sentences: 8 / 2 = 4, + 9 = 13, + 4 = 17, - 5 = 12
     row = make_wordproblem_rows(1, 9, seed=0)[0]
-    assert row["question"].startswith("Dan has 8 stickers. Dan splits the stickers into 2 equal groups and keeps "
-                                      "one group. Dan finds 9 more stickers. Dan finds 4 more stickers. Dan gives "
-                                      "5 stickers to a friend. How many stickers does Dan have now?")
+    assert row["question"].startswith(
+        "Dan has 8 stickers. Dan splits the stickers into 2 equal groups and keeps "
+        "one group. Dan finds 9 more stickers. Dan finds 4 more stickers. Dan gives "
+        "5 stickers to a friend. How many stickers does Dan have now?"
+    )
     assert row["answer"] == "12"
     good = "<think>8 / 2 = 4, 4 + 9 = 13, 13 + 4 = 17, 17 - 5 = 12</think>\n<answer>12</answer>"
     assert answer_tag_correct([""], [good], ["12"]) == [1.0] and think_answer_format([""], [good]) == [1.0]

@@ -11,15 +11,17 @@ from relayrl.types import Trajectory, TrajectoryGroup
 
 
 def _group(env_rewards: list[float | None]) -> TrajectoryGroup:
-    trajs = [Trajectory(0, i, [1], [2, 3], [-1.0, 0.0], f"Answer: {i}", "stop", [], completion_mask=[1, 0],
-                        env_reward=r) for i, r in enumerate(env_rewards)]
+    trajs = [
+        Trajectory(0, i, [1], [2, 3], [-1.0, 0.0], f"Answer: {i}", "stop", [], completion_mask=[1, 0], env_reward=r)
+        for i, r in enumerate(env_rewards)
+    ]
     return TrajectoryGroup(0, "p", {"answer": "1"}, trajs)
 
 
 def test_flatten_adds_env_reward_per_completion_only_for_episodes():
     batch = flatten([_group([1.0, 0.0]), _group([0.5])])
     assert batch.columns == {"answer": ["1", "1", "1"], "env_reward": [1.0, 0.0, 0.5]}
-    assert flatten([_group([None, None])]).columns == {"answer": ["1", "1"]}       # single-turn: no new column
+    assert flatten([_group([None, None])]).columns == {"answer": ["1", "1"]}  # single-turn: no new column
 
 
 def test_env_reward_builtin_scores_with_weights_beside_other_rewards():
@@ -32,24 +34,27 @@ def test_env_reward_builtin_scores_with_weights_beside_other_rewards():
 
 
 def test_env_reward_without_an_environment_excludes_with_a_clear_reason():
-    with pytest.raises(RewardError, match="env_reward found no env_reward column.*set env.name=calculator"):
+    with pytest.raises(RewardError, match=r"env_reward found no env_reward column.*set env\.name=calculator"):
         score_groups([_group([None, None])], load_reward_fns([("env_reward", 1.0)]))
 
 
 def test_env_config():
     cfg = load_config("grpo_calc_tiny")
     assert (cfg.env.name, cfg.env.max_turns, cfg.env.kwargs) == ("calculator", 3, {})
-    assert load_config("grpo_tiny").env.name is None                               # default: single-turn
+    assert load_config("grpo_tiny").env.name is None  # default: single-turn
     assert load_config("grpo_calc_tiny", ["+env.kwargs.hint='Use a tool.'"]).env.kwargs == {"hint": "Use a tool."}
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["env.name=nope"], "env.name: environment 'nope' is neither a built-in \\(calculator\\) nor an import path"),
-    (["env.name=no_such_mod:Env"], "env.name: environment 'no_such_mod:Env': cannot import module"),
-    (["env.max_turns=0"], "env.max_turns=0 must be >= 1"),
-    (["+env.kwargs.bogus=1"], "env.name: environment 'calculator' rejects kwargs=\\{'bogus': 1\\}"),
-    (["env.name=null"], "rewards use env_reward but env.name is not set; set env.name=calculator"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["env.name=nope"], "env.name: environment 'nope' is neither a built-in \\(calculator\\) nor an import path"),
+        (["env.name=no_such_mod:Env"], "env.name: environment 'no_such_mod:Env': cannot import module"),
+        (["env.max_turns=0"], "env.max_turns=0 must be >= 1"),
+        (["+env.kwargs.bogus=1"], "env.name: environment 'calculator' rejects kwargs=\\{'bogus': 1\\}"),
+        (["env.name=null"], "rewards use env_reward but env.name is not set; set env.name=calculator"),
+    ],
+)
 def test_bad_env_config(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config("grpo_calc_tiny", overrides)

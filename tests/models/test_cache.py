@@ -61,7 +61,7 @@ def test_failed_build_leaves_nothing_and_next_call_builds(tmp_path):
 
 
 def test_build_that_writes_no_weights_is_an_error(tmp_path):
-    with pytest.raises(RuntimeError, match="model.safetensors"):
+    with pytest.raises(RuntimeError, match=r"model\.safetensors"):
         build_once(tmp_path / "m", lambda tmp: (tmp / "config.json").write_text("{}"))
     assert not (tmp_path / "m").exists()
 

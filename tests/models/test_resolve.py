@@ -18,7 +18,7 @@ def test_unknown_name_names_the_field_and_the_fix(tmp_path):
 
 def test_directory_without_config_is_rejected(tmp_path):
     (tmp_path / "weights").mkdir()
-    with pytest.raises(ModelNotFoundError, match="config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"config\.json"):
         resolve_model(str(tmp_path / "weights"))
 
 
@@ -48,11 +48,11 @@ def test_the_driver_loads_a_models_tokenizer_once(tiny_llama, monkeypatch):
 
     load_tokenizer.cache_clear()
     calls = []
-    real = AutoTokenizer.from_pretrained.__func__
+    real = AutoTokenizer.from_pretrained  # bound to AutoTokenizer, the only class that calls it here
 
     def counting(cls, *args, **kwargs):
         calls.append(args[0])
-        return real(cls, *args, **kwargs)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counting))
     cfg = load_config("grpo_arith", [f"model.path={tiny_llama}"])

@@ -58,8 +58,9 @@ def test_chat_template(tiny_dir):
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n"
-                    "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_build_is_deterministic_and_idempotent(tmp_path, tiny_llama):

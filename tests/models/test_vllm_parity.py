@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.generation import GenerateDecoderOnlyOutput
 
 NEW_TOKENS = 16
 QUESTION = "What is 12 + 7?"
@@ -44,8 +45,14 @@ def engine(request):
     with _restored_environ():
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         start = time.perf_counter()
-        llm = LLM(str(model_dir), dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
-                  kv_cache_memory_bytes=KV_CACHE_BYTES[request.param])
+        llm = LLM(
+            str(model_dir),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=256,
+            seed=0,
+            kv_cache_memory_bytes=KV_CACHE_BYTES[request.param],
+        )
         print(f"\nvLLM engine for {model_dir.name} started in {time.perf_counter() - start:.1f} s")
         yield model_dir, llm
         llm.llm_engine.engine_core.shutdown()
@@ -56,8 +63,9 @@ def engine(request):
 
 def _prompt(tokenizer) -> str:
     """The question in the model's own chat template (the tiny models have a ChatML one too)."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False,
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def _hf_greedy(model_dir, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
@@ -65,10 +73,19 @@ def _hf_greedy(model_dir, prompt_ids: list[int]) -> tuple[list[int], list[float]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                             min_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=model.config.pad_token_id)
-    tokens = out.sequences[0, len(prompt_ids):].tolist()
+        # misc: transformers 5.19 types from_pretrained's model as a class its own generate's `self` rejects
+        out = model.generate(  # type: ignore[misc]
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=model.config.pad_token_id,
+        )
+    assert isinstance(out, GenerateDecoderOnlyOutput) and out.logits is not None  # return_dict, output_logits
+    tokens = out.sequences[0, len(prompt_ids) :].tolist()
     # raw logits, not `scores`: min_new_tokens masks eos in the scores, which shifts their normaliser
     logprobs = [torch.log_softmax(logits[0], -1)[t].item() for logits, t in zip(out.logits, tokens)]
     return tokens, logprobs

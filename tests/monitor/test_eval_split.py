@@ -12,22 +12,25 @@ def _operands(row):
     return int(a), int(b)
 
 
-@pytest.mark.parametrize("max_operand, num_prompts, data_seed, eval_seed", [
-    (9, 4096, 0, 1),       # the README's task: training holds all 100 single-digit pairs
-    (9, 40, 3, 7),         # a few training rows: unseen single-digit pairs exist and come first
-    (50, 4096, 0, 1),      # ~79% of 51^2 pairs seen
-])
+@pytest.mark.parametrize(
+    "max_operand, num_prompts, data_seed, eval_seed",
+    [
+        (9, 4096, 0, 1),  # the README's task: training holds all 100 single-digit pairs
+        (9, 40, 3, 7),  # a few training rows: unseen single-digit pairs exist and come first
+        (50, 4096, 0, 1),  # ~79% of 51^2 pairs seen
+    ],
+)
 def test_heldout_arith_never_holds_a_training_problem(max_operand, num_prompts, data_seed, eval_seed):
     data = DataConfig(num_prompts=num_prompts, max_operand=max_operand, seed=data_seed)
     train = {r["question"] for r in make_arith_rows(num_prompts, max_operand, data_seed)}
     rows = heldout_arith_rows(data, 64, eval_seed)
-    assert len(rows) == 64 and len({r["question"] for r in rows}) == 64          # bounded, distinct
-    assert not train & {r["question"] for r in rows}                               # disjoint
+    assert len(rows) == 64 and len({r["question"] for r in rows}) == 64  # bounded, distinct
+    assert not train & {r["question"] for r in rows}  # disjoint
     assert all(r["answer"] == str(sum(_operands(r))) for r in rows)
-    assert rows == heldout_arith_rows(data, 64, eval_seed)                         # reproducible
+    assert rows == heldout_arith_rows(data, 64, eval_seed)  # reproducible
     inside = [r for r in rows if max(_operands(r)) <= max_operand]
     unseen_inside = (max_operand + 1) ** 2 - len(train)
-    assert len(inside) == min(64, unseen_inside)                                   # in-range pairs first
+    assert len(inside) == min(64, unseen_inside)  # in-range pairs first
 
 
 def test_single_digit_heldout_lies_just_outside_the_trained_range():
@@ -47,12 +50,12 @@ def test_a_file_task_says_it_has_no_heldout_split(tmp_path):
     path = tmp_path / "test.jsonl"
     path.write_text("".join(f'{{"question": "q{i}", "answer": "{i}"}}\n' for i in range(3)))
     rows, where = eval_rows(load_config("grpo_tiny", ["data.task=jsonl", f"data.path={path}"]), 0)
-    assert [r["answer"] for r in rows] == ["0", "1", "2"]                           # 0: every row
+    assert [r["answer"] for r in rows] == ["0", "1", "2"]  # 0: every row
     assert where.startswith(f"data.task=jsonl data.path={path} (this task has no held-out split")
 
 
 def test_progress_lines_count_prompts_and_end_with_no_time_left(capsys):
-    with EvalProgress(64) as progress:               # captured output is not a terminal: plain lines
+    with EvalProgress(64) as progress:  # captured output is not a terminal: plain lines
         for _ in range(4):
             progress.advance(16)
     lines = capsys.readouterr().err.splitlines()

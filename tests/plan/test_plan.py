@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 
 import pytest
 
@@ -12,21 +11,35 @@ from relayrl.plan import Layout, Profile, layouts, overrides, predict, rank
 
 # Tg(r) = 0.2 + 0.02 * 100 / r;  Tt(t) = 0.5 + 0.03 * 100 / (t * e(t)), e = 0.9 beyond one rank;
 # Ts = 0.1 + 1e9 / 2e9 = 0.6;  Tr = 0.1;  stall 0.3;  O = 0.2;  switch 0.25 (x2 per colocated step)
-P = Profile(tokens=100, completions=10, prompts_per_step=4, gen_dev_s_per_token=0.02, train_dev_s_per_token=0.03,
-            gen_call_s=0.2, reward_s=0.1, train_fixed_s=0.5, sync_bytes=1e9, sync_bytes_per_s=2e9,
-            sync_fixed_s=0.1, stall_s=0.3, overhead_s=0.2, switch_s=0.25, train_efficiency=0.9)
+P = Profile(
+    tokens=100,
+    completions=10,
+    prompts_per_step=4,
+    gen_dev_s_per_token=0.02,
+    train_dev_s_per_token=0.03,
+    gen_call_s=0.2,
+    reward_s=0.1,
+    train_fixed_s=0.5,
+    sync_bytes=1e9,
+    sync_bytes_per_s=2e9,
+    sync_fixed_s=0.1,
+    stall_s=0.3,
+    overhead_s=0.2,
+    switch_s=0.25,
+    train_efficiency=0.9,
+)
 
 
 def test_phase_laws_by_hand():
     assert P.gen_s(1) == pytest.approx(2.2) and P.gen_s(2) == pytest.approx(1.2) and P.gen_s(4) == pytest.approx(0.7)
-    assert P.train_s(1) == pytest.approx(3.5)                      # one rank: no efficiency loss
-    assert P.train_s(2) == pytest.approx(0.5 + 3 / 1.8)            # 2.1667
+    assert P.train_s(1) == pytest.approx(3.5)  # one rank: no efficiency loss
+    assert P.train_s(2) == pytest.approx(0.5 + 3 / 1.8)  # 2.1667
     assert P.sync_s() == pytest.approx(0.6)
 
 
 def test_separate_sync_is_the_sum_of_phases():
     p = predict(P, Layout("separate", 1, 1, "sync"))
-    assert p.step_s == pytest.approx(2.2 + 0.1 + 3.5 + 0.6 + 0.2)   # 6.6
+    assert p.step_s == pytest.approx(2.2 + 0.1 + 3.5 + 0.6 + 0.2)  # 6.6
     assert p.completions_per_s == pytest.approx(10 / 6.6) and p.tokens_per_s == pytest.approx(100 / 6.6)
     assert p.bottleneck == "train"
     assert p.idle_rollout == pytest.approx(1 - 2.3 / 6.6) and p.idle_trainer == pytest.approx(1 - 4.1 / 6.6)
@@ -34,41 +47,52 @@ def test_separate_sync_is_the_sum_of_phases():
 
 def test_async_is_the_slower_path_plus_overhead():
     p = predict(P, Layout("separate", 1, 1, "async", 1))
-    assert p.step_s == pytest.approx(max(2.2 + 0.1 + 0.3, 3.5 + 0.6) + 0.2)   # 4.3, trainer-bound
+    assert p.step_s == pytest.approx(max(2.2 + 0.1 + 0.3, 3.5 + 0.6) + 0.2)  # 4.3, trainer-bound
     assert p.bottleneck == "train" and p.idle_trainer == pytest.approx(1 - 4.1 / 4.3)
-    gen_bound = predict(P, Layout("separate", 1, 3, "async", 1))             # Tt(3) = 0.5 + 3/2.7 = 1.611
+    gen_bound = predict(P, Layout("separate", 1, 3, "async", 1))  # Tt(3) = 0.5 + 3/2.7 = 1.611
     assert gen_bound.step_s == pytest.approx(2.6 + 0.2) and gen_bound.bottleneck == "generate"
-    slowed = Profile(**{**P.to_dict(), "overlap_slowdown": 1.5})             # compute 1.5x slower while overlapping
+    slowed = Profile(**{**P.to_dict(), "overlap_slowdown": 1.5})  # compute 1.5x slower while overlapping
     assert predict(slowed, Layout("separate", 1, 1, "async", 1)).step_s == pytest.approx(
-        max(1.5 * 2.2 + 0.1 + 0.3, 0.5 + 1.5 * 3.0 + 0.6) + 0.2)            # 5.8
-    assert predict(slowed, Layout("separate", 1, 1, "sync")).step_s == pytest.approx(6.6)   # no overlap, no slowdown
-    cpu = Profile(**{**P.to_dict(), "cpu": True})      # cores: s = (2r + t) / (r + t), 1.5 for 1:1, 1.25 for 1:3
+        max(1.5 * 2.2 + 0.1 + 0.3, 0.5 + 1.5 * 3.0 + 0.6) + 0.2
+    )  # 5.8
+    assert predict(slowed, Layout("separate", 1, 1, "sync")).step_s == pytest.approx(6.6)  # no overlap, no slowdown
+    cpu = Profile(**{**P.to_dict(), "cpu": True})  # cores: s = (2r + t) / (r + t), 1.5 for 1:1, 1.25 for 1:3
     assert predict(cpu, Layout("separate", 1, 1, "async", 1)).step_s == pytest.approx(5.8)
     assert predict(cpu, Layout("separate", 1, 3, "async", 1)).step_s == pytest.approx(
-        max(1.25 * 2.2 + 0.1 + 0.3, 0.5 + 1.25 * 3 / 2.7 + 0.6) + 0.2)    # 3.35, generation-bound
-    k0 = predict(P, Layout("separate", 1, 1, "async", 0))                    # k = 0 cannot overlap
+        max(1.25 * 2.2 + 0.1 + 0.3, 0.5 + 1.25 * 3 / 2.7 + 0.6) + 0.2
+    )  # 3.35, generation-bound
+    k0 = predict(P, Layout("separate", 1, 1, "async", 0))  # k = 0 cannot overlap
     assert k0.step_s == pytest.approx(6.6)
 
 
 def test_colocated_serializes_on_all_devices_with_two_switches():
     p = predict(P, Layout("colocated", 2, 2, "sync"))
-    assert p.step_s == pytest.approx(1.2 + 0.1 + (0.5 + 3 / 1.8) + 0.6 + 2 * 0.25 + 0.2)   # 4.7667
+    assert p.step_s == pytest.approx(1.2 + 0.1 + (0.5 + 3 / 1.8) + 0.6 + 2 * 0.25 + 0.2)  # 4.7667
 
 
 def test_rank_enumerates_splits_and_sorts_them():
     preds = rank(P, 4)
     got = [(p.layout.placement, p.layout.split(), p.layout.mode, round(p.step_s, 4)) for p in preds]
-    assert got == [("separate", "1:3", "async", 2.8), ("separate", "2:2", "async", 2.9667),
-                   ("colocated", "4:4", "sync", 3.4333), ("separate", "2:2", "sync", 4.2667),
-                   ("separate", "1:3", "sync", 4.7111)]          # 3:1 is left out: 3 does not divide 4 prompts
+    assert got == [
+        ("separate", "1:3", "async", 2.8),
+        ("separate", "2:2", "async", 2.9667),
+        ("colocated", "4:4", "sync", 3.4333),
+        ("separate", "2:2", "sync", 4.2667),
+        ("separate", "1:3", "sync", 4.7111),
+    ]  # 3:1 is left out: 3 does not divide 4 prompts
     assert Layout("separate", 3, 1) not in layouts(4, 4)
     assert len(layouts(4, 4, ks=(1, 2))) == 7
 
 
 def test_overrides_name_the_layout():
     lay = Layout("separate", 3, 1, "async", 1)
-    assert overrides(lay) == ["placement=separate", "rollout.num_replicas=3", "trainer.world_size=1", "mode=async",
-                              "buffer.max_staleness=1"]
+    assert overrides(lay) == [
+        "placement=separate",
+        "rollout.num_replicas=3",
+        "trainer.world_size=1",
+        "mode=async",
+        "buffer.max_staleness=1",
+    ]
     assert overrides(Layout("colocated", 2, 2), cpu=True)[-1] == "trainer.num_threads=1"
 
 
@@ -79,38 +103,59 @@ def test_bad_input_says_what_to_do(tmp_path):
         Profile.from_dict({"tokens": 1, "tokenz": 2})
     with pytest.raises(ValueError, match="devices=0"):
         rank(P, 0)
-    three = rank(Profile(**{**P.to_dict(), "prompts_per_step": 3}), 2)   # 2 replicas can't share 3 prompts
+    three = rank(Profile(**{**P.to_dict(), "prompts_per_step": 3}), 2)  # 2 replicas can't share 3 prompts
     assert [p.layout.placement for p in three] == ["separate", "separate"]
 
 
-def fake_run(path, replicas=2, world_size=2, threads=1, mode="sync", gen=(1.0, 1.2, 0.9), tokens=200.0,
-             placement="separate"):
+def fake_run(
+    path, replicas=2, world_size=2, threads=1, mode="sync", gen=(1.0, 1.2, 0.9), tokens=200.0, placement="separate"
+):
     """A run dir whose steps after the warm-up have medians: gen 1.0, reward 0.1, train 0.8 (update 0.6 +
     logprob 0.1), sync 0.3 (1e8 bytes at 0.5 GB/s = 0.2 + 0.1 fixed), stall 0.05, step 2.3 -> O = 0.1."""
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(
         f"mode: {mode}\nbuffer: {{max_staleness: 1}}\nrun: {{prompts_per_step: 4}}\nplacement: {{mode: {placement}}}\n"
         f"rollout: {{num_replicas: {replicas}, num_threads: {threads}}}\n"
-        f"trainer: {{world_size: {world_size}, num_threads: {threads}}}\n")
-    warm = {"timing/generate": 9.0, "timing/train": 9.0, "timing/update": 9.0, "timing/sync": 9.0,
-            "timing/step": 40.0, "rollout/tokens": tokens}
-    rows = [warm] + [{"timing/generate": g, "timing/reward": 0.1, "timing/train": 0.8, "timing/update": 0.6,
-                      "timing/logprob": 0.1, "timing/sync": 0.3, "weightsync/bytes": 1e8, "weightsync/gbps": 0.5,
-                      "weightsync/stall_s": 0.05, "timing/step": s, "rollout/tokens": tokens,
-                      "rollout/completions": 16.0} for g, s in zip(gen, (2.3, 2.5, 2.2))]
+        f"trainer: {{world_size: {world_size}, num_threads: {threads}}}\n"
+    )
+    warm = {
+        "timing/generate": 9.0,
+        "timing/train": 9.0,
+        "timing/update": 9.0,
+        "timing/sync": 9.0,
+        "timing/step": 40.0,
+        "rollout/tokens": tokens,
+    }
+    rows = [warm] + [
+        {
+            "timing/generate": g,
+            "timing/reward": 0.1,
+            "timing/train": 0.8,
+            "timing/update": 0.6,
+            "timing/logprob": 0.1,
+            "timing/sync": 0.3,
+            "weightsync/bytes": 1e8,
+            "weightsync/gbps": 0.5,
+            "weightsync/stall_s": 0.05,
+            "timing/step": s,
+            "rollout/tokens": tokens,
+            "rollout/completions": 16.0,
+        }
+        for g, s in zip(gen, (2.3, 2.5, 2.2))
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def test_profile_from_run_by_hand(tmp_path):
     p = Profile.from_run(fake_run(tmp_path / "a"))
-    assert p.gen_dev_s_per_token == pytest.approx(1.0 * 2 / 200)            # median Tg x replicas / tokens
-    assert p.train_dev_s_per_token == pytest.approx(0.7 * 2 * 0.9 / 200)    # (update + logprob) x t x e / tokens
+    assert p.gen_dev_s_per_token == pytest.approx(1.0 * 2 / 200)  # median Tg x replicas / tokens
+    assert p.train_dev_s_per_token == pytest.approx(0.7 * 2 * 0.9 / 200)  # (update + logprob) x t x e / tokens
     assert (p.train_fixed_s, p.reward_s, p.sync_bytes_per_s) == pytest.approx((0.1, 0.1, 5e8))
     assert (p.sync_fixed_s, p.stall_s, p.overhead_s, p.gen_call_s) == pytest.approx((0.1, 0.05, 0.1, 0.0))
-    assert predict(p, Layout("separate", 2, 2)).step_s == pytest.approx(2.3)   # reproduces its own median step
-    cpu = Profile.from_run(fake_run(tmp_path / "b", threads=0), cores=2)         # 0 threads = both cores
-    assert cpu.gen_dev_s_per_token == pytest.approx(1.0 * 4 * 0.8 / 200)        # 2 x 2 threads, g = 0.8
+    assert predict(p, Layout("separate", 2, 2)).step_s == pytest.approx(2.3)  # reproduces its own median step
+    cpu = Profile.from_run(fake_run(tmp_path / "b", threads=0), cores=2)  # 0 threads = both cores
+    assert cpu.gen_dev_s_per_token == pytest.approx(1.0 * 4 * 0.8 / 200)  # 2 x 2 threads, g = 0.8
 
 
 def test_a_shared_run_and_a_one_thread_run_give_the_same_device_costs(tmp_path):
@@ -119,7 +164,7 @@ def test_a_shared_run_and_a_one_thread_run_give_the_same_device_costs(tmp_path):
     shared = Profile.from_run(fake_run(tmp_path / "s", replicas=1, world_size=1, threads=0), cores=2)
     assert shared.gen_dev_s_per_token == pytest.approx(0.008)
     assert shared.train_dev_s_per_token == pytest.approx(0.0063)
-    assert predict(shared, Layout("shared", 2, 2)).step_s == pytest.approx(2.3)   # its own median step
+    assert predict(shared, Layout("shared", 2, 2)).step_s == pytest.approx(2.3)  # its own median step
     # The same work on one thread a side: Tg(1) = 0.008 x 200 = 1.6 s, update 1.16 + logprob 0.1 =
     # 0.0063 x 200 = 1.26 s (train 1.26 + 0.1 fixed = 1.36 s): the same per-device costs come out.
     one = fake_run(tmp_path / "o", replicas=1, world_size=1, threads=1, gen=(1.6, 1.6, 1.6))
@@ -139,7 +184,7 @@ PC = Profile(**{**P.to_dict(), "cpu": True})
 def test_shared_layout_by_hand():
     # Tg = 0.2 + 0.02 * 100 / (2 * 0.8) = 1.45;  Tt(2) = 0.5 + 3 / 1.8 = 2.1667;  no switch
     p = predict(PC, Layout("shared", 2, 2))
-    assert p.step_s == pytest.approx(1.45 + 0.1 + (0.5 + 3 / 1.8) + 0.6 + 0.2)   # 4.5167
+    assert p.step_s == pytest.approx(1.45 + 0.1 + (0.5 + 3 / 1.8) + 0.6 + 0.2)  # 4.5167
     assert p.phases["switch"] == 0.0 and p.bottleneck == "train"
     # 4 cores: Tg = 0.2 + 2 / 3.2 = 0.825;  Tt(4) = 0.5 + 3 / 3.6 = 1.3333
     assert predict(PC, Layout("shared", 4, 4)).step_s == pytest.approx(0.825 + 0.1 + 0.5 + 3 / 3.6 + 0.6 + 0.2)
@@ -164,7 +209,7 @@ def test_colocated_generation_on_cpu_cores_is_slowed_by_the_engine_cores():
 def test_shared_layout_exists_only_on_cpu_profiles():
     assert all(lay.placement != "shared" for lay in layouts(4, 4))
     assert layouts(4, 4, cpu=True)[-1] == Layout("shared", 4, 4, "sync", 0)
-    assert layouts(3, 3, cpu=True)[-1] == Layout("shared", 3, 3)     # one replica divides any prompt count
+    assert layouts(3, 3, cpu=True)[-1] == Layout("shared", 3, 3)  # one replica divides any prompt count
     assert all(p.layout.placement != "shared" for p in rank(P, 4))
     assert [p.layout for p in rank(PC, 4) if p.layout.placement == "shared"] == [Layout("shared", 4, 4)]
     with pytest.raises(ValueError, match="shared placement time-shares CPU cores"):
@@ -177,8 +222,15 @@ def test_shared_layout_exists_only_on_cpu_profiles():
 
 def test_shared_overrides_are_the_cpu_default():
     assert overrides(Layout("shared", 2, 2), cpu=True) == [
-        "placement=separate", "rollout.num_replicas=1", "trainer.world_size=1", "mode=sync",
-        "rollout.num_cpus=1", "rollout.num_threads=2", "trainer.num_cpus=1", "trainer.num_threads=2"]
+        "placement=separate",
+        "rollout.num_replicas=1",
+        "trainer.world_size=1",
+        "mode=sync",
+        "rollout.num_cpus=1",
+        "rollout.num_threads=2",
+        "trainer.num_cpus=1",
+        "trainer.num_threads=2",
+    ]
 
 
 def test_shared_ranks_above_async_on_a_profile_like_the_measured_one(tmp_path):
@@ -203,8 +255,9 @@ def test_a_colocated_cpu_profile_divides_the_slowdown_out(tmp_path):
     """The same work profiled in a colocated CPU run (its generation measured c = 2 times slower) gives the
     same per-device generation cost as a separate run."""
     separate = Profile.from_run(fake_run(tmp_path / "s", replicas=1, world_size=1, threads=1), cores=2)
-    colocated_dir = fake_run(tmp_path / "c", replicas=1, world_size=1, threads=1, gen=(2.0, 2.4, 1.8),
-                             placement="colocated")
+    colocated_dir = fake_run(
+        tmp_path / "c", replicas=1, world_size=1, threads=1, gen=(2.0, 2.4, 1.8), placement="colocated"
+    )
     colocated = Profile.from_run(colocated_dir, cores=2)
     assert colocated.gen_dev_s_per_token == pytest.approx(separate.gen_dev_s_per_token)
 
@@ -228,11 +281,15 @@ def test_cli_prints_table_and_recommendation(tmp_path, capsys):
     assert main(["plan", str(run), "--devices", "4", "--cores", "0", "--save-profile", str(tmp_path / "p.yaml")]) == 0
     out = capsys.readouterr().out
     # 2:2 async = max(1.0 + 0.1 + 0.05, (0.1 + 1.26/1.8) + 0.3) + 0.1 = 1.25; 1:3 async = 2.25; colocated 4 = 1.45
-    assert "recommended: placement=separate rollout.num_replicas=2 trainer.world_size=2 mode=async " \
-           "buffer.max_staleness=1" in out
+    assert (
+        "recommended: placement=separate rollout.num_replicas=2 trainer.world_size=2 mode=async "
+        "buffer.max_staleness=1" in out
+    )
     assert "1.250" in out and "1.450" in out and "2.300" in out
-    assert main(["plan", "--profile", str(tmp_path / "p.yaml"), "--devices", "4", "--cores", "0",
-                 "--set", "stall_s=1.0"]) == 0             # given figures: the rollout path now 2.1 s
+    assert (
+        main(["plan", "--profile", str(tmp_path / "p.yaml"), "--devices", "4", "--cores", "0", "--set", "stall_s=1.0"])
+        == 0
+    )  # given figures: the rollout path now 2.1 s
     assert "recommended: placement=colocated" in capsys.readouterr().out
     assert main(["plan", "--devices", "4"]) == 2
     assert "give run directories" in capsys.readouterr().err

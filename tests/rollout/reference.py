@@ -12,12 +12,15 @@ def perturbed(model_dir: Path, scale: float, seed: int) -> dict[str, torch.Tenso
     from safetensors.torch import load_file
 
     g = torch.Generator().manual_seed(seed)
-    return {k: v + scale * torch.randn(v.shape, generator=g, dtype=v.dtype)
-            for k, v in load_file(str(Path(model_dir) / "model.safetensors")).items()}
+    return {
+        k: v + scale * torch.randn(v.shape, generator=g, dtype=v.dtype)
+        for k, v in load_file(str(Path(model_dir) / "model.safetensors")).items()
+    }
 
 
-def hf_logprobs(model_dir: Path, token_ids: list[int], state_dict: dict[str, torch.Tensor] | None = None,
-                temperature: float = 1.0) -> torch.Tensor:
+def hf_logprobs(
+    model_dir: Path, token_ids: list[int], state_dict: dict[str, torch.Tensor] | None = None, temperature: float = 1.0
+) -> torch.Tensor:
     """``[T-1]``: log softmax(logits / temperature)[token_i] given tokens_<i, in float32."""
     from transformers import AutoModelForCausalLM
 
@@ -28,5 +31,5 @@ def hf_logprobs(model_dir: Path, token_ids: list[int], state_dict: dict[str, tor
         model.tie_weights()
     ids = torch.tensor([token_ids])
     with torch.no_grad():
-        logits = model(ids).logits[0, :-1].float() / temperature          # [T-1, V]
+        logits = model(ids).logits[0, :-1].float() / temperature  # [T-1, V]
     return logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]

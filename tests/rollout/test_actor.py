@@ -17,8 +17,8 @@ from relayrl.weightsync.base import StateDictSource
 from relayrl.weightsync.sync import TrainerSync
 from tests.rollout.reference import hf_logprobs, perturbed
 
-TEMPERATURE = 0.7   # != 1 so that "processed" (tempered) logprobs differ from raw ones
-MAX_TOKENS = 160   # long enough that an update can land mid-completion
+TEMPERATURE = 0.7  # != 1 so that "processed" (tempered) logprobs differ from raw ones
+MAX_TOKENS = 160  # long enough that an update can land mid-completion
 PROMPTS = [Prompt(10 + i, f"What is {i} + {i + 3}? Answer:", {"answer": 2 * i + 3}) for i in range(3)]
 PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231]
 
@@ -28,8 +28,11 @@ def _engine(ray_session, tiny_llama, **rollout):
     when the module is done."""
     t0 = time.perf_counter()
     handle = start_rollout_actor(
-        str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
-        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, **rollout), seed=0)
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, **rollout),
+        seed=0,
+    )
     info = ray_session.get(handle.info.remote())
     print(f"\nengine start {info['start_seconds']:.1f}s, actor ready {time.perf_counter() - t0:.1f}s")
     yield handle
@@ -61,11 +64,11 @@ def test_behaviour_logprobs_are_those_of_the_tempered_sampling_distribution(acto
     """logprobs_mode=processed_logprobs: each sampled token's logprob is log softmax(z / T)."""
     t = ray_session.get(actor.generate.remote(PROMPTS[:1], 2))[0].trajectories[0]
     ids = t.prompt_token_ids + t.completion_token_ids
-    ref = hf_logprobs(tiny_llama, ids, temperature=TEMPERATURE)[len(t.prompt_token_ids) - 1:]
-    raw = hf_logprobs(tiny_llama, ids)[len(t.prompt_token_ids) - 1:]
+    ref = hf_logprobs(tiny_llama, ids, temperature=TEMPERATURE)[len(t.prompt_token_ids) - 1 :]
+    raw = hf_logprobs(tiny_llama, ids)[len(t.prompt_token_ids) - 1 :]
     got = torch.tensor(t.behaviour_logprobs)
     assert torch.allclose(got, ref, atol=1e-3), (got - ref).abs().max()
-    assert (got - raw).abs().max() > 1e-2      # raw (untempered) logprobs would not match
+    assert (got - raw).abs().max() > 1e-2  # raw (untempered) logprobs would not match
 
 
 def test_prompt_logprobs_match_transformers(actor, ray_session, tiny_llama):
@@ -98,9 +101,11 @@ def test_seeded_prompts_sample_the_same_tokens_in_any_batch_and_engine(actor, ra
     assert _tokens(batched) == _tokens(alone)
     assert len({tuple(t) for t in _tokens(alone)}) == 4
     other = start_rollout_actor(
-        str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama), max_model_len=256),
         RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, forkserver=False),
-        seed=1234)
+        seed=1234,
+    )
     try:
         assert _tokens(ray_session.get(other.generate.remote(seeded[1:2], 4))[0]) == _tokens(alone)
     finally:
@@ -116,10 +121,10 @@ def test_forkserver_worker_is_bound_as_vllm_binds_a_spawned_one(actor, ray_sessi
 
     import psutil
 
-    binding = ray_session.get(actor.cpu_binding.remote())
-    assert binding["cpus"] == list(range(os.cpu_count())) and binding["threads"] == os.cpu_count()
+    binding, cores = ray_session.get(actor.cpu_binding.remote()), os.cpu_count()
+    assert cores is not None and binding["cpus"] == list(range(cores)) and binding["threads"] == cores
     worker = psutil.Process(binding["pid"])
-    assert "VLLM::Worker" in " ".join(worker.cmdline())        # vLLM's title, as for a spawned worker
+    assert "VLLM::Worker" in " ".join(worker.cmdline())  # vLLM's title, as for a spawned worker
     server = worker.parent()
     assert "multiprocessing.forkserver" in " ".join(server.cmdline())
     assert server.parent().pid == ray_session.get(actor.info.remote())["pid"]
@@ -131,7 +136,7 @@ def test_idle_worker_sleeps_instead_of_spinning(actor, ray_session):
     uses a small share of a core. A ratio of CPU time to the time waited, not a wall-clock limit."""
     import psutil
 
-    pid = ray_session.get(actor.cpu_binding.remote())["pid"]    # a call: the worker's busy window starts
+    pid = ray_session.get(actor.cpu_binding.remote())["pid"]  # a call: the worker's busy window starts
     worker = psutil.Process(pid)
     before, t0 = sum(worker.cpu_times()[:2]), time.monotonic()
     time.sleep(0.5)
@@ -175,11 +180,12 @@ def test_commit_refuses_to_keep_a_prefix_cache_it_cannot_empty():
             return False
 
     rollout = object.__new__(Rollout)
-    rollout.rollout_cfg, rollout.engine = RolloutConfig(), Engine()
+    rollout.rollout_cfg = RolloutConfig()
+    rollout.engine = Engine()  # type: ignore[assignment]  # a fake with the one method the call uses
     with pytest.raises(RuntimeError, match="prefix_sharing=false"):
         asyncio.run(rollout._drop_prefix_cache("commit of v3"))
     rollout.rollout_cfg = RolloutConfig(prefix_sharing=False)
-    asyncio.run(rollout._drop_prefix_cache("commit of v3"))     # nothing cached: nothing to empty
+    asyncio.run(rollout._drop_prefix_cache("commit of v3"))  # nothing cached: nothing to empty
 
 
 def test_update_during_generation_splits_version_spans(unshared_actor, ray_session, tiny_llama, tmp_path):
@@ -188,9 +194,10 @@ def test_update_during_generation_splits_version_spans(unshared_actor, ray_sessi
     a new version) until a completion spans two versions; every try must tag its tokens consistently."""
     actor = unshared_actor
     old = ray_session.get(actor.weight_version.remote())
-    sync = TrainerSync(WeightSyncConfig(shm_dir=str(tmp_path)), StateDictSource(perturbed(tiny_llama, 0.05, seed=2)),
-                       0, [actor], [1])
-    ray_session.get(actor.generate.remote(PROMPTS[:1], 1))   # warm: the first request pays one-off setup
+    sync = TrainerSync(
+        WeightSyncConfig(shm_dir=str(tmp_path)), StateDictSource(perturbed(tiny_llama, 0.05, seed=2)), 0, [actor], [1]
+    )
+    ray_session.get(actor.generate.remote(PROMPTS[:1], 1))  # warm: the first request pays one-off setup
     split, tried = [], []
     for version in range(old + 1, old + 6):
         ref = actor.generate.remote(PROMPTS[:1], 4)

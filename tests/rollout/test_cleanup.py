@@ -36,8 +36,9 @@ time.sleep(600)
 
 
 def _start(prefix: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, prefix], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, prefix], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -57,7 +58,7 @@ def test_segments_of_a_killed_process_go_and_those_of_a_live_one_stay():
         result = remove_orphaned_segments(prefix=prefix)
         assert sorted(result.removed) == [f"{prefix}dead_{s}" for s in suffixes]
         assert result.bytes_freed == (1 << 20) + 4096
-        assert _names(prefix) == {f"{prefix}live_{s}" for s in suffixes}   # mapped-only and fd-only both held
+        assert _names(prefix) == {f"{prefix}live_{s}" for s in suffixes}  # mapped-only and fd-only both held
         assert remove_orphaned_segments(prefix=prefix).removed == []
     finally:
         for proc in (dead, live):
@@ -85,8 +86,10 @@ def test_kill_process_tree_ends_stopped_descendants():
 
     from relayrl.rollout.cleanup import kill_process_tree
 
-    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
-            "time.sleep(600)']); print('up', flush=True); time.sleep(600)")
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
+        "time.sleep(600)']); print('up', flush=True); time.sleep(600)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert parent.stdout.readline().strip() == "up"
     tree = [psutil.Process(parent.pid), *psutil.Process(parent.pid).children(recursive=True)]
@@ -95,5 +98,5 @@ def test_kill_process_tree_ends_stopped_descendants():
         proc.send_signal(signal.SIGSTOP)
     assert kill_process_tree(parent.pid) == 2
     parent.wait(timeout=60)
-    gone, alive = psutil.wait_procs(tree, timeout=60)
+    _gone, alive = psutil.wait_procs(tree, timeout=60)
     assert alive == []

@@ -15,29 +15,34 @@ pytestmark = pytest.mark.skipif(has_cuda(), reason="CPU engines only")
 
 
 def test_an_eager_cpu_engine_turns_dynamo_off_and_a_compiled_one_does_not():
-    assert eager_env(RolloutConfig()) == {"TORCHDYNAMO_DISABLE": "1"}          # enforce_eager is the default
+    assert eager_env(RolloutConfig()) == {"TORCHDYNAMO_DISABLE": "1"}  # enforce_eager is the default
     assert eager_env(RolloutConfig(enforce_eager=False)) == {}
 
 
 def test_vllms_compiled_sampler_helper_runs_eagerly_under_it():
     """The helper the first logprob-asking generate used to compile (a C++ build) runs as plain torch: no
     frame reaches Dynamo, and it still counts right."""
-    code = ("import torch; from torch._dynamo.utils import counters; "
-            "from vllm.v1.sample.ops.logprobs import batched_count_greater_than as f; "
-            "x = torch.tensor([[0.1, 0.5, 0.3], [0.9, 0.2, 0.4]]); "   # >= 0.5: 1, >= 0.2: 3
-            "print(f(x, x[:, 1:2]).tolist(), counters['frames']['total'])")
+    code = (
+        "import torch; from torch._dynamo.utils import counters; "
+        "from vllm.v1.sample.ops.logprobs import batched_count_greater_than as f; "
+        "x = torch.tensor([[0.1, 0.5, 0.3], [0.9, 0.2, 0.4]]); "  # >= 0.5: 1, >= 0.2: 3
+        "print(f(x, x[:, 1:2]).tolist(), counters['frames']['total'])"
+    )
     env = {**os.environ, **eager_env(RolloutConfig())}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "[1, 3] 0"
 
 
-@pytest.mark.parametrize("overrides, adopted", [
-    ([], True),                                      # the default recipe's engines adopt the driver's server
-    (["rollout.enforce_eager=false"], False),        # Dynamo on: imports that differ from the server's
-    (["rollout.forkserver=false"], False),           # vLLM's spawn
-    (["run.ray_address=auto"], False),               # engines anywhere in a cluster
-])
+@pytest.mark.parametrize(
+    "overrides, adopted",
+    [
+        ([], True),  # the default recipe's engines adopt the driver's server
+        (["rollout.enforce_eager=false"], False),  # Dynamo on: imports that differ from the server's
+        (["rollout.forkserver=false"], False),  # vLLM's spawn
+        (["run.ray_address=auto"], False),  # engines anywhere in a cluster
+    ],
+)
 def test_the_drivers_server_is_kept_only_for_engines_that_adopt_it(monkeypatch, overrides, adopted):
     """``relayrl train`` starts its server with ``LAUNCH_ENV`` before it reads the config; then it keeps it only
     when the rollout actors will be offered it (their variables are the server's)."""

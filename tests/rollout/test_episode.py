@@ -7,6 +7,7 @@ import json
 import math
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ class ScriptedEngine:
 class ScriptedEnv:
     """reset -> the prompt; step i -> steps[i]; records the actions."""
 
-    stop = ["</x>"]
+    stop: ClassVar[list[str]] = ["</x>"]
 
     def __init__(self, steps: list[tuple[str, float, bool]]):
         self.steps, self.actions, self.sample = list(steps), [], None
@@ -67,8 +68,12 @@ def _run(runner: EpisodeRunner, env, prompt="ab"):
 
 def test_two_turn_episode_hand_worked():
     """prompt "ab" -> [1, 97, 98]; model [10, 11]; env "cd" -> [99, 100]; model [12] (sampled after an update)."""
-    engine = ScriptedEngine([_turn([10, 11], [-0.1, -0.2], "x</x>", [VersionSpan(0, 0, 2)]),
-                             _turn([12], [-0.3], "y", [VersionSpan(1, 0, 1)])])
+    engine = ScriptedEngine(
+        [
+            _turn([10, 11], [-0.1, -0.2], "x</x>", [VersionSpan(0, 0, 2)]),
+            _turn([12], [-0.3], "y", [VersionSpan(1, 0, 1)]),
+        ]
+    )
     env = ScriptedEnv([("cd", 0.5, False), ("ignored", 1.0, True)])
     first, t = _run(EpisodeRunner(engine, CharTokenizer(), max_turns=4, max_tokens=8, max_model_len=64), env)
     assert first == "ab" and t.prompt_token_ids == [1, 97, 98]
@@ -78,12 +83,13 @@ def test_two_turn_episode_hand_worked():
     # env tokens 2..3 join the span of the model turn before them (v0); the second turn is v1
     assert t.versions == [VersionSpan(0, 0, 4), VersionSpan(1, 4, 5)] and t.min_version == 0
     assert t.env_reward == 1.5 and t.finish_reason == "stop" and t.completion_text == "x</x>cdy"
-    assert env.actions == ["x</x>", "y"]                      # the env saw each turn's text
+    assert env.actions == ["x</x>", "y"]  # the env saw each turn's text
     assert engine.calls == [([1, 97, 98], 8, ["</x>"]), ([1, 97, 98, 10, 11, 99, 100], 8, ["</x>"])]
 
 
 def test_turns_are_seeded_per_prompt_sample_and_turn():
     """A prompt seed gives every model turn its own seed, the same in a replay; no prompt seed: unseeded."""
+
     def seeds(prompt_seed):
         engine = ScriptedEngine([_turn([10 + i], [-0.1], "p", [VersionSpan(0, 0, 1)]) for i in range(4)])
         runner = EpisodeRunner(engine, CharTokenizer(), max_turns=2, max_tokens=8, max_model_len=64)
@@ -92,13 +98,17 @@ def test_turns_are_seeded_per_prompt_sample_and_turn():
         return engine.seeds
 
     first = seeds(123)
-    assert first == seeds(123) and len(set(first)) == 4                   # 2 samples x 2 turns, all distinct
+    assert first == seeds(123) and len(set(first)) == 4  # 2 samples x 2 turns, all distinct
     assert set(first).isdisjoint(seeds(124)) and seeds(None) == [None] * 4
 
 
 def test_turn_straddling_an_update_keeps_both_spans():
-    engine = ScriptedEngine([_turn([5], [-1.0], "a", [VersionSpan(2, 0, 1)]),
-                             _turn([6, 7, 8], [-1.0] * 3, "b", [VersionSpan(2, 0, 1), VersionSpan(3, 1, 3)])])
+    engine = ScriptedEngine(
+        [
+            _turn([5], [-1.0], "a", [VersionSpan(2, 0, 1)]),
+            _turn([6, 7, 8], [-1.0] * 3, "b", [VersionSpan(2, 0, 1), VersionSpan(3, 1, 3)]),
+        ]
+    )
     env = ScriptedEnv([("o", 0.0, False), ("", 0.0, True)])
     _, t = _run(EpisodeRunner(engine, CharTokenizer(), 4, 8, 64), env)
     assert t.versions == [VersionSpan(2, 0, 2), VersionSpan(2, 2, 3), VersionSpan(3, 3, 5)]
@@ -106,23 +116,25 @@ def test_turn_straddling_an_update_keeps_both_spans():
 
 
 def test_out_of_turns_drops_the_last_observation_and_says_length():
-    engine = ScriptedEngine([_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)]),
-                             _turn([11], [-0.2], "q", [VersionSpan(0, 0, 1)])])
+    engine = ScriptedEngine(
+        [_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)]), _turn([11], [-0.2], "q", [VersionSpan(0, 0, 1)])]
+    )
     env = ScriptedEnv([("o1", 0.25, False), ("o2", 0.5, False)])
     _, t = _run(EpisodeRunner(engine, CharTokenizer(), max_turns=2, max_tokens=8, max_model_len=64), env)
-    assert t.completion_token_ids == [10, ord("o"), ord("1"), 11]           # "o2" is never appended
+    assert t.completion_token_ids == [10, ord("o"), ord("1"), 11]  # "o2" is never appended
     assert t.completion_mask == [1, 0, 0, 1] and t.finish_reason == "length" and t.env_reward == 0.75
-    assert len(env.actions) == 2                                            # the last turn was still scored
+    assert len(env.actions) == 2  # the last turn was still scored
 
 
 def test_context_limit_bounds_turns_and_observations():
     """max_model_len 8, prompt 3 ids: turn 1 may take 5; after 2 tokens and a 2-id observation only 1 is left."""
-    engine = ScriptedEngine([_turn([10, 11], [-0.1, -0.2], "p", [VersionSpan(0, 0, 2)]),
-                             _turn([12], [-0.3], "q", [VersionSpan(0, 0, 1)])])
+    engine = ScriptedEngine(
+        [_turn([10, 11], [-0.1, -0.2], "p", [VersionSpan(0, 0, 2)]), _turn([12], [-0.3], "q", [VersionSpan(0, 0, 1)])]
+    )
     env = ScriptedEnv([("cd", 0.0, False), ("efgh", 0.0, False)])
     _, t = _run(EpisodeRunner(engine, CharTokenizer(), max_turns=5, max_tokens=6, max_model_len=8), env)
     assert [max_tokens for _, max_tokens, _ in engine.calls] == [5, 1]
-    assert t.completion_token_ids == [10, 11, 99, 100, 12]                  # "efgh" would not fit: episode ends
+    assert t.completion_token_ids == [10, 11, 99, 100, 12]  # "efgh" would not fit: episode ends
     assert t.finish_reason == "length" and len(env.actions) == 2
     with pytest.raises(ValueError, match="prompt 3 is 8 tokens, no room"):
         _run(EpisodeRunner(engine, CharTokenizer(), 5, 6, 8), env, prompt="abcdefg")
@@ -143,14 +155,14 @@ def test_async_env_and_a_failing_env():
             raise KeyError("answer")
 
     engine = ScriptedEngine([_turn([10], [-0.1], "p", [VersionSpan(0, 0, 1)])])
-    with pytest.raises(EpisodeError, match="Broken.step failed on prompt 3 sample 1 turn 1: KeyError"):
+    with pytest.raises(EpisodeError, match=r"Broken\.step failed on prompt 3 sample 1 turn 1: KeyError"):
         _run(EpisodeRunner(engine, CharTokenizer(), 2, 8, 64), Broken([]))
 
     class Exits(ScriptedEnv):
         def reset(self, sample):
-            raise SystemExit(3)                     # would end the rollout actor if it escaped
+            raise SystemExit(3)  # would end the rollout actor if it escaped
 
-    with pytest.raises(EpisodeError, match="Exits.reset failed on prompt 3 sample 1: SystemExit: 3"):
+    with pytest.raises(EpisodeError, match=r"Exits\.reset failed on prompt 3 sample 1: SystemExit: 3"):
         _run(EpisodeRunner(ScriptedEngine([]), CharTokenizer(), 2, 8, 64), Exits([]))
 
 
@@ -217,8 +229,10 @@ TEMPERATURE = 0.7
 MAX_TOKENS = 12
 MAX_TURNS = 3
 QUESTIONS = [(f"What is {a} + {b}? Reply with 'Answer: N'.", str(a + b)) for a, b in ((3, 4), (12, 30))]
-PROMPTS = [Prompt(i, f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",
-                  {"question": q, "answer": a}) for i, (q, a) in enumerate(QUESTIONS)]
+PROMPTS = [
+    Prompt(i, f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n", {"question": q, "answer": a})
+    for i, (q, a) in enumerate(QUESTIONS)
+]
 
 
 @pytest.fixture(scope="module")
@@ -226,8 +240,11 @@ def actor(ray_session, tiny_llama):
     from relayrl.rollout import start_rollout_actor
 
     handle = start_rollout_actor(
-        str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
-        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, num_cpus=0.5), seed=0)
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, num_cpus=0.5),
+        seed=0,
+    )
     ray_session.get(handle.info.remote())
     yield handle
     ray_session.get(handle.shutdown.remote())
@@ -258,7 +275,7 @@ def _replay(group: TrajectoryGroup, t, tok) -> tuple[float, bool]:
     Returns (the summed step rewards, whether the env ended the episode): what ``env_reward`` must be."""
     env, total, done = CalculatorEnv(), 0.0, False
     env.reset({**group.columns, "prompt": group.prompt})
-    runs = _runs(t.completion_mask)                  # model and env runs alternate, model first and last
+    runs = _runs(t.completion_mask)  # model and env runs alternate, model first and last
     for i, (is_model, start, end) in enumerate(runs):
         if not is_model:
             continue
@@ -286,9 +303,9 @@ def test_env_tokens_are_masked_exactly_where_observations_are(episodes, tiny_lla
             runs = _runs(mask)
             model_runs = [r for r in runs if r[0] == 1]
             env_runs = [r for r in runs if r[0] == 0]
-            assert runs[0][0] == 1 and runs[-1][0] == 1                 # starts and ends with the model
+            assert runs[0][0] == 1 and runs[-1][0] == 1  # starts and ends with the model
             assert 1 <= len(model_runs) <= MAX_TURNS and len(env_runs) == len(model_runs) - 1
-            for _, start, end in env_runs:                              # each zero run is one observation
+            for _, start, end in env_runs:  # each zero run is one observation
                 obs = t.completion_token_ids[start:end]
                 assert obs == feedback or tok.decode(obs).startswith("<result>"), tok.decode(obs)
                 assert t.behaviour_logprobs[start:end] == [0.0] * (end - start)
@@ -334,7 +351,7 @@ def test_later_turns_were_sampled_conditioned_on_the_env_tokens(episodes, tiny_l
     t = max((t for g in episodes for t in g.trajectories), key=lambda t: t.completion_mask.count(0))
     assert t.completion_mask.count(0) > 0
     P = len(t.prompt_token_ids)
-    ref = hf_logprobs(tiny_llama, t.prompt_token_ids + t.completion_token_ids, temperature=TEMPERATURE)[P - 1:]
+    ref = hf_logprobs(tiny_llama, t.prompt_token_ids + t.completion_token_ids, temperature=TEMPERATURE)[P - 1 :]
     model = torch.tensor(t.completion_mask, dtype=torch.bool)
     got = torch.tensor(t.behaviour_logprobs)
     assert torch.allclose(got[model], ref[model], atol=1e-3), (got[model] - ref[model]).abs().max()
@@ -347,11 +364,12 @@ def test_train_batch_from_episodes_masks_env_tokens(episodes):
             t.reward = float(i)
     batch = build_train_batch(groups, pad_token_id=0)
     trajs = [t for g in groups for t in g.trajectories]
-    for b, t in enumerate(trajs):
+    masks = [t.completion_mask or [] for t in trajs]  # each set: the episodes have env turns
+    for b, (t, mask) in enumerate(zip(trajs, masks)):
         positions = batch.loss_mask[b].nonzero().squeeze(1)
-        model_ids = [tok for tok, m in zip(t.completion_token_ids, t.completion_mask) if m]
+        model_ids = [tok for tok, m in zip(t.completion_token_ids, mask, strict=True) if m]
         assert batch.input_ids[b, positions + 1].tolist() == model_ids
-    assert batch.loss_mask.sum() == sum(sum(t.completion_mask) for t in trajs)
+    assert batch.loss_mask.sum() == sum(sum(mask) for mask in masks)
     assert batch.loss_mask.sum() < sum(len(t.completion_token_ids) for t in trajs)
 
 
@@ -369,13 +387,17 @@ def test_multi_turn_training_run(ray_session, tiny_llama, tmp_path):
     from relayrl.controller import train
 
     feedback = len(AutoTokenizer.from_pretrained(tiny_llama).encode(FEEDBACK, add_special_tokens=False))
-    cfg = load_config("grpo_calc_tiny", [f"model.path={tiny_llama}", f"run.output_dir={tmp_path}",
-                                         "trainer.num_cpus=0.5", "rollout.num_cpus=0.5"])
+    cfg = load_config(
+        "grpo_calc_tiny",
+        [f"model.path={tiny_llama}", f"run.output_dir={tmp_path}", "trainer.num_cpus=0.5", "rollout.num_cpus=0.5"],
+    )
     t0 = time.perf_counter()
     result = train(cfg)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    print(f"\n2-step multi-turn run {time.perf_counter() - t0:.1f}s; "
-          + "; ".join(f"tokens {r['policy/tokens']:.0f}/{r['rollout/tokens']:.0f}" for r in rows))
+    print(
+        f"\n2-step multi-turn run {time.perf_counter() - t0:.1f}s; "
+        + "; ".join(f"tokens {r['policy/tokens']:.0f}/{r['rollout/tokens']:.0f}" for r in rows)
+    )
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["rollout/completions"] == cfg.run.prompts_per_step * cfg.algorithm.group_size

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,12 +16,15 @@ from relayrl.rollout import forkserver
 from relayrl.rollout.forkserver import EngineContext, omp_cpus
 
 
-@pytest.mark.parametrize("env, cpus", [
-    ({"GOMP_CPU_AFFINITY": "2 3"}, {2, 3}),                    # vLLM's GNU OpenMP form
-    ({"OMP_PLACES": "{0,1}"}, {0, 1}),                         # its generic form
-    ({"GOMP_CPU_AFFINITY": "1", "OMP_PLACES": "{0}"}, {1}),    # GNU first, as vLLM sets only one
-    ({}, set()),                                              # nothing set: leave the affinity alone
-])
+@pytest.mark.parametrize(
+    "env, cpus",
+    [
+        ({"GOMP_CPU_AFFINITY": "2 3"}, {2, 3}),  # vLLM's GNU OpenMP form
+        ({"OMP_PLACES": "{0,1}"}, {0, 1}),  # its generic form
+        ({"GOMP_CPU_AFFINITY": "1", "OMP_PLACES": "{0}"}, {1}),  # GNU first, as vLLM sets only one
+        ({}, set()),  # nothing set: leave the affinity alone
+    ],
+)
 def test_omp_cpus(env, cpus):
     assert omp_cpus(env) == cpus
 
@@ -60,9 +65,11 @@ def test_use_forkserver_starts_the_server_at_once():
     """The server starts (and begins its vLLM imports) when the actor calls ``use_forkserver``, not when
     ``AsyncLLM`` forks its first child: the actor's own vLLM import then runs beside the server's. In a
     fresh process (this one's server may be running already), with nothing to preload."""
-    code = ("import multiprocessing.forkserver as f; from relayrl.rollout import forkserver; "
-            "forkserver.PRELOAD.clear(); assert f._forkserver._forkserver_pid is None; "
-            "forkserver.use_forkserver(); print(f._forkserver._forkserver_pid)")
+    code = (
+        "import multiprocessing.forkserver as f; from relayrl.rollout import forkserver; "
+        "forkserver.PRELOAD.clear(); assert f._forkserver._forkserver_pid is None; "
+        "forkserver.use_forkserver(); print(f._forkserver._forkserver_pid)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) > 0
@@ -72,7 +79,7 @@ def _title(queue) -> None:
     import setproctitle
 
     setproctitle.setproctitle("VLLM::EngineCore")
-    queue.put(open("/proc/self/comm").read().strip())
+    queue.put(Path("/proc/self/comm").read_text().strip())
 
 
 def test_child_can_name_itself():
@@ -82,7 +89,7 @@ def test_child_can_name_itself():
     queue = ctx.Queue()
     proc = ctx.Process(target=_title, args=(queue,))
     proc.start()
-    assert queue.get(timeout=60) == "VLLM::EngineCor"      # /proc comm keeps 15 characters
+    assert queue.get(timeout=60) == "VLLM::EngineCor"  # /proc comm keeps 15 characters
     proc.join(timeout=60)
 
 
@@ -171,15 +178,19 @@ def test_engine_processes_of_the_drivers_server_live_as_in_their_actors_tree():
     ``kill_process_tree(actor)`` ends the stopped one, which cannot."""
     from relayrl.rollout.cleanup import kill_process_tree, owned
 
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     actor, info = None, {"children": []}
     try:
         spec = json.loads(driver.stdout.readline())
-        assert spec["env"] and spec["mismatch"] == {}              # an actor with other values is not told
-        actor = subprocess.Popen([sys.executable, "-c", ACTOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 text=True, env={**os.environ, **spec["env"], "RELAYRL_TEST_SHARED": "1"})
-        lines = _lines(actor, 3)                                    # the children print to the actor's stdout
+        assert spec["env"] and spec["mismatch"] == {}  # an actor with other values is not told
+        actor = subprocess.Popen(
+            [sys.executable, "-c", ACTOR],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **spec["env"], "RELAYRL_TEST_SHARED": "1"},
+        )
+        lines = _lines(actor, 3)  # the children print to the actor's stdout
         info = json.loads(next(x for x in lines if x.startswith("{")))
         said = sorted(x.split()[1:] for x in lines if x.startswith("child"))
         assert info["adopted"]
@@ -188,20 +199,18 @@ def test_engine_processes_of_the_drivers_server_live_as_in_their_actors_tree():
         assert sorted(p.pid for p in owned(actor.pid)) == sorted(info["children"])
         stopped, running = info["children"]
         os.kill(stopped, signal.SIGSTOP)
-        assert _stopped(stopped)             # before the kill: a stop still pending lets its watcher run
+        assert _stopped(stopped)  # before the kill: a stop still pending lets its watcher run
         os.kill(actor.pid, signal.SIGKILL)
         actor.wait()
-        assert _gone(running)                                       # it saw its actor die
+        assert _gone(running)  # it saw its actor die
         assert not _gone(stopped, within_s=1)
-        assert kill_process_tree(actor.pid) == 1                    # the registry still names it
+        assert kill_process_tree(actor.pid) == 1  # the registry still names it
         assert _gone(stopped)
         assert owned(actor.pid) == []
     finally:
         for pid in [*info["children"], *([actor.pid] if actor is not None else [])]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         driver.communicate(timeout=60)
     assert driver.returncode == 0
 
@@ -216,9 +225,9 @@ def test_an_actor_adopts_only_a_server_started_with_its_values_on_its_host(monke
         return forkserver.adopt_shared()
 
     monkeypatch.delenv(forkserver.SHARED_ENV, raising=False)
-    assert not forkserver.adopt_shared()                           # no server offered
+    assert not forkserver.adopt_shared()  # no server offered
     monkeypatch.setenv("RELAYRL_TEST_SHARED", "2")
-    assert not offered()                                           # started with another value
+    assert not offered()  # started with another value
     monkeypatch.setenv("RELAYRL_TEST_SHARED", "1")
     assert not offered(boot_id="another host")
     assert not offered(address=str(tmp_path / "gone"))

@@ -51,7 +51,7 @@ def test_a_result_that_does_not_pickle_is_an_error_not_a_hang():
 
 
 def test_an_exception_that_does_not_pickle_is_sent_as_a_runtime_error_naming_it():
-    class Local(Exception):              # a class pickle cannot find by name
+    class Local(Exception):  # a class pickle cannot find by name
         pass
 
     sent = portable(Local("engine core died"))

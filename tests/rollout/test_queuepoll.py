@@ -34,7 +34,7 @@ def test_reader_sleeps_in_its_busy_window_instead_of_yielding(reader, monkeypatc
     queuepoll.sleep_between_polls(200)
     yields = _calls(monkeypatch, shm, "sched_yield")
     sleeps = _calls(monkeypatch, queuepoll.time, "sleep")
-    cond.record_read()                      # a message was just read: inside the 1 s window
+    cond.record_read()  # a message was just read: inside the 1 s window
     cond.wait(timeout_ms=1)
     assert sleeps == [(200e-6,)] and yields == []
 
@@ -49,7 +49,7 @@ def test_vllm_spin_is_what_it_replaces(reader, monkeypatch):
 
 
 def test_after_the_window_the_reader_waits_on_zmq_as_vllm_does(reader, monkeypatch):
-    shm, cond = reader
+    _shm, cond = reader
     queuepoll.sleep_between_polls(200)
     sleeps = _calls(monkeypatch, queuepoll.time, "sleep")
     cond.last_read = time.monotonic() - 2 * cond.busy_loop_s
@@ -64,7 +64,7 @@ def test_idempotent_and_zero_restores_the_spin(reader):
     original = shm.SpinCondition.wait
     queuepoll.sleep_between_polls(200)
     queuepoll.sleep_between_polls(50)
-    assert shm.SpinCondition.wait.relayrl_original is original     # wrapped once, not twice
+    assert shm.SpinCondition.wait.relayrl_original is original  # wrapped once, not twice
     assert shm.SpinCondition.wait.relayrl_poll_us == 50
     queuepoll.sleep_between_polls(0)
     assert shm.SpinCondition.wait is original

@@ -37,11 +37,11 @@ def test_a_call_in_flight_raises_when_the_engine_dies_and_is_cancelled():
         call = asyncio.ensure_future(unless_dead(engine, never_answers(started, cancelled)))
         await started.wait()
         await asyncio.sleep(3 * DEATH_POLL_S)
-        assert not call.done()                    # alive engine: the call keeps waiting
+        assert not call.done()  # alive engine: the call keeps waiting
         engine.errored = True
         with pytest.raises(EngineDeadError):
             await asyncio.wait_for(call, timeout=60)
-        assert cancelled == [True]                # the orphaned vLLM call does not linger
+        assert cancelled == [True]  # the orphaned vLLM call does not linger
 
     asyncio.run(scenario())
 

@@ -23,15 +23,19 @@ from tests.rollout.reference import hf_logprobs, perturbed
 
 PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231, 425, 450, 35]
 PROMPT = [Prompt(0, "What is 1 + 2? Answer:")]
-NOISE = 0.02    # per-element std, about the size of the random init (std 0.02)
+NOISE = 0.02  # per-element std, about the size of the random init (std 0.02)
 TIMEOUT_S = 2.0
 BACKENDS = ["shm", "broadcast"]
 
 
 @pytest.fixture(scope="module")
 def actor(ray_session, tiny_llama):
-    handle = start_rollout_actor(str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
-                                 RolloutConfig(max_tokens=8, kv_cache_gb=0.25), seed=0)
+    handle = start_rollout_actor(
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=8, kv_cache_gb=0.25),
+        seed=0,
+    )
     ray_session.get(handle.info.remote())
     yield handle
     ray_session.get(handle.shutdown.remote())
@@ -40,8 +44,9 @@ def actor(ray_session, tiny_llama):
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def pusher(request, actor, tmp_path_factory):
-    cfg = WeightSyncConfig(backend=request.param, timeout_s=TIMEOUT_S, bucket_mb=1,
-                           shm_dir=str(tmp_path_factory.mktemp("shm")))
+    cfg = WeightSyncConfig(
+        backend=request.param, timeout_s=TIMEOUT_S, bucket_mb=1, shm_dir=str(tmp_path_factory.mktemp("shm"))
+    )
     source = StateDictSource({})
     sync = TrainerSync(cfg, source, rank=0, rollouts=[actor], workers=[1])
     yield sync, source
@@ -59,7 +64,7 @@ def next_version(actor, ray_session) -> int:
 
 
 def _sha(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+    return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -79,8 +84,9 @@ def expected_digests(weights: dict[str, torch.Tensor]) -> dict[str, str]:
     return out
 
 
-PACKED_DIRECT = {f"model.layers.{i}.{m}.weight" for i in (0, 1)
-                 for m in ("mlp.gate_up_proj", "mlp.down_proj", "self_attn.o_proj")}
+PACKED_DIRECT = {
+    f"model.layers.{i}.{m}.weight" for i in (0, 1) for m in ("mlp.gate_up_proj", "mlp.down_proj", "self_attn.o_proj")
+}
 """tiny-llama linears whose tensors lie end to end in a payload laid out in ``perturbed``'s (sorted) order."""
 
 
@@ -91,7 +97,7 @@ def check_round_trip(actor, ray_session, tiny_llama, weights, version, stats) ->
     digests = ray_session.get(actor.param_digests.remote())
     expected = expected_digests(weights)
     assert {k: v for k, v in expected.items() if k in digests} == {k: digests[k] for k in expected if k in digests}
-    assert len(set(expected) & set(digests)) >= 6        # embeddings and norms at least, whatever the path
+    assert len(set(expected) & set(digests)) >= 6  # embeddings and norms at least, whatever the path
     got = torch.tensor(ray_session.get(actor.prompt_logprobs.remote(PROBE)))
     ref = hf_logprobs(tiny_llama, PROBE, state_dict={k: v.float() for k, v in weights.items()})
     assert torch.allclose(got, ref, atol=1e-3), (got - ref).abs().max()
@@ -118,11 +124,13 @@ def test_round_trip_is_bit_exact_and_versioned(pusher, actor, ray_session, tiny_
     stats = push(pusher, weights, version)
     digests = ray_session.get(actor.param_digests.remote())
     check_round_trip(actor, ray_session, tiny_llama, weights, version, stats)
-    assert "model.layers.0.self_attn.qkv_proj.weight" in digests     # q/k/v not end to end: copied
-    assert not PACKED_DIRECT & set(digests)                          # packed from the payload, emptied
+    assert "model.layers.0.self_attn.qkv_proj.weight" in digests  # q/k/v not end to end: copied
+    assert not PACKED_DIRECT & set(digests)  # packed from the payload, emptied
     assert set(expected_digests(weights)) - PACKED_DIRECT <= set(digests)
-    print(f"\n{pusher[0].cfg.backend} {wire}: " + ", ".join(f"{k.split('/')[1]}={v * 1e3:.1f}ms"
-                                                         for k, v in stats.items() if k.endswith("_s")))
+    print(
+        f"\n{pusher[0].cfg.backend} {wire}: "
+        + ", ".join(f"{k.split('/')[1]}={v * 1e3:.1f}ms" for k, v in stats.items() if k.endswith("_s"))
+    )
 
 
 def test_a_layout_that_needs_copies_gives_the_linears_their_weights_back(actor, ray_session, tiny_llama, tmp_path):
@@ -146,16 +154,21 @@ def test_a_layout_that_needs_copies_gives_the_linears_their_weights_back(actor, 
 def test_reload_commit_loads_the_same_model(ray_session, tiny_llama, tmp_path):
     """``weightsync.commit=reload`` (vLLM's reload_weights, tied lm_head re-tied after it): two versions in a
     row land, each equal to the reference model's logprobs."""
-    handle = start_rollout_actor(str(tiny_llama), ModelConfig(path=str(tiny_llama), max_model_len=256),
-                                 RolloutConfig(max_tokens=8, kv_cache_gb=0.25), seed=0,
-                                 sync_cfg=WeightSyncConfig(commit="reload"))
+    handle = start_rollout_actor(
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=8, kv_cache_gb=0.25),
+        seed=0,
+        sync_cfg=WeightSyncConfig(commit="reload"),
+    )
     cfg = WeightSyncConfig(backend="shm", commit="reload", timeout_s=30, bucket_mb=1, shm_dir=str(tmp_path))
-    sync = TrainerSync(cfg, StateDictSource({}), rank=0, rollouts=[handle], workers=[1])
+    source = StateDictSource({})
+    sync = TrainerSync(cfg, source, rank=0, rollouts=[handle], workers=[1])
     try:
         assert "model.layers.0.self_attn.qkv_proj.weight" not in ray_session.get(handle.param_digests.remote())
         for version in (1, 2):
             weights = perturbed(tiny_llama, NOISE, seed=300 + version)
-            sync.source.state_dict = weights
+            source.state_dict = weights
             check_round_trip(handle, ray_session, tiny_llama, weights, version, sync.sync(version))
     finally:
         sync.close()
@@ -190,13 +203,13 @@ def test_stalled_transfer_times_out_and_the_engine_keeps_its_version(pusher, act
     before = ray_session.get(actor.prompt_logprobs.remote(PROBE))
     weights = perturbed(tiny_llama, NOISE, seed=100)
     stalled = StallingSource(weights, stall_s=TIMEOUT_S + 1.5)
-    sync.source = stalled            # the next connect plans from it; the live engine reads it
+    sync.source = stalled  # the next connect plans from it; the live engine reads it
     if sync.engine is not None:
         sync.engine.source = stalled
     with pytest.raises(WeightSyncError, match=f"weight sync v{old + 1}.*(timed out|took|failed)"):
-        sync.sync(old + 1)        # the stalled source would finish (TIMEOUT_S + 1.5 s): only a deadline fails it
+        sync.sync(old + 1)  # the stalled source would finish (TIMEOUT_S + 1.5 s): only a deadline fails it
     assert_still_serving(actor, ray_session, old, before)
-    sync.source = source             # a healthy sync afterwards lands (re-initialising if needed)
+    sync.source = source  # a healthy sync afterwards lands (re-initialising if needed)
     assert push(pusher, weights, old + 1)["weightsync/version"] == old + 1
     assert ray_session.get(actor.weight_version.remote()) == old + 1
 
@@ -224,17 +237,18 @@ def test_killed_trainer_mid_transfer_leaves_the_engine_serving(actor, ray_sessio
     before = ray_session.get(actor.prompt_logprobs.remote(PROBE))
     aborts = state()["aborts"]
     cfg = WeightSyncConfig(backend=backend, timeout_s=TIMEOUT_S, bucket_mb=1, shm_dir=str(tmp_path))
-    sender = Sender.remote(cfg, perturbed(tiny_llama, NOISE, seed=200))
+    # attr-defined: ray's stubs keep a decorated class's own type, which has no .remote
+    sender = Sender.remote(cfg, perturbed(tiny_llama, NOISE, seed=200))  # type: ignore[attr-defined]
     ref = sender.sync_weights.remote(old + 1)
-    deadline = time.time() + 120     # the sender's actor and its connect start first
+    deadline = time.time() + 120  # the sender's actor and its connect start first
     while state()["open"] != old + 1 and time.time() < deadline:
         time.sleep(0.1)
-    time.sleep(TIMEOUT_S / 2)        # engine paused, transfer under way (the source stalls after 3 tensors)
+    time.sleep(TIMEOUT_S / 2)  # engine paused, transfer under way (the source stalls after 3 tensors)
     ray.kill(sender)
     assert state()["open"] == old + 1, "no update was open when the sender died"
     with pytest.raises(ray.exceptions.RayActorError):
         ray_session.get(ref)
-    time.sleep(WATCHDOG_STAGES * TIMEOUT_S + 1)    # the watchdog fires that long after the update's start
+    time.sleep(WATCHDOG_STAGES * TIMEOUT_S + 1)  # the watchdog fires that long after the update's start
     after = state()
     assert after["open"] is None and after["aborts"] == aborts + 1
     assert after["last_abort"] == f"v{old + 1}: no commit within {WATCHDOG_STAGES * TIMEOUT_S:g}s (watchdog)"
@@ -256,6 +270,6 @@ def test_group_after_a_sync_reads_no_prompt_kv_of_the_old_weights(pusher, actor,
     push(pusher, weights, version)
     for t in ray_session.get(actor.generate.remote(LONG_PROMPT, 4))[0].trajectories:
         ids = t.prompt_token_ids + t.completion_token_ids
-        ref = hf_logprobs(tiny_llama, ids, state_dict=weights)[len(t.prompt_token_ids) - 1:]
+        ref = hf_logprobs(tiny_llama, ids, state_dict=weights)[len(t.prompt_token_ids) - 1 :]
         got = torch.tensor(t.behaviour_logprobs)
         assert torch.allclose(got, ref, atol=1e-3), (got - ref).abs().max()

@@ -22,8 +22,11 @@ def test_buckets_cut_at_the_budget_and_a_big_tensor_gets_its_own():
     layout = FlatLayout.plan(METAS, bucket_bytes=100)
     # a+b span bytes 0..84 (<= 100); adding c would span 0..288 -> new bucket; c alone is 160 > 100
     assert layout.buckets == (Bucket(0, 2, 0, 84), Bucket(2, 3, 128, 288))
-    assert FlatLayout.plan(METAS, bucket_bytes=1).buckets == (Bucket(0, 1, 0, 12), Bucket(1, 2, 64, 84),
-                                                               Bucket(2, 3, 128, 288))
+    assert FlatLayout.plan(METAS, bucket_bytes=1).buckets == (
+        Bucket(0, 1, 0, 12),
+        Bucket(1, 2, 64, 84),
+        Bucket(2, 3, 128, 288),
+    )
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 100, 1 << 20])
@@ -33,10 +36,10 @@ def test_pack_then_views_round_trips_bit_exact(bucket_bytes):
     layout = FlatLayout.plan(METAS, bucket_bytes)
     flat = torch.zeros(layout.nbytes, dtype=torch.uint8)
     named = iter(tensors.items())
-    for b in layout.buckets:   # bucket-sized buffers, copied into place, as the broadcast receiver sees them
+    for b in layout.buckets:  # bucket-sized buffers, copied into place, as the broadcast receiver sees them
         buf = torch.zeros(b.end - b.start, dtype=torch.uint8)
         pack(layout, b, named, bucket_views(layout, b, buf, base=b.start))
-        flat[b.start:b.end] = buf
+        flat[b.start : b.end] = buf
     got = dict(layout.views(flat))
     assert list(got) == ["a", "b", "c"]
     for n, t in tensors.items():
@@ -54,7 +57,7 @@ def test_pack_casts_to_the_wire_dtype():
 def test_pack_refuses_a_source_that_drifted_from_the_plan():
     layout = FlatLayout.plan(METAS, 1 << 20)
     flat = torch.zeros(layout.nbytes, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="weight 0 is 'x' .* planned 'a'"):
+    with pytest.raises(ValueError, match=r"weight 0 is 'x' .* planned 'a'"):
         pack(layout, layout.buckets[0], iter([("x", torch.zeros(3))]), bucket_views(layout, layout.buckets[0], flat, 0))
 
 

@@ -17,14 +17,15 @@ from tests.controller.test_trainer_engine_parity import PROMPTS, engine_and_trai
 
 @pytest.fixture(scope="module")
 def pair(ray_session, tiny_llama, tmp_path_factory):
-    yield from engine_and_trainer(ray_session, tiny_llama, tmp_path_factory.mktemp("shm"),
-                                  ["trainer.lr=5e-2", "trainer.lora.r=8"])
+    yield from engine_and_trainer(
+        ray_session, tiny_llama, tmp_path_factory.mktemp("shm"), ["trainer.lr=5e-2", "trainer.lora.r=8"]
+    )
 
 
 def test_engine_logprobs_match_merged_lora_trainer_after_sync(pair, ray_session, tiny_llama):
     from transformers import AutoModelForCausalLM
 
-    cfg, rollout, trainer = pair
+    _cfg, rollout, trainer = pair
     groups = ray_session.get(rollout.generate.remote(PROMPTS, 4))
     score_groups(groups, [("digit_fraction", builtin.digit_fraction, 1.0)])
     probe = groups[0].trajectories[0].prompt_token_ids + groups[0].trajectories[0].completion_token_ids
@@ -44,6 +45,6 @@ def test_engine_logprobs_match_merged_lora_trainer_after_sync(pair, ray_session,
     assert (engine_after - engine_before).abs().max() > 1e-3, "the adapters' update did not reach the engine"
     assert torch.allclose(engine_after, trainer_after, atol=1e-3), (engine_after - trainer_after).abs().max()
     merged = trainer.state_dict()
-    assert set(merged) == set(base.state_dict())       # the merged model under the base model's names
+    assert set(merged) == set(base.state_dict())  # the merged model under the base model's names
     new = ray_session.get(rollout.generate.remote(PROMPTS[:1], 2))[0]
     assert all(t.versions[0].version == 1 for t in new.trajectories)

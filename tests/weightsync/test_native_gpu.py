@@ -14,8 +14,15 @@ PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231]
 
 
 def test_nccl_sync_reaches_the_engine(ray_session, tiny_llama):
-    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", "weightsync.backend=vllm-native",
-                                    "weightsync.native_engine=nccl", "trainer.backend=nccl"])
+    cfg = load_config(
+        "grpo_tiny",
+        [
+            f"model.path={tiny_llama}",
+            "weightsync.backend=vllm-native",
+            "weightsync.native_engine=nccl",
+            "trainer.backend=nccl",
+        ],
+    )
     rollout = start_rollout_actor(str(tiny_llama), cfg.model, cfg.rollout, 0, sync_cfg=cfg.weightsync, num_gpus=1)
     trainer = TrainerGroup(1, str(tiny_llama), cfg.model, cfg.trainer, cfg.algorithm)
     try:

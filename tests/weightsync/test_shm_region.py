@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
+from relayrl.weightsync.base import FlatUpdateInfo
 from relayrl.weightsync.layout import FlatLayout
 from relayrl.weightsync.shm import ShmReceiver, ShmRegion, create_private
-from relayrl.weightsync.base import FlatUpdateInfo
 
 
 @pytest.fixture
@@ -22,14 +22,14 @@ def test_writer_and_reader_share_bytes_and_the_stamp_gates_reads(tmp_path, layou
     reader = ShmReceiver(layout, {"path": writer.path}, rank=1)
     info = FlatUpdateInfo(version=3, digest=layout.digest)
     with pytest.raises(ValueError, match="mid-write, expected a complete v3"):
-        reader.receive(layout, info)          # created, never committed
+        reader.receive(layout, info)  # created, never committed
     writer.begin()
     writer.data[:64].view(torch.float32).copy_(torch.arange(16.0))
     with pytest.raises(ValueError, match="mid-write"):
         reader.receive(layout, info)
     writer.commit(3, layout.digest)
     w = dict(layout.views(reader.receive(layout, info)))["w"]
-    assert torch.equal(w, torch.arange(16.0).view(4, 4))   # the same memory, not a copy
+    assert torch.equal(w, torch.arange(16.0).view(4, 4))  # the same memory, not a copy
     with pytest.raises(ValueError, match="holds v3, expected a complete v4"):
         reader.receive(layout, FlatUpdateInfo(version=4, digest=layout.digest))
     with pytest.raises(ValueError, match="another layout"):
@@ -39,7 +39,7 @@ def test_writer_and_reader_share_bytes_and_the_stamp_gates_reads(tmp_path, layou
 
 
 def test_missing_dir_is_one_clear_line(tmp_path):
-    with pytest.raises(FileNotFoundError, match="weightsync.shm_dir=.* is not a directory"):
+    with pytest.raises(FileNotFoundError, match=r"weightsync\.shm_dir=.* is not a directory"):
         ShmRegion.create(str(tmp_path / "nope"), 64)
 
 

@@ -18,5 +18,5 @@ def test_only_completion_positions_count():
 
 def test_no_completion_tokens_is_zero_and_lengths_must_agree():
     assert logprob_mismatch([[-1.0]], [[-2.0]], starts=[1])["mismatch/tokens"] == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"zip\(\) argument 2 is shorter"):  # zip(strict=True)'s own error
         logprob_mismatch([[-1.0, -2.0]], [[-1.0]], starts=[0])
