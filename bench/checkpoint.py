@@ -33,10 +33,24 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from relayrl.trainer.checkpoint import Parts, Saver
 
 SHAPES = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),
-    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        tie_word_embeddings=True,
+    ),
+    "smollm2": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -59,7 +73,7 @@ def one_save(parts: Parts, saver: Saver, root: Path, asynchronous: bool) -> tupl
     path = Path(tempfile.mkdtemp(dir=root))
     t0 = time.perf_counter()
     stall = saver.save(path, parts, rank=0, asynchronous=asynchronous)
-    train_a_little(parts)                   # training goes on while an async write runs
+    train_a_little(parts)  # training goes on while an async write runs
     while not saver.done():
         time.sleep(0.005)
     write = time.perf_counter() - t0
@@ -70,7 +84,7 @@ def one_save(parts: Parts, saver: Saver, root: Path, asynchronous: bool) -> tupl
 def bench(kind: str, saves: int, root: Path) -> None:
     parts, saver = make_parts(kind), Saver()
     n = sum(p.numel() for p in parts["policy"][0].parameters())
-    one_save(parts, saver, root, asynchronous=False)            # warm-up: optimizer state, page cache
+    one_save(parts, saver, root, asynchronous=False)  # warm-up: optimizer state, page cache
     runs: dict[str, list[tuple[float, float]]] = {"sync": [], "async": []}
     for _ in range(saves):
         for mode in ("sync", "async"):

@@ -49,12 +49,21 @@ def baseline(programs: list[str], isolation: str) -> float:
 
 def workloads() -> dict[str, tuple]:
     he_completions, rows = human_eval()
-    he_columns = {"tests": [r["test"] for r in rows], "entry_point": [r["entry_point"] for r in rows],
-                  "test_setup": [r["prompt"] for r in rows], "code_prefix": [r["prompt"] for r in rows]}
+    he_columns = {
+        "tests": [r["test"] for r in rows],
+        "entry_point": [r["entry_point"] for r in rows],
+        "test_setup": [r["prompt"] for r in rows],
+        "code_prefix": [r["prompt"] for r in rows],
+    }
     he_programs = [f"{r['prompt']}{r['canonical_solution']}\n{r['test']}\ncheck({r['entry_point']})\n" for r in rows]
-    return {"mbpp-literal x64": ([MBPP_SOLUTION] * 64, {"tests": [MBPP_TESTS] * 64},
-                                 [f"{MBPP_SOLUTION}\n{MBPP_TESTS}\n"] * 64),
-            "humaneval x164": (he_completions, he_columns, he_programs)}
+    return {
+        "mbpp-literal x64": (
+            [MBPP_SOLUTION] * 64,
+            {"tests": [MBPP_TESTS] * 64},
+            [f"{MBPP_SOLUTION}\n{MBPP_TESTS}\n"] * 64,
+        ),
+        "humaneval x164": (he_completions, he_columns, he_programs),
+    }
 
 
 def main() -> None:
@@ -62,8 +71,10 @@ def main() -> None:
     parser.add_argument("--isolation", default="auto")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    print(f"{'workload':<18} {'judge ms':>9} {'baseline ms':>12} {'ratio':>6}   (isolation={args.isolation}, "
-          f"best of {args.repeat})")
+    print(
+        f"{'workload':<18} {'judge ms':>9} {'baseline ms':>12} {'ratio':>6}   (isolation={args.isolation}, "
+        f"best of {args.repeat})"
+    )
     for name, (completions, columns, programs) in workloads().items():
         ours = min(judged(completions, columns, args.isolation) for _ in range(args.repeat))
         base = min(baseline(programs, args.isolation) for _ in range(args.repeat))

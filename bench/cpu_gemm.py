@@ -60,17 +60,25 @@ def main() -> None:
     sd = engine_weights(meta_model(cfg), cfg)
     weights = gemm_weights(sd)
     pack_s = pack_floor_s(sd)
-    print(f"{args.model}: {len(weights)} GEMM weights, {sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB fp32, "
-          f"{torch.get_num_threads()} torch threads; pack once (a sync's commit): {pack_s * 1e3:.0f} ms")
-    print(f"{'M':>4} {'packed ms/step':>15} {'unpacked ms/step':>17} {'unpacked/packed':>16} "
-          f"{'extra s per generate':>21} {'extra / pack':>13}")
+    print(
+        f"{args.model}: {len(weights)} GEMM weights, {sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB fp32, "
+        f"{torch.get_num_threads()} torch threads; pack once (a sync's commit): {pack_s * 1e3:.0f} ms"
+    )
+    print(
+        f"{'M':>4} {'packed ms/step':>15} {'unpacked ms/step':>17} {'unpacked/packed':>16} "
+        f"{'extra s per generate':>21} {'extra / pack':>13}"
+    )
     for m in args.batch:
         packed, unpacked = decode_ms(weights, m, args.reps)
         extra_s = (unpacked - packed) * args.decode_steps / 1e3
-        print(f"{m:>4} {packed:>15.2f} {unpacked:>17.2f} {unpacked / packed:>15.2f}x {extra_s:>21.3f} "
-              f"{extra_s / pack_s:>12.1f}x")
-    print(f"(extra s per generate: {args.decode_steps} decode steps; a sync packs once per generate call in a "
-          "sync run, so 'extra / pack' > 1 means packing is the cheaper side)")
+        print(
+            f"{m:>4} {packed:>15.2f} {unpacked:>17.2f} {unpacked / packed:>15.2f}x {extra_s:>21.3f} "
+            f"{extra_s / pack_s:>12.1f}x"
+        )
+    print(
+        f"(extra s per generate: {args.decode_steps} decode steps; a sync packs once per generate call in a "
+        "sync run, so 'extra / pack' > 1 means packing is the cheaper side)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from bench.common import best_of, timings
 
-if TYPE_CHECKING:   # torch is imported inside the functions that measure the box
+if TYPE_CHECKING:  # torch is imported inside the functions that measure the box
     import torch
 
 PHASES = {"update": "timing/update", "generate": "timing/generate", "sync": "timing/sync", "step": "timing/step"}
@@ -47,27 +47,29 @@ PHASES = {"update": "timing/update", "generate": "timing/generate", "sync": "tim
 class Box:
     """This box's measured rates."""
 
-    flops: float          # peak GEMM FLOP/s on every core, in the trainer's dtype
-    copy_bps: float       # bytes copied per second (a large tensor's copy_)
-    pack_s: float = 0.0   # seconds to pack the model's GEMM weights once into vLLM CPU's oneDNN layout
+    flops: float  # peak GEMM FLOP/s on every core, in the trainer's dtype
+    copy_bps: float  # bytes copied per second (a large tensor's copy_)
+    pack_s: float = 0.0  # seconds to pack the model's GEMM weights once into vLLM CPU's oneDNN layout
 
 
 @dataclass(frozen=True)
 class Work:
     """One step's work: parameters, tokens, bytes."""
 
-    params: int           # P
-    embed_params: int     # P_emb: the (tied) embedding / LM head
-    weight_bytes: int     # bytes of the weights the engines hold
+    params: int  # P
+    embed_params: int  # P_emb: the (tied) embedding / LM head
+    weight_bytes: int  # bytes of the weights the engines hold
     prompt_tokens: float  # each group's prompt once, summed over the step's groups
     completion_tokens: float
-    decode_steps: float   # decode steps of one generate call
+    decode_steps: float  # decode steps of one generate call
 
 
 def update_flops(w: Work) -> float:
     """6 * (P - P_emb) * (T_prompt + T_completion) + 6 * P_emb * T_completion."""
-    return 6 * (w.params - w.embed_params) * (w.prompt_tokens + w.completion_tokens) + \
-        6 * w.embed_params * w.completion_tokens
+    return (
+        6 * (w.params - w.embed_params) * (w.prompt_tokens + w.completion_tokens)
+        + 6 * w.embed_params * w.completion_tokens
+    )
 
 
 def generate_floor_s(w: Work, box: Box) -> float:
@@ -78,8 +80,11 @@ def generate_floor_s(w: Work, box: Box) -> float:
 
 def floors(w: Work, box: Box) -> dict[str, float]:
     """Seconds per phase that no implementation on this box can beat (formulas: module docstring)."""
-    out = {"update": update_flops(w) / box.flops, "generate": generate_floor_s(w, box),
-           "sync": w.weight_bytes / box.copy_bps + box.pack_s}
+    out = {
+        "update": update_flops(w) / box.flops,
+        "generate": generate_floor_s(w, box),
+        "sync": w.weight_bytes / box.copy_bps + box.pack_s,
+    }
     out["step"] = sum(out.values())
     return out
 
@@ -105,11 +110,13 @@ def measure_box(dtype: str = "float32", weights: dict | None = None) -> Box:
     torch.set_num_threads(torch.get_num_threads())
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
     a, b = torch.randn(2048, 2048, dtype=dt), torch.randn(2048, 2048, dtype=dt)
-    src, dst = torch.ones(64 << 20), torch.empty(64 << 20)       # 256 MiB of float32
+    src, dst = torch.ones(64 << 20), torch.empty(64 << 20)  # 256 MiB of float32
     dst.copy_(src)
-    return Box(flops=2 * 2048 ** 3 / best_of(lambda: torch.mm(a, b)),
-               copy_bps=src.numel() * 4 / best_of(lambda: dst.copy_(src)),
-               pack_s=pack_floor_s(weights) if weights else 0.0)
+    return Box(
+        flops=2 * 2048**3 / best_of(lambda: torch.mm(a, b)),
+        copy_bps=src.numel() * 4 / best_of(lambda: dst.copy_(src)),
+        pack_s=pack_floor_s(weights) if weights else 0.0,
+    )
 
 
 def gemm_weights(sd: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -120,8 +127,11 @@ def gemm_weights(sd: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     out = []
     for prefix in sorted({n.rsplit(".", 2)[0] for n in sd if n.endswith("_proj.weight")}):
         groups = (["q_proj", "k_proj", "v_proj"], ["gate_proj", "up_proj"], ["o_proj"], ["down_proj"])
-        out += [torch.cat([sd[f"{prefix}.{m}.weight"] for m in group]) for group in groups
-                if all(f"{prefix}.{m}.weight" in sd for m in group)]
+        out += [
+            torch.cat([sd[f"{prefix}.{m}.weight"] for m in group])
+            for group in groups
+            if all(f"{prefix}.{m}.weight" in sd for m in group)
+        ]
     head = sd.get("lm_head.weight", sd.get("model.embed_tokens.weight"))
     return out + [head]
 
@@ -137,11 +147,11 @@ def pack_floor_s(sd: dict[str, torch.Tensor]) -> float:
     flat = torch.cat([w.reshape(-1) for w in weights])
     views, offset = [], 0
     for w in weights:
-        views.append(flat[offset:offset + w.numel()].view(w.shape))
+        views.append(flat[offset : offset + w.numel()].view(w.shape))
         offset += w.numel()
     handles = [None] * len(views)
 
-    def pack_all() -> None:            # each round replaces the last round's handles, as a commit does
+    def pack_all() -> None:  # each round replaces the last round's handles, as a commit does
         for i, v in enumerate(views):
             handles[i] = ops.create_onednn_mm(v.t(), 32)
 
@@ -176,10 +186,15 @@ def run_work(run: Path, cfg: dict, rows: list[dict], model) -> Work:
     prompts = [json.loads(x)["prompt"] for x in (run / "samples.jsonl").read_text().splitlines()]
     per_prompt = statistics.fmean(len(tok(p, add_special_tokens=False).input_ids) for p in prompts)
     steady = rows[1:] or rows
-    med = lambda k: statistics.median(r[k] for r in steady)            # noqa: E731
-    return Work(params, embed, params * engine_dtype(cfg).itemsize, per_prompt * cfg["run"]["prompts_per_step"],
-                med("rollout/tokens"), decode_steps(cfg["rollout"]["max_tokens"], med("rollout/len_mean"),
-                                                    med("rollout/truncated_frac")))
+    med = lambda k: statistics.median(r[k] for r in steady)  # noqa: E731
+    return Work(
+        params,
+        embed,
+        params * engine_dtype(cfg).itemsize,
+        per_prompt * cfg["run"]["prompts_per_step"],
+        med("rollout/tokens"),
+        decode_steps(cfg["rollout"]["max_tokens"], med("rollout/len_mean"), med("rollout/truncated_frac")),
+    )
 
 
 def engine_weights(model, cfg: dict) -> dict | None:
@@ -205,18 +220,22 @@ def report(run: Path) -> list[str]:
     steady = rows[1:] or rows
     measured = {k: statistics.median(r[m] for r in steady if m in r) for k, m in PHASES.items()}
     gap = gaps(measured, floor)
-    lines = [f"physical floor of {run.name} on this box (measured here: GEMM {box.flops / 1e9:.0f} GFLOP/s, "
-             f"copy {box.copy_bps / 1e9:.1f} GB/s, oneDNN pack of the weights {box.pack_s:.3f} s; "
-             f"P={work.params / 1e6:.1f}M, {work.prompt_tokens:.0f} prompt "
-             f"tokens once + {work.completion_tokens:.0f} completion tokens per step, {work.decode_steps:.0f} "
-             "decode steps)",
-             f"{'phase':10}{'floor s':>9}{'measured s':>12}{'gap':>8}   (measured: median of steps 2..{len(rows)})"]
+    lines = [
+        f"physical floor of {run.name} on this box (measured here: GEMM {box.flops / 1e9:.0f} GFLOP/s, "
+        f"copy {box.copy_bps / 1e9:.1f} GB/s, oneDNN pack of the weights {box.pack_s:.3f} s; "
+        f"P={work.params / 1e6:.1f}M, {work.prompt_tokens:.0f} prompt "
+        f"tokens once + {work.completion_tokens:.0f} completion tokens per step, {work.decode_steps:.0f} "
+        "decode steps)",
+        f"{'phase':10}{'floor s':>9}{'measured s':>12}{'gap':>8}   (measured: median of steps 2..{len(rows)})",
+    ]
     for k in ("generate", "update", "sync", "step"):
         lines.append(f"{k:10}{floor[k]:>9.3f}{measured[k]:>12.3f}{gap.get(k, float('nan')):>7.1f}x")
     first = rows[0]
     start = {k.removeprefix("startup/"): v for k, v in first.items() if k.startswith("startup/")}
-    lines.append(f"first step {first.get('timing/step', float('nan')):.2f} s (floor: the steady step's, "
-                 f"{floor['step']:.3f} s); start-up measured: " + ", ".join(f"{k} {v:.1f}" for k, v in start.items()))
+    lines.append(
+        f"first step {first.get('timing/step', float('nan')):.2f} s (floor: the steady step's, "
+        f"{floor['step']:.3f} s); start-up measured: " + ", ".join(f"{k} {v:.1f}" for k, v in start.items())
+    )
     return lines
 
 

@@ -34,13 +34,13 @@ def parse_layout(text: str) -> Layout:
         placement, r, t, mode, k = text.split(":")
         return Layout(placement, int(r), int(t), mode, int(k))
     except ValueError:
-        raise SystemExit(f"--layouts {text!r}: write placement:rollout:trainer:mode:k, "
-                         "e.g. separate:1:1:async:1") from None
+        raise SystemExit(
+            f"--layouts {text!r}: write placement:rollout:trainer:mode:k, e.g. separate:1:1:async:1"
+        ) from None
 
 
 def name(layout: Layout) -> str:
-    return (f"{layout.placement} {layout.split()} {layout.mode}"
-            + (f" k={layout.k}" if layout.mode == "async" else ""))
+    return f"{layout.placement} {layout.split()} {layout.mode}" + (f" k={layout.k}" if layout.mode == "async" else "")
 
 
 def verdict(checks: list[Check]) -> list[str]:
@@ -52,10 +52,11 @@ def verdict(checks: list[Check]) -> list[str]:
     predicted = {lay: cs[0].predicted_s for lay, cs in by_layout.items()}
     measured = {lay: statistics.fmean(c.measured_s for c in cs) for lay, cs in by_layout.items()}
     first, fastest = min(predicted, key=predicted.get), min(measured, key=measured.get)
-    return [f"  planner ranks first: {name(first)} (predicted {predicted[first]:.3f} s, "
-            f"measured {measured[first]:.3f} s)",
-            f"  measured fastest:    {name(fastest)} ({measured[fastest]:.3f} s)",
-            f"  agree: {'yes' if first == fastest else 'NO'}"]
+    return [
+        f"  planner ranks first: {name(first)} (predicted {predicted[first]:.3f} s, measured {measured[first]:.3f} s)",
+        f"  measured fastest:    {name(fastest)} ({measured[fastest]:.3f} s)",
+        f"  agree: {'yes' if first == fastest else 'NO'}",
+    ]
 
 
 def main() -> None:
@@ -69,15 +70,20 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     extra = [*(TINY_WORK if args.recipe == "grpo_tiny" else []), *extra]
     profiled = 1 if args.no_bracket else 2
-    profile, checks = check_layouts(args.recipe, parse_layout(args.profile_layout),
-                                    [parse_layout(x) for x in args.layouts], args.steps, extra, args.output_dir,
-                                    bracket=not args.no_bracket)
+    profile, checks = check_layouts(
+        args.recipe,
+        parse_layout(args.profile_layout),
+        [parse_layout(x) for x in args.layouts],
+        args.steps,
+        extra,
+        args.output_dir,
+        bracket=not args.no_bracket,
+    )
     print("\n" + "\n".join(profile_lines(profile)))
     print(f"\n{args.recipe}, {args.steps} steps per run, medians after the warm-up step")
     print(f"  {'layout':<34} {'predicted s':>11} {'measured s':>10} {'error':>7}")
     for i, c in enumerate(checks):
-        tag = (f" (profiled, {('before', 'after')[i]})" if i < profiled else
-               ("  PASS" if c.error < 0.25 else "  MISS"))
+        tag = f" (profiled, {('before', 'after')[i]})" if i < profiled else ("  PASS" if c.error < 0.25 else "  MISS")
         print(f"  {name(c.layout):<34} {c.predicted_s:>11.3f} {c.measured_s:>10.3f} {c.error:>7.1%}{tag}")
     print("\n".join(["", *verdict(checks)]))
 

@@ -52,12 +52,25 @@ GOAL_S = 30.0
 BARE_ENV = {"TORCHDYNAMO_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
-ROLES = (("trainer", ("TrainerActor", "--child trainer")),
-         ("reward pool", ("ray::Reward",)),
-         ("engine", ("VLLM::", "relayrl-engine-host", "RolloutActor", "multiprocessing.forkserver", "--child engine")),
-         ("Ray system", ("gcs_server", "raylet", "ray/dashboard", "monitor.py", "log_monitor", "ray::DashboardAgent",
-                         "ray::RuntimeEnvAgent", "ray::IDLE")),
-         ("driver", ("relayrl.cli",)))
+ROLES = (
+    ("trainer", ("TrainerActor", "--child trainer")),
+    ("reward pool", ("ray::Reward",)),
+    ("engine", ("VLLM::", "relayrl-engine-host", "RolloutActor", "multiprocessing.forkserver", "--child engine")),
+    (
+        "Ray system",
+        (
+            "gcs_server",
+            "raylet",
+            "ray/dashboard",
+            "monitor.py",
+            "log_monitor",
+            "ray::DashboardAgent",
+            "ray::RuntimeEnvAgent",
+            "ray::IDLE",
+        ),
+    ),
+    ("driver", ("relayrl.cli",)),
+)
 """Which role a process plays, by a fragment of its name or command line (the first role that matches)."""
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -78,15 +91,15 @@ def box_busy_s(stat_line: str) -> float:
 
 def proc_times(stat: str) -> tuple[float, int]:
     """(CPU-seconds, start in ticks after boot) of one ``/proc/<pid>/stat`` text (its name may hold spaces)."""
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / TICK, int(fields[19])
 
 
 @dataclass
 class Sample:
-    at: float                                  # epoch seconds
-    busy_s: float                              # the box's busy CPU-seconds since boot
-    procs: dict[int, tuple[str, float]]        # pid -> (name, CPU-seconds), processes started since the meter
+    at: float  # epoch seconds
+    busy_s: float  # the box's busy CPU-seconds since boot
+    procs: dict[int, tuple[str, float]]  # pid -> (name, CPU-seconds), processes started since the meter
 
 
 @dataclass
@@ -121,7 +134,7 @@ class CpuMeter:
                     cpu_s, started = proc_times(f.read())
                 if started >= self._since_ticks:
                     procs[int(pid)] = (self._name(int(pid)), cpu_s)
-            except OSError:             # it ended meanwhile
+            except OSError:  # it ended meanwhile
                 continue
         return Sample(time.time(), busy, procs)
 
@@ -164,12 +177,26 @@ def engine_child(work: Path, t0: float) -> None:
     from vllm import LLM, SamplingParams
 
     mark(work, "engine", "vLLM imported", t0)
-    llm = LLM(model=job["model"], dtype=job["dtype"], max_model_len=job["max_model_len"], seed=job["seed"],
-              kv_cache_memory_bytes=job["kv_cache_bytes"], enforce_eager=True, disable_log_stats=True,
-              enable_chunked_prefill=False, max_num_batched_tokens=max(2048, job["max_model_len"]))
+    llm = LLM(
+        model=job["model"],
+        dtype=job["dtype"],
+        max_model_len=job["max_model_len"],
+        seed=job["seed"],
+        kv_cache_memory_bytes=job["kv_cache_bytes"],
+        enforce_eager=True,
+        disable_log_stats=True,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(2048, job["max_model_len"]),
+    )
     mark(work, "engine", "engine ready", t0)
-    params = SamplingParams(n=job["group_size"], max_tokens=job["max_tokens"], temperature=job["temperature"],
-                            top_p=job["top_p"], logprobs=0, seed=job["seed"])
+    params = SamplingParams(
+        n=job["group_size"],
+        max_tokens=job["max_tokens"],
+        temperature=job["temperature"],
+        top_p=job["top_p"],
+        logprobs=0,
+        seed=job["seed"],
+    )
     outputs = llm.generate([p["prompt"] for p in job["prompts"]], params, use_tqdm=False)
     mark(work, "engine", "generated", t0)
     from relayrl.rewards import load_reward_fns
@@ -177,9 +204,13 @@ def engine_child(work: Path, t0: float) -> None:
     fns, rows = load_reward_fns(job["rewards"]), []
     for prompt, out in zip(job["prompts"], outputs):
         texts = [c.text for c in out.outputs]
-        rows.append({"prompt_ids": list(out.prompt_token_ids),
-                     "completion_ids": [list(c.token_ids) for c in out.outputs],
-                     "rewards": rewards(fns, prompt, texts)})
+        rows.append(
+            {
+                "prompt_ids": list(out.prompt_token_ids),
+                "completion_ids": [list(c.token_ids) for c in out.outputs],
+                "rewards": rewards(fns, prompt, texts),
+            }
+        )
     tmp = work / "rollout.tmp"
     tmp.write_text(json.dumps(rows))
     tmp.rename(work / "rollout.json")
@@ -211,7 +242,7 @@ def trainer_child(work: Path, t0: float) -> None:
         time.sleep(0.02)
     ids, mask, scored, adv = batch(json.loads((work / "rollout.json").read_text()))
     hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
-    rows, cols = scored.nonzero(as_tuple=True)            # the LM head only where a completion token is scored
+    rows, cols = scored.nonzero(as_tuple=True)  # the LM head only where a completion token is scored
     logits = model.lm_head(hidden[rows, cols]).float()
     logp = torch.log_softmax(logits, -1).gather(-1, ids[rows, cols + 1, None]).squeeze(-1)
     loss = -(logp * adv[rows]).sum() / len(rows)
@@ -255,12 +286,20 @@ def write_job(recipe: str, overrides: list[str], work: Path) -> None:
         sys.exit("this bench's bare trainer runs float32; run it without dtype overrides")
     path = resolve_model(cfg.model.path)
     rows = prompt_rows(cfg, AutoTokenizer.from_pretrained(path), 1)
-    job = {"model": str(path), "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len,
-           "seed": cfg.run.seed, "kv_cache_bytes": int(cfg.rollout.kv_cache_gb * 2**30),
-           "group_size": cfg.algorithm.group_size, "max_tokens": cfg.rollout.max_tokens,
-           "temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p, "lr": cfg.trainer.lr,
-           "rewards": [[s.fn, s.weight, s.kwargs] for s in cfg.rewards],
-           "prompts": [{"prompt": r.pop("prompt"), "columns": r} for r in rows]}
+    job = {
+        "model": str(path),
+        "dtype": cfg.model.dtype,
+        "max_model_len": cfg.model.max_model_len,
+        "seed": cfg.run.seed,
+        "kv_cache_bytes": int(cfg.rollout.kv_cache_gb * 2**30),
+        "group_size": cfg.algorithm.group_size,
+        "max_tokens": cfg.rollout.max_tokens,
+        "temperature": cfg.rollout.temperature,
+        "top_p": cfg.rollout.top_p,
+        "lr": cfg.trainer.lr,
+        "rewards": [[s.fn, s.weight, s.kwargs] for s in cfg.rewards],
+        "prompts": [{"prompt": r.pop("prompt"), "columns": r} for r in rows],
+    }
     work.mkdir(parents=True, exist_ok=True)
     (work / "job.json").write_text(json.dumps(job))
 
@@ -272,9 +311,17 @@ def run_bare(work: Path) -> tuple[dict[str, float], float]:
     (work / "rollout.json").unlink(missing_ok=True)
     env = {**os.environ, **BARE_ENV}
     t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, "-m", "bench.startup_floor", "--child", role, str(work), str(t0)],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-             for role in ("engine", "trainer") for log in [(work / f"{role}.log").open("w")]]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.startup_floor", "--child", role, str(work), str(t0)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        for role in ("engine", "trainer")
+        for log in [(work / f"{role}.log").open("w")]
+    ]
     for role, proc in zip(("engine", "trainer"), procs):
         if proc.wait() != 0:
             for p in procs:
@@ -282,9 +329,12 @@ def run_bare(work: Path) -> tuple[dict[str, float], float]:
             sys.exit(f"bare {role} exited {proc.returncode}; see {work / (role + '.log')}")
     rows = [json.loads(line) for line in (work / "marks.jsonl").read_text().splitlines()]
     marks = {f"{r['role']}: {r['event']}": r["s"] for r in rows}
-    figures = {**marks, "(generate)": marks["engine: generated"] - marks["engine: engine ready"],
-               "(update)": marks["trainer: first step done"] - max(marks["engine: scored"],
-                                                                 marks["trainer: model + AdamW ready"])}
+    figures = {
+        **marks,
+        "(generate)": marks["engine: generated"] - marks["engine: engine ready"],
+        "(update)": marks["trainer: first step done"]
+        - max(marks["engine: scored"], marks["trainer: model + AdamW ready"]),
+    }
     return figures, t0 + marks["trainer: first step done"]
 
 
@@ -294,10 +344,14 @@ def first_step(recipe: str, overrides: list[str], work: Path) -> tuple[dict[str,
     side = run_relayrl(recipe, 1, overrides, work)
     first = json.loads((side.run_dir / "metrics.jsonl").read_text().splitlines()[0])
     loop = side.first_step_at - first["startup/first_step_s"]
-    return {"step loop starts (engines + trainer up)": loop, "  of which engines up (startup/engines_up_s)":
-            first["startup/engines_up_s"], "first step: generate": first["timing/generate"],
-            "first step: update": first["timing/update"], "first step: sync": first["timing/sync"],
-            "first step logged": side.first_step_at}, first["wall_time"]
+    return {
+        "step loop starts (engines + trainer up)": loop,
+        "  of which engines up (startup/engines_up_s)": first["startup/engines_up_s"],
+        "first step: generate": first["timing/generate"],
+        "first step: update": first["timing/update"],
+        "first step: sync": first["timing/sync"],
+        "first step logged": side.first_step_at,
+    }, first["wall_time"]
 
 
 def metered(run, *args) -> tuple[dict[str, float], dict[str, float]]:
@@ -322,8 +376,10 @@ def report_cpu(bare: list[dict[str, float]], ours: list[dict[str, float]]) -> No
                 print(f"    {key:<40} " + "  ".join(f"{c[key]:6.1f}" for c in side))
     for name, side in (("bare", bare), ("relayrl", ours)):
         busy = statistics.median(c["busy CPU-s"] for c in side)
-        print(f"    {name}: median {busy:.1f} busy CPU-s; / {cores} cores = {busy / cores:.1f} s, its first step "
-              f"with every core busy from launch on")
+        print(
+            f"    {name}: median {busy:.1f} busy CPU-s; / {cores} cores = {busy / cores:.1f} s, its first step "
+            f"with every core busy from launch on"
+        )
     need = GOAL_S * cores
     print(f"    the goal ({GOAL_S:g} s) allows at most {need:.0f} CPU-s on {cores} cores")
 
@@ -339,12 +395,18 @@ def report(bare: list[dict[str, float]], ours: list[dict[str, float]]) -> None:
     floor = statistics.median(b["trainer: first step done"] for b in bare)
     ready = statistics.median(b["engine: engine ready"] for b in bare)
     got = statistics.median(o["first step logged"] for o in ours)
-    print(f"\nmedian launch -> first step: relayrl {got:.1f} s, bare pipeline {floor:.1f} s: relayrl takes "
-          f"{got / floor:.2f}x the bare pipeline ({got - floor:+.1f} s)")
-    print(f"    bare engine ready {ready:.1f} s after launch; relayrl's step loop starts "
-          f"{statistics.median(o['step loop starts (engines + trainer up)'] for o in ours):.1f} s after launch")
-    print(f"    {'PASS' if got <= GOAL_S else 'MISS'}  first step logged <= {GOAL_S:g} s after launch: {got:.1f} s "
-          f"(bare pipeline {'under' if floor <= GOAL_S else 'over'} it: {floor:.1f} s)")
+    print(
+        f"\nmedian launch -> first step: relayrl {got:.1f} s, bare pipeline {floor:.1f} s: relayrl takes "
+        f"{got / floor:.2f}x the bare pipeline ({got - floor:+.1f} s)"
+    )
+    print(
+        f"    bare engine ready {ready:.1f} s after launch; relayrl's step loop starts "
+        f"{statistics.median(o['step loop starts (engines + trainer up)'] for o in ours):.1f} s after launch"
+    )
+    print(
+        f"    {'PASS' if got <= GOAL_S else 'MISS'}  first step logged <= {GOAL_S:g} s after launch: {got:.1f} s "
+        f"(bare pipeline {'under' if floor <= GOAL_S else 'over'} it: {floor:.1f} s)"
+    )
 
 
 def main() -> None:
@@ -361,14 +423,19 @@ def main() -> None:
     write_job(args.recipe, overrides, work / "bare")
     bare, ours, bare_cpu, our_cpu = [], [], [], []
     for i in range(args.pairs):
-        for figures, cpu, run in ((bare, bare_cpu, (run_bare, work / "bare")),
-                                  (ours, our_cpu, (first_step, args.recipe, overrides, work / f"relayrl-{i}"))):
+        for figures, cpu, run in (
+            (bare, bare_cpu, (run_bare, work / "bare")),
+            (ours, our_cpu, (first_step, args.recipe, overrides, work / f"relayrl-{i}")),
+        ):
             figures_now, cpu_now = metered(*run)
             figures.append(figures_now)
             cpu.append(cpu_now)
-        print(f"pair {i + 1}: bare {bare[-1]['trainer: first step done']:.1f} s "
-              f"({bare_cpu[-1]['busy CPU-s']:.1f} CPU-s), relayrl {ours[-1]['first step logged']:.1f} s "
-              f"({our_cpu[-1]['busy CPU-s']:.1f} CPU-s)", flush=True)
+        print(
+            f"pair {i + 1}: bare {bare[-1]['trainer: first step done']:.1f} s "
+            f"({bare_cpu[-1]['busy CPU-s']:.1f} CPU-s), relayrl {ours[-1]['first step logged']:.1f} s "
+            f"({our_cpu[-1]['busy CPU-s']:.1f} CPU-s)",
+            flush=True,
+        )
     report(bare, ours)
     report_cpu(bare_cpu, our_cpu)
 

@@ -60,8 +60,19 @@ def grpo_arith_groups(vocab: int, prompts: int = 4, group: int = 8, seed: int = 
         for s in range(group):
             T = int(torch.randint(8, 25, (1,), generator=g))
             comp = torch.randint(10, vocab, (T,), generator=g).tolist()
-            trajs.append(Trajectory(p, s, prompt, comp, (-torch.rand(T, generator=g) * 3).tolist(), "", "stop",
-                                    [VersionSpan(0, 0, T)], reward=float(torch.rand((), generator=g) < 0.5)))
+            trajs.append(
+                Trajectory(
+                    p,
+                    s,
+                    prompt,
+                    comp,
+                    (-torch.rand(T, generator=g) * 3).tolist(),
+                    "",
+                    "stop",
+                    [VersionSpan(0, 0, T)],
+                    reward=float(torch.rand((), generator=g) < 0.5),
+                )
+            )
         out.append(TrajectoryGroup(p, f"prompt {p}", {}, trajs))
     return out
 
@@ -82,8 +93,18 @@ def run(model_path: str, groups: list[TrajectoryGroup], names: list[str], budget
     during the run hits every variant alike. Logprobs are compared before the first update."""
     base = TrainerConfig(max_tokens_per_micro_batch=budget, micro_batch_size=8)
     cfgs = {n: dataclasses.replace(base, **VARIANTS[n]) for n in names}
-    actor = TrainerActor(0, 1, "127.0.0.1", 0, model_path, ModelConfig(path=model_path), base,
-                         AlgorithmConfig(group_size=8), temperature=1.0, seed=0)
+    actor = TrainerActor(
+        0,
+        1,
+        "127.0.0.1",
+        0,
+        model_path,
+        ModelConfig(path=model_path),
+        base,
+        AlgorithmConfig(group_size=8),
+        temperature=1.0,
+        seed=0,
+    )
     actor.setup()
     optimizers = {n: optimizer_for(actor, cfgs[n]) for n in names}
     out = {n: {"wall": [], "cpu": []} for n in names}
@@ -139,16 +160,22 @@ def main() -> None:
     names = [n for n in VARIANTS if args.only is None or n.startswith("baseline") or n in args.only]
     results = run(path, groups, names, args.budget, args.steps)
     base = results[names[0]]
-    print(f"model {path}  threads {torch.get_num_threads()}  steps {args.steps} (+1 warm-up, round robin)  "
-          f"budget {args.budget}  malloc {'glibc defaults' if args.system_malloc else 'CPU_MALLOC_ENV'}")
-    print(f"{'variant':<24}{'s/step':>8}{'vs base':>9}{'cpu s':>8}{'vs base':>9}{'tokens computed':>17}"
-          f"{'real':>6}{'max|dlogp|':>12}{'mean|dlogp|':>13}")
+    print(
+        f"model {path}  threads {torch.get_num_threads()}  steps {args.steps} (+1 warm-up, round robin)  "
+        f"budget {args.budget}  malloc {'glibc defaults' if args.system_malloc else 'CPU_MALLOC_ENV'}"
+    )
+    print(
+        f"{'variant':<24}{'s/step':>8}{'vs base':>9}{'cpu s':>8}{'vs base':>9}{'tokens computed':>17}"
+        f"{'real':>6}{'max|dlogp|':>12}{'mean|dlogp|':>13}"
+    )
     for n in names:
         r = results[n]
         d = (r["logprobs"] - base["logprobs"]).abs()
-        print(f"{n:<24}{r['s_step']:>8.2f}{base['s_step'] / r['s_step']:>8.2f}x{r['cpu_step']:>8.2f}"
-              f"{base['cpu_step'] / r['cpu_step']:>8.2f}x{r['computed']:>17d}{r['real']:>6d}"
-              f"{float(d.max()):>12.2e}{float(d.mean()):>13.2e}")
+        print(
+            f"{n:<24}{r['s_step']:>8.2f}{base['s_step'] / r['s_step']:>8.2f}x{r['cpu_step']:>8.2f}"
+            f"{base['cpu_step'] / r['cpu_step']:>8.2f}x{r['computed']:>17d}{r['real']:>6d}"
+            f"{float(d.max()):>12.2e}{float(d.mean()):>13.2e}"
+        )
     print("per-step wall s:", {n: [round(x, 2) for x in r["wall"]] for n, r in results.items()})
 
 

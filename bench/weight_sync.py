@@ -62,14 +62,15 @@ DEFAULT_THREADS = torch.get_num_threads()
 # with (every core); the 1-thread rows show how much of the time is torch's parallel copy_ on this box.
 VARIANTS = [(b, DEFAULT_THREADS) for b in BACKENDS] + [(b, 1) for b in BACKENDS]
 MIN_MODEL_BYTES = 500_000_000
-FLAT_MAX = 1.5       # "flat in tensor count": slowest / fastest split of the same bytes
-LINEAR_MAX = 0.15    # "linear in bytes": largest |residual| / fitted time of a straight-line fit
+FLAT_MAX = 1.5  # "flat in tensor count": slowest / fastest split of the same bytes
+LINEAR_MAX = 0.15  # "linear in bytes": largest |residual| / fitted time of a straight-line fit
 TARGET_RATIO = {"shm": 0.5, "broadcast": 0.25}
 TARGET_OVERHEAD_MS = 20.0
 MB = 1 << 20
 
 
 # ---- inputs -------------------------------------------------------------------------------------
+
 
 def model_shapes(name: str, min_bytes: int = 0) -> tuple[dict[str, tuple[int, ...]], str]:
     """``{param name: shape}`` of built-in model ``name`` (fp32, tied weights once), from a meta-device
@@ -83,7 +84,7 @@ def model_shapes(name: str, min_bytes: int = 0) -> tuple[dict[str, tuple[int, ..
     while True:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}   # dedups tied parameters
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}  # dedups tied parameters
         if sum(torch.Size(s).numel() for s in shapes.values()) * 4 >= min_bytes:
             return shapes, note
         config.num_hidden_layers += 2
@@ -112,6 +113,7 @@ def stamp(sd: dict[str, torch.Tensor], version: int) -> None:
 
 # ---- baseline -----------------------------------------------------------------------------------
 
+
 def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
     """Best-of-``repeats`` single-thread libc memcpy of ``nbytes`` into a pre-faulted destination."""
     libc = ctypes.CDLL(None)
@@ -139,6 +141,7 @@ def _timed(fn: Any) -> float:
 
 # ---- engine side without vLLM -------------------------------------------------------------------
 
+
 class ReceiverHost:
     """Stands in for a RolloutActor: the calls ``RolloutClient`` makes, backed by the transport's real
     ``Receiver`` (as ``RelayWeightEngine`` uses it), minus vLLM. Commit loads nothing."""
@@ -152,13 +155,12 @@ class ReceiverHost:
         return {"workers": 1}
 
     def init_weight_transfer(self, info: dict[str, Any]) -> None:
-        from relayrl.weightsync.names import RECEIVERS, load
         from relayrl.weightsync.layout import FlatLayout
+        from relayrl.weightsync.names import RECEIVERS, load
 
         self.close()
         self.layout = FlatLayout.from_dict(info["layout"])
-        self.receiver = load(RECEIVERS[info["transport"]])(self.layout, info["channel"],
-                                                           info.get("rank_offset", 0))
+        self.receiver = load(RECEIVERS[info["transport"]])(self.layout, info["channel"], info.get("rank_offset", 0))
 
     def start_weight_update(self, version: int, timeout_s: float) -> None:
         pass
@@ -195,6 +197,7 @@ class ReceiverHost:
 
 # ---- running syncs ------------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def torch_threads(n: int) -> Any:
     """Run the block with ``n`` torch intra-op threads in this (the sending) process."""
@@ -210,8 +213,16 @@ def label(backend: str, threads: int) -> str:
     return backend if threads == DEFAULT_THREADS else f"{backend}/{threads}t"
 
 
-def run_syncs(backend: str, threads: int, sd: dict[str, torch.Tensor], rollout: Any, syncs: int,
-              version0: int = 1, stamped: bool = True, commit: str = "inplace") -> list[dict[str, float]]:
+def run_syncs(
+    backend: str,
+    threads: int,
+    sd: dict[str, torch.Tensor],
+    rollout: Any,
+    syncs: int,
+    version0: int = 1,
+    stamped: bool = True,
+    commit: str = "inplace",
+) -> list[dict[str, float]]:
     """One warm-up sync (it connects) then ``syncs`` timed ones through the real ``TrainerSync``.
 
     ``stamped``: write the version into two elements first (the bench receiver checks them); off for
@@ -221,8 +232,9 @@ def run_syncs(backend: str, threads: int, sd: dict[str, torch.Tensor], rollout: 
     from relayrl.weightsync.base import StateDictSource
     from relayrl.weightsync.sync import TrainerSync
 
-    sync = TrainerSync(WeightSyncConfig(backend=backend, shm_dir="/dev/shm", commit=commit), StateDictSource(sd),
-                       0, [rollout], [1])
+    sync = TrainerSync(
+        WeightSyncConfig(backend=backend, shm_dir="/dev/shm", commit=commit), StateDictSource(sd), 0, [rollout], [1]
+    )
     rows = []
     try:
         with torch_threads(threads):
@@ -240,9 +252,15 @@ def run_syncs(backend: str, threads: int, sd: dict[str, torch.Tensor], rollout: 
 def stages(m: dict[str, float]) -> dict[str, float]:
     """Seconds per stage; ``transfer`` = total - connect - start - commit (see the module docstring)."""
     g = {k: m.get(f"weightsync/{k}_s", 0.0) for k in ("connect", "start", "transfer", "commit", "total")}
-    return {"total": g["total"], "start": g["start"], "commit": g["commit"], "reported": g["transfer"],
-            "transfer": g["total"] - g["connect"] - g["start"] - g["commit"], "stall": m["weightsync/stall_s"],
-            "bytes": m["weightsync/bytes"]}
+    return {
+        "total": g["total"],
+        "start": g["start"],
+        "commit": g["commit"],
+        "reported": g["transfer"],
+        "transfer": g["total"] - g["connect"] - g["start"] - g["commit"],
+        "stall": m["weightsync/stall_s"],
+        "bytes": m["weightsync/bytes"],
+    }
 
 
 def median(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -251,23 +269,30 @@ def median(rows: list[dict[str, float]]) -> dict[str, float]:
 
 # ---- phases -------------------------------------------------------------------------------------
 
+
 def phase_transport(receiver: Any, syncs: int, memcpy: float) -> dict[str, float]:
     """Transfer GB/s of a >= 500 MB model-shaped dict, as a multiple of single-thread memcpy."""
     shapes, note = model_shapes("smollm2", MIN_MODEL_BYTES)
     sd = random_state_dict(shapes)
     nbytes = nbytes_of(sd)
-    print(f"\n[2] transport, {nbytes / 1e6:.0f} MB fp32 in {len(sd)} tensors ({note}); receiver = Ray actor, "
-          f"no vLLM; warm-up 1, median of {syncs}; times in ms")
-    print(f"    {'backend':<13} {'total':>7} {'start':>6} {'transfer':>9} {'(own)':>7} {'commit':>7} "
-          f"{'GB/s xfer':>9} {'x memcpy':>8} {'GB/s total':>10}")
+    print(
+        f"\n[2] transport, {nbytes / 1e6:.0f} MB fp32 in {len(sd)} tensors ({note}); receiver = Ray actor, "
+        f"no vLLM; warm-up 1, median of {syncs}; times in ms"
+    )
+    print(
+        f"    {'backend':<13} {'total':>7} {'start':>6} {'transfer':>9} {'(own)':>7} {'commit':>7} "
+        f"{'GB/s xfer':>9} {'x memcpy':>8} {'GB/s total':>10}"
+    )
     ratios = {}
     for backend, threads in VARIANTS:
         m = median(run_syncs(backend, threads, sd, receiver, syncs))
         gbps = nbytes / m["transfer"] / 1e9
         ratios[label(backend, threads)] = gbps / memcpy
-        print(f"    {label(backend, threads):<13} {m['total'] * 1e3:7.1f} {m['start'] * 1e3:6.1f} "
-              f"{m['transfer'] * 1e3:9.1f} {m['reported'] * 1e3:7.1f} {m['commit'] * 1e3:7.1f} {gbps:9.2f} "
-              f"{gbps / memcpy:8.2f} {nbytes / m['total'] / 1e9:10.2f}")
+        print(
+            f"    {label(backend, threads):<13} {m['total'] * 1e3:7.1f} {m['start'] * 1e3:6.1f} "
+            f"{m['transfer'] * 1e3:9.1f} {m['reported'] * 1e3:7.1f} {m['commit'] * 1e3:7.1f} {gbps:9.2f} "
+            f"{gbps / memcpy:8.2f} {nbytes / m['total'] / 1e9:10.2f}"
+        )
     del sd
     gc.collect()
     return ratios
@@ -277,20 +302,25 @@ def phase_overhead(receiver: Any, syncs: int) -> dict[str, float]:
     """Total ms of a sync whose payload is negligible (tiny-llama)."""
     shapes, _ = model_shapes("tiny-llama")
     sd = random_state_dict(shapes)
-    print(f"\n[3] fixed overhead, tiny-llama {nbytes_of(sd) / 1e6:.2f} MB in {len(sd)} tensors; warm-up 1, "
-          f"median of {syncs}; times in ms")
+    print(
+        f"\n[3] fixed overhead, tiny-llama {nbytes_of(sd) / 1e6:.2f} MB in {len(sd)} tensors; warm-up 1, "
+        f"median of {syncs}; times in ms"
+    )
     print(f"    {'backend':<13} {'total':>7} {'start':>6} {'transfer':>9} {'commit':>7}")
     out = {}
     for backend, threads in VARIANTS:
         m = median(run_syncs(backend, threads, sd, receiver, syncs))
         out[label(backend, threads)] = m["total"] * 1e3
-        print(f"    {label(backend, threads):<13} {m['total'] * 1e3:7.2f} {m['start'] * 1e3:6.2f} "
-              f"{m['transfer'] * 1e3:9.2f} {m['commit'] * 1e3:7.2f}")
+        print(
+            f"    {label(backend, threads):<13} {m['total'] * 1e3:7.2f} {m['start'] * 1e3:6.2f} "
+            f"{m['transfer'] * 1e3:9.2f} {m['commit'] * 1e3:7.2f}"
+        )
     return out
 
 
-def sweep(receiver: Any, column: str, cases: list[tuple[str, dict[str, tuple[int, ...]]]], syncs: int
-          ) -> dict[str, list[dict[str, float]]]:
+def sweep(
+    receiver: Any, column: str, cases: list[tuple[str, dict[str, tuple[int, ...]]]], syncs: int
+) -> dict[str, list[dict[str, float]]]:
     """Median stages per (variant, case), printed in seconds."""
     print(f"    {'backend':<13} {column:>8} {'total s':>9} {'transfer s':>11} {'s/GB total':>11}")
     out: dict[str, list[dict[str, float]]] = {}
@@ -300,8 +330,10 @@ def sweep(receiver: Any, column: str, cases: list[tuple[str, dict[str, tuple[int
             m = median(run_syncs(backend, threads, sd, receiver, syncs))
             m["gb"] = nbytes_of(sd) / 1e9
             out.setdefault(label(backend, threads), []).append(m)
-            print(f"    {label(backend, threads):<13} {name:>8} {m['total']:9.4f} {m['transfer']:11.4f} "
-                  f"{m['total'] / m['gb']:11.3f}")
+            print(
+                f"    {label(backend, threads):<13} {name:>8} {m['total']:9.4f} {m['transfer']:11.4f} "
+                f"{m['total'] / m['gb']:11.3f}"
+            )
             del sd
         gc.collect()
     return out
@@ -330,8 +362,10 @@ def phase_bytes(receiver: Any, syncs: int) -> dict[str, float]:
         per_gb = [r["total"] / r["gb"] for r in rows]
         slope, intercept = fit_line([r["gb"] for r in rows], [r["total"] for r in rows])
         worst[name] = max(abs(r["total"] - intercept - slope * r["gb"]) / (intercept + slope * r["gb"]) for r in rows)
-        print(f"    {name}: least-squares total = {intercept * 1e3:.1f} ms + {slope:.3f} s/GB; worst residual "
-              f"{worst[name]:.0%}; s/GB max/min = {max(per_gb) / min(per_gb):.2f}")
+        print(
+            f"    {name}: least-squares total = {intercept * 1e3:.1f} ms + {slope:.3f} s/GB; worst residual "
+            f"{worst[name]:.0%}; s/GB max/min = {max(per_gb) / min(per_gb):.2f}"
+        )
     return worst
 
 
@@ -378,17 +412,23 @@ def phase_vllm(syncs: int, memcpy: float, dtype: str = "float32") -> None:
     sd = {name: t.to(getattr(torch, dtype)) for name, t in sd.items()}
     nbytes = nbytes_of(sd)
     copy_s = nbytes / memcpy / 1e9
-    print(f"\n[6] vLLM end to end: SmolLM2-135M real weights, model.dtype={dtype}, {nbytes / 1e6:.0f} MB in "
-          f"{len(sd)} tensors "
-          f"(one memcpy: {copy_s * 1e3:.0f} ms); warm-up 1, median of {syncs}; times in s")
-    print(f"    {'commit':<8} {'backend':<13} {'total':>6} {'start':>6} {'transfer':>8} {'(own)':>6} {'commit':>6} "
-          f"{'stall':>6} {'GB/s xfer':>9} {'x memcpy':>8} {'commit x memcpy':>15} {'|dlogp|':>8}")
+    print(
+        f"\n[6] vLLM end to end: SmolLM2-135M real weights, model.dtype={dtype}, {nbytes / 1e6:.0f} MB in "
+        f"{len(sd)} tensors "
+        f"(one memcpy: {copy_s * 1e3:.0f} ms); warm-up 1, median of {syncs}; times in s"
+    )
+    print(
+        f"    {'commit':<8} {'backend':<13} {'total':>6} {'start':>6} {'transfer':>8} {'(own)':>6} {'commit':>6} "
+        f"{'stall':>6} {'GB/s xfer':>9} {'x memcpy':>8} {'commit x memcpy':>15} {'|dlogp|':>8}"
+    )
     firsts = {}
     for commit in COMMITS:
         variants = VARIANTS if commit == "inplace" else [("shm", DEFAULT_THREADS)]
         firsts[commit] = vllm_rows(path, sd, dtype, commit, variants, syncs, memcpy, copy_s)
-    print(f"    inplace commit is {firsts['reload']['commit'] / firsts['inplace']['commit']:.2f}x faster than "
-          f"reload (shm, default threads, same run)")
+    print(
+        f"    inplace commit is {firsts['reload']['commit'] / firsts['inplace']['commit']:.2f}x faster than "
+        f"reload (shm, default threads, same run)"
+    )
     floor_report(sd, dtype, firsts["inplace"], copy_s)
     del sd
 
@@ -404,17 +444,29 @@ def floor_report(sd: dict[str, torch.Tensor], dtype: str, inplace_shm: dict[str,
 
     pack_s = pack_floor_s(sd)
     floor_s = copy_s + pack_s
-    print(f"    floor: one memcpy {copy_s * 1e3:.0f} ms + oneDNN pack of the GEMM weights {pack_s * 1e3:.0f} ms "
-          f"({DEFAULT_THREADS} threads, warm buffer, best of 3) = {floor_s * 1e3:.0f} ms; inplace shm: total "
-          f"{inplace_shm['total'] * 1e3:.0f} ms = {inplace_shm['total'] / floor_s:.2f}x floor, commit "
-          f"{inplace_shm['commit'] * 1e3:.0f} ms = {inplace_shm['commit'] / pack_s:.2f}x pack")
-    line(f"SmolLM2 {dtype} sync <= {SYNC_GOAL_S} s (shm, inplace; floor {floor_s:.3f} s)",
-         f"{inplace_shm['total']:.3f} s",
-         inplace_shm["total"] <= SYNC_GOAL_S)
+    print(
+        f"    floor: one memcpy {copy_s * 1e3:.0f} ms + oneDNN pack of the GEMM weights {pack_s * 1e3:.0f} ms "
+        f"({DEFAULT_THREADS} threads, warm buffer, best of 3) = {floor_s * 1e3:.0f} ms; inplace shm: total "
+        f"{inplace_shm['total'] * 1e3:.0f} ms = {inplace_shm['total'] / floor_s:.2f}x floor, commit "
+        f"{inplace_shm['commit'] * 1e3:.0f} ms = {inplace_shm['commit'] / pack_s:.2f}x pack"
+    )
+    line(
+        f"SmolLM2 {dtype} sync <= {SYNC_GOAL_S} s (shm, inplace; floor {floor_s:.3f} s)",
+        f"{inplace_shm['total']:.3f} s",
+        inplace_shm["total"] <= SYNC_GOAL_S,
+    )
 
 
-def vllm_rows(path: Any, sd: dict[str, torch.Tensor], dtype: str, commit: str, variants: list, syncs: int,
-              memcpy: float, copy_s: float) -> dict[str, float]:
+def vllm_rows(
+    path: Any,
+    sd: dict[str, torch.Tensor],
+    dtype: str,
+    commit: str,
+    variants: list,
+    syncs: int,
+    memcpy: float,
+    copy_s: float,
+) -> dict[str, float]:
     """One engine with ``weightsync.commit=commit``; a row per (backend, threads); returns the first row's
     median stage seconds."""
     import ray
@@ -422,8 +474,13 @@ def vllm_rows(path: Any, sd: dict[str, torch.Tensor], dtype: str, commit: str, v
     from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
     from relayrl.rollout import start_rollout_actor
 
-    actor = start_rollout_actor(str(path), ModelConfig(path=str(path), dtype=dtype), RolloutConfig(kv_cache_gb=0.5),
-                                seed=0, sync_cfg=WeightSyncConfig(commit=commit))
+    actor = start_rollout_actor(
+        str(path),
+        ModelConfig(path=str(path), dtype=dtype),
+        RolloutConfig(kv_cache_gb=0.5),
+        seed=0,
+        sync_cfg=WeightSyncConfig(commit=commit),
+    )
     try:
         ray.get(actor.info.remote())
         probe = list(range(100, 140))
@@ -436,9 +493,11 @@ def vllm_rows(path: Any, sd: dict[str, torch.Tensor], dtype: str, commit: str, v
             drift = (torch.tensor(ray.get(actor.prompt_logprobs.remote(probe))) - before).abs().max().item()
             gbps = nbytes_of(sd) / m["transfer"] / 1e9
             first = m if first is None else first
-            print(f"    {commit:<8} {label(backend, threads):<13} {m['total']:6.3f} {m['start']:6.3f} "
-                  f"{m['transfer']:8.3f} {m['reported']:6.3f} {m['commit']:6.3f} {m['stall']:6.3f} {gbps:9.2f} "
-                  f"{gbps / memcpy:8.2f} {m['commit'] / copy_s:15.2f} {drift:8.1e}")
+            print(
+                f"    {commit:<8} {label(backend, threads):<13} {m['total']:6.3f} {m['start']:6.3f} "
+                f"{m['transfer']:8.3f} {m['reported']:6.3f} {m['commit']:6.3f} {m['stall']:6.3f} {gbps:9.2f} "
+                f"{gbps / memcpy:8.2f} {m['commit'] / copy_s:15.2f} {drift:8.1e}"
+            )
         return first
     finally:
         ray.get(actor.shutdown.remote())
@@ -447,11 +506,15 @@ def vllm_rows(path: Any, sd: dict[str, torch.Tensor], dtype: str, commit: str, v
 
 # ---- report -------------------------------------------------------------------------------------
 
-def verdicts(ratios: dict[str, float], overhead_ms: dict[str, float], flat: dict[str, float],
-             spread: dict[str, float]) -> None:
+
+def verdicts(
+    ratios: dict[str, float], overhead_ms: dict[str, float], flat: dict[str, float], spread: dict[str, float]
+) -> None:
     """PASS/MISS per target for the default-thread rows (what a trainer runs), then the 1-thread rows."""
-    for title, threads in ((f"targets (issue 4), sender with {DEFAULT_THREADS} torch threads (default)",
-                            DEFAULT_THREADS), ("what-if: sender with 1 torch thread", 1)):
+    for title, threads in (
+        (f"targets (issue 4), sender with {DEFAULT_THREADS} torch threads (default)", DEFAULT_THREADS),
+        ("what-if: sender with 1 torch thread", 1),
+    ):
         if threads == 1 and DEFAULT_THREADS == 1:
             break
         print(f"\n{title}")
@@ -460,8 +523,11 @@ def verdicts(ratios: dict[str, float], overhead_ms: dict[str, float], flat: dict
             line(f"{k} transfer >= {TARGET_RATIO[b]}x memcpy", f"{ratios[k]:.2f}x", ratios[k] >= TARGET_RATIO[b])
         for b in BACKENDS:
             k = label(b, threads)
-            line(f"{k} fixed overhead <= {TARGET_OVERHEAD_MS:g} ms", f"{overhead_ms[k]:.1f} ms",
-                 overhead_ms[k] <= TARGET_OVERHEAD_MS)
+            line(
+                f"{k} fixed overhead <= {TARGET_OVERHEAD_MS:g} ms",
+                f"{overhead_ms[k]:.1f} ms",
+                overhead_ms[k] <= TARGET_OVERHEAD_MS,
+            )
         for b in BACKENDS:
             k = label(b, threads)
             line(f"{k} flat in tensor count (max/min <= {FLAT_MAX})", f"{flat[k]:.2f}", flat[k] <= FLAT_MAX)
@@ -480,15 +546,24 @@ def main() -> None:
     parser.add_argument("--vllm-only", action="store_true", help="only the memcpy baseline and the vLLM phase")
     parser.add_argument("--syncs", type=int, default=5, help="timed syncs per large case (after 1 warm-up)")
     parser.add_argument("--tiny-syncs", type=int, default=10, help="timed syncs for the tiny model")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="model.dtype of the vLLM phase's engine and payload")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="model.dtype of the vLLM phase's engine and payload",
+    )
     args = parser.parse_args()
     import ray
 
     if not Path("/dev/shm").is_dir():
         raise SystemExit("/dev/shm is missing; the shm backend needs a tmpfs directory")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+    )
     try:
         run(args)
     finally:
@@ -502,10 +577,14 @@ def run(args: argparse.Namespace) -> None:
     shapes, _ = model_shapes("smollm2", MIN_MODEL_BYTES)
     nbytes = sum(torch.Size(s).numel() for s in shapes.values()) * 4
     memcpy, tcopy = memcpy_gbps(nbytes), torch_copy_gbps(nbytes)
-    print(f"weight-sync bench: torch {torch.__version__}, {DEFAULT_THREADS} torch threads by default; "
-          f"{load_note()} (a shared box: other work skews times)")
-    print(f"\n[1] baseline, {nbytes / 1e6:.0f} MB: single-thread libc memcpy {memcpy:.2f} GB/s (best of 3); "
-          f"torch copy_ ({DEFAULT_THREADS} threads) {tcopy:.2f} GB/s")
+    print(
+        f"weight-sync bench: torch {torch.__version__}, {DEFAULT_THREADS} torch threads by default; "
+        f"{load_note()} (a shared box: other work skews times)"
+    )
+    print(
+        f"\n[1] baseline, {nbytes / 1e6:.0f} MB: single-thread libc memcpy {memcpy:.2f} GB/s (best of 3); "
+        f"torch copy_ ({DEFAULT_THREADS} threads) {tcopy:.2f} GB/s"
+    )
     if args.vllm_only:
         phase_vllm(args.syncs, memcpy, args.dtype)
         return

@@ -28,9 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--config-name", "-cn", default="grpo_arith", help="recipe name (default: grpo_arith)")
     train.add_argument("--config-dir", "-cd", default=None, help=f"recipe directory (default: {RECIPES_DIR})")
     train.add_argument("--print-config", action="store_true", help="print the composed config and exit")
-    train.add_argument("--verbose", "-v", action="store_true",
-                       help="show every actor's and engine's output on the console (logging.verbose=true); "
-                            "by default it goes to <run dir>/logs/")
+    train.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="show every actor's and engine's output on the console (logging.verbose=true); "
+        "by default it goes to <run dir>/logs/",
+    )
     train.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.lr=1e-6 run.steps=5")
     plot = sub.add_parser("plot", help="write PNG charts of a run's metrics.jsonl into <run>/plots")
     plot.add_argument("run_dir")
@@ -42,42 +46,66 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plan_parser(sub: argparse._SubParsersAction) -> None:
-    plan = sub.add_parser("plan", help="predict step time and throughput of placements and rollout:trainer "
-                                       "splits from a profiled run (or given figures); print the best overrides",
-                          description="Profile = medians of a run's metrics after the warm-up step "
-                                      "(docs/plan.md gives the model's equations and limits).")
+    plan = sub.add_parser(
+        "plan",
+        help="predict step time and throughput of placements and rollout:trainer "
+        "splits from a profiled run (or given figures); print the best overrides",
+        description="Profile = medians of a run's metrics after the warm-up step "
+        "(docs/plan.md gives the model's equations and limits).",
+    )
     plan.add_argument("runs", nargs="*", help="run directories to profile (several: per-call generation cost fitted)")
-    plan.add_argument("--devices", "-n", type=int, required=True, help="devices to split (GPUs; CPU cores on a CPU box)")
+    plan.add_argument(
+        "--devices", "-n", type=int, required=True, help="devices to split (GPUs; CPU cores on a CPU box)"
+    )
     plan.add_argument("--profile", default=None, help="yaml of profile fields (given figures) instead of run dirs")
-    plan.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                      help="override a profile field, e.g. --set train_efficiency=0.8 --set switch_s=2")
+    plan.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a profile field, e.g. --set train_efficiency=0.8 --set switch_s=2",
+    )
     plan.add_argument("-k", type=int, nargs="+", default=[1], help="async staleness bounds to consider (default 1)")
-    plan.add_argument("--cores", type=int, default=None,
-                      help="devices are CPU cores, this many per machine; 0: devices are GPUs "
-                           "(default: this box's cores if it has no GPU)")
+    plan.add_argument(
+        "--cores",
+        type=int,
+        default=None,
+        help="devices are CPU cores, this many per machine; 0: devices are GPUs "
+        "(default: this box's cores if it has no GPU)",
+    )
     plan.add_argument("--save-profile", default=None, help="write the profile as yaml (edit it, pass it to --profile)")
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
-    ev = sub.add_parser("eval", help="score a checkpoint or HF model on held-out prompts with vLLM "
-                                     "(accuracy, pass@k)",
-                        description="Data, rewards and sampling come from the checkpoint's run directory "
-                                    "(config.yaml) or from --config-name; Hydra overrides change them "
-                                    "(data.task=jsonl data.path=test.jsonl rollout.max_tokens=64). Scores "
-                                    "eval.num_prompts (64) prompts of eval.split: heldout (arith: problems "
-                                    "training never saw) or data (the data section's rows).")
+    ev = sub.add_parser(
+        "eval",
+        help="score a checkpoint or HF model on held-out prompts with vLLM (accuracy, pass@k)",
+        description="Data, rewards and sampling come from the checkpoint's run directory "
+        "(config.yaml) or from --config-name; Hydra overrides change them "
+        "(data.task=jsonl data.path=test.jsonl rollout.max_tokens=64). Scores "
+        "eval.num_prompts (64) prompts of eval.split: heldout (arith: problems "
+        "training never saw) or data (the data section's rows).",
+    )
     ev.add_argument("model", help="checkpoint dir (runs/<id>/checkpoints/final), HF model dir or built-in name")
-    ev.add_argument("--config-name", "-cn", default=None,
-                    help="recipe for data/rewards/sampling (default: the run's config.yaml, else grpo_arith)")
+    ev.add_argument(
+        "--config-name",
+        "-cn",
+        default=None,
+        help="recipe for data/rewards/sampling (default: the run's config.yaml, else grpo_arith)",
+    )
     ev.add_argument("--config-dir", "-cd", default=None, help=f"recipe directory (default: {RECIPES_DIR})")
     ev.add_argument("-n", type=int, default=1, help="samples per prompt (default 1)")
     ev.add_argument("-k", type=int, nargs="+", default=None, help="pass@k for these k (default: 1 and n)")
-    ev.add_argument("--limit", type=int, default=None,
-                    help="prompts to score (default: eval.num_prompts; 0: all)")
-    ev.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy; "
-                    "default: rollout.temperature)")
-    ev.add_argument("--out", default=None, help="write completions.jsonl + summary.json here "
-                    "(default: <run>/eval/<timestamp> for a checkpoint in a run dir)")
+    ev.add_argument("--limit", type=int, default=None, help="prompts to score (default: eval.num_prompts; 0: all)")
+    ev.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature (0: greedy; default: rollout.temperature)"
+    )
+    ev.add_argument(
+        "--out",
+        default=None,
+        help="write completions.jsonl + summary.json here "
+        "(default: <run>/eval/<timestamp> for a checkpoint in a run dir)",
+    )
     ev.add_argument("overrides", nargs="*", help="overrides, e.g. data.num_prompts=64 rollout.max_tokens=64")
 
 
@@ -86,7 +114,7 @@ def _train(args: argparse.Namespace) -> int:
     from relayrl.rollout.actor import start_driver_forkserver, stop_shared
 
     if not args.print_config:
-        start_driver_forkserver()       # the engines' vLLM import starts now, beside the driver's own start
+        start_driver_forkserver()  # the engines' vLLM import starts now, beside the driver's own start
     try:
         overrides = [*args.overrides, *(["logging.verbose=true"] if args.verbose else [])]
         cfg = load_config(args.config_name, overrides, args.config_dir)
@@ -99,7 +127,7 @@ def _train(args: argparse.Namespace) -> int:
 
         train(cfg)
         return 0
-    except KeyboardInterrupt:       # Ctrl-C: the driver said what the run keeps; no traceback
+    except KeyboardInterrupt:  # Ctrl-C: the driver said what the run keeps; no traceback
         return 130
     finally:
         stop_shared()
@@ -124,7 +152,7 @@ def _runs(args: argparse.Namespace) -> int:
         print(f"relayrl: {exc}", file=sys.stderr)
         return 2
     console = Console()
-    if not console.is_terminal:          # pipes and CI: don't wrap rows at 80 columns
+    if not console.is_terminal:  # pipes and CI: don't wrap rows at 80 columns
         console = Console(width=200)
     console.print(runs_table(infos) if infos else f"no runs under {args.dir}")
     return 0
@@ -138,7 +166,7 @@ def _eval(args: argparse.Namespace) -> int:
     from relayrl.monitor.evaluate import evaluate, find_run_dir, run_config
 
     run_dir = find_run_dir(args.model)
-    model = run_dir / "checkpoints" / "final" if run_dir == Path(args.model) else args.model   # a run dir itself
+    model = run_dir / "checkpoints" / "final" if run_dir == Path(args.model) else args.model  # a run dir itself
     if args.config_name is None and run_dir is not None:
         cfg = run_config(run_dir, args.overrides)
     else:
@@ -197,7 +225,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    show_on_console("stderr" if args.command == "eval" else "stdout")   # eval's stdout is its result
+    show_on_console("stderr" if args.command == "eval" else "stdout")  # eval's stdout is its result
     try:
         return {"train": _train, "plot": _plot, "runs": _runs, "eval": _eval, "plan": _plan}[args.command](args)
     except ConfigError as exc:

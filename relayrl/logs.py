@@ -34,12 +34,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-ROLES = {"RolloutActor": "rollout", "TrainerActor": "trainer",
-         "RewardWorker": "rewards", "RewardScorer": "rewards"}
+ROLES = {"RolloutActor": "rollout", "TrainerActor": "trainer", "RewardWorker": "rewards", "RewardScorer": "rewards"}
 """Actor class -> file role; ``PER_PROCESS`` roles get a file per process, the others share one."""
 PER_PROCESS = ("rollout", "trainer")
-HANDLER = "relayrl_logs"          # our handler's name in Ray's dispatcher
-RAY_PRINTER = "ray_print_logs"    # Ray's console printer's name there
+HANDLER = "relayrl_logs"  # our handler's name in Ray's dispatcher
+RAY_PRINTER = "ray_print_logs"  # Ray's console printer's name there
 _NEEDS_USER = re.compile(r"^\s*relayrl|\b(ERROR|CRITICAL)\b")
 
 
@@ -86,14 +85,14 @@ class WorkerLogRouter:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.files: dict[str, IO[str]] = {}
         self.last_batch = time.monotonic()
-        self.took_printer = False       # it took Ray's printer off the console (release: back)
+        self.took_printer = False  # it took Ray's printer off the console (release: back)
         self._lock = threading.Lock()
 
     def __call__(self, data: dict[str, Any]) -> None:
         from ray._private.worker import filter_autoscaler_events
 
         lines = list(data.get("lines") or [])
-        if data.get("pid") == "autoscaler":     # its events as Ray prints them, not status dumps
+        if data.get("pid") == "autoscaler":  # its events as Ray prints them, not status dumps
             lines = list(filter_autoscaler_events(lines))
         if not lines:
             return
@@ -123,7 +122,7 @@ class WorkerLogRouter:
 
     def _file(self, name: str) -> IO[str]:
         if name not in self.files:
-            self.files[name] = open(self.log_dir / name, "a", encoding="utf-8")   # see close()
+            self.files[name] = open(self.log_dir / name, "a", encoding="utf-8")  # see close()
         return self.files[name]
 
     def write(self, name: str, text: str) -> None:
@@ -218,7 +217,7 @@ def attach() -> None:
     thread = getattr(w, "logger_thread", None)
     if (thread is None or not thread.is_alive()) and hasattr(w, "gcs_log_subscriber"):
         w.logger_thread = threading.Thread(target=w.print_logs, name=RAY_PRINTER, daemon=True)
-        w.logger_thread.start()           # ray.shutdown stops and joins it as its own
+        w.logger_thread.start()  # ray.shutdown stops and joins it as its own
     printing = any(name == RAY_PRINTER for name, _ in dispatcher.handlers)
     if router.verbose and not printing and router.took_printer:
         dispatcher.add_handler(RAY_PRINTER, _ray_printer())
@@ -270,8 +269,7 @@ def crash_tail(exc: BaseException, n: int = 20) -> list[str]:
         found = router.tail(pid, n)
         if found:
             path, lines = found
-            out += [f"relayrl: last {len(lines)} lines of pid {pid} ({path}):",
-                    *(f"  {x}" for x in lines)]
+            out += [f"relayrl: last {len(lines)} lines of pid {pid} ({path}):", *(f"  {x}" for x in lines)]
     return out
 
 

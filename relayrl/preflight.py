@@ -74,11 +74,15 @@ def check_context(cfg: Config, path: Path) -> None:
             raise ConfigError(str(exc)) from None
     positions = model_config.get("max_position_embeddings")
     if positions and cfg.model.max_model_len > positions:
-        raise ConfigError(f"model.max_model_len={cfg.model.max_model_len} exceeds the model's context "
-                          f"({positions} positions); set model.max_model_len<={positions}")
+        raise ConfigError(
+            f"model.max_model_len={cfg.model.max_model_len} exceeds the model's context "
+            f"({positions} positions); set model.max_model_len<={positions}"
+        )
     if cfg.rollout.max_tokens >= cfg.model.max_model_len:
-        raise ConfigError(f"rollout.max_tokens={cfg.rollout.max_tokens} leaves no room for the prompt in "
-                          f"model.max_model_len={cfg.model.max_model_len}; lower max_tokens or raise max_model_len")
+        raise ConfigError(
+            f"rollout.max_tokens={cfg.rollout.max_tokens} leaves no room for the prompt in "
+            f"model.max_model_len={cfg.model.max_model_len}; lower max_tokens or raise max_model_len"
+        )
     check_kv_cache(cfg, model_config)
 
 
@@ -91,14 +95,16 @@ def check_kv_cache(cfg: Config, model_config: dict) -> None:
         kv_heads = model_config.get("num_key_value_heads") or heads
         head_dim = model_config.get("head_dim") or model_config["hidden_size"] // heads
     except KeyError:
-        return                                  # a layout this check does not know: vLLM's own check stands
-    itemsize = 2 if cfg.model.dtype == "bfloat16" else 4    # model.dtype is float32 or bfloat16 (checked)
+        return  # a layout this check does not know: vLLM's own check stands
+    itemsize = 2 if cfg.model.dtype == "bfloat16" else 4  # model.dtype is float32 or bfloat16 (checked)
     per_token = 2 * layers * max(1, kv_heads // cfg.rollout.tp_size) * head_dim * itemsize
     need_gb = per_token * cfg.model.max_model_len / 2**30
     if need_gb > cfg.rollout.kv_cache_gb:
-        raise ConfigError(f"rollout.kv_cache_gb={cfg.rollout.kv_cache_gb} is less than one "
-                          f"model.max_model_len={cfg.model.max_model_len} sequence of this model's KV cache "
-                          f"({need_gb:.3f} GB); raise rollout.kv_cache_gb or lower model.max_model_len")
+        raise ConfigError(
+            f"rollout.kv_cache_gb={cfg.rollout.kv_cache_gb} is less than one "
+            f"model.max_model_len={cfg.model.max_model_len} sequence of this model's KV cache "
+            f"({need_gb:.3f} GB); raise rollout.kv_cache_gb or lower model.max_model_len"
+        )
 
 
 def check_data(cfg: Config, model_path: Path) -> None:
@@ -111,8 +117,10 @@ def check_data(cfg: Config, model_path: Path) -> None:
     except (ValueError, FileNotFoundError) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
     if not rows:
-        raise ConfigError(f"the dataset ({cfg.data.task}{': ' + cfg.data.path if cfg.data.path else ''}) has "
-                          "no rows; point data.path at a non-empty dataset")
+        raise ConfigError(
+            f"the dataset ({cfg.data.task}{': ' + cfg.data.path if cfg.data.path else ''}) has "
+            "no rows; point data.path at a non-empty dataset"
+        )
     check_prompt_lengths(cfg, model_path, rows)
 
 
@@ -139,4 +147,5 @@ def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> Non
             f"{source} row {found.row} ({found.question[:40]!r}...) is {found.tokens} prompt tokens; with "
             f"rollout.max_tokens={cfg.rollout.max_tokens} it needs model.max_model_len>="
             f"{found.tokens + cfg.rollout.max_tokens} (now {cfg.model.max_model_len}): raise "
-            f"model.max_model_len, lower rollout.max_tokens or shorten that row")
+            f"model.max_model_len, lower rollout.max_tokens or shorten that row"
+        )

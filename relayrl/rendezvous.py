@@ -35,9 +35,10 @@ def master_store(host: str, port: int, world_size: int, timeout: timedelta) -> d
     """The store's server, reachable on ``host`` only; its ``port`` attribute is the bound port."""
     sock = listen_socket(host, port)
     bound = sock.getsockname()[1]
-    fd = sock.detach()                  # the store owns the fd from here (Python must not close it)
-    return dist.TCPStore(host, bound, world_size, is_master=True, timeout=timeout,
-                         wait_for_workers=False, master_listen_fd=fd)
+    fd = sock.detach()  # the store owns the fd from here (Python must not close it)
+    return dist.TCPStore(
+        host, bound, world_size, is_master=True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd
+    )
 
 
 def client_store(host: str, port: int, world_size: int, timeout: timedelta) -> dist.TCPStore:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:                 # annotations only: the scorer and the rollout actor load this module without torch
+if TYPE_CHECKING:  # annotations only: the scorer and the rollout actor load this module without torch
     import torch
 
 PolicyVersion = int
@@ -29,9 +29,9 @@ class VersionSpan:
 class Exclusion:
     """Why a trajectory is left out of training: a reward function could not score it."""
 
-    reward: str                          # the reward function's name
-    reason: str                          # a key of ``relayrl.rewards.scoring.REASONS``: raised | timeout | ...
-    detail: str = ""                     # one line: the exception, the bad value, the limit that was hit
+    reward: str  # the reward function's name
+    reason: str  # a key of ``relayrl.rewards.scoring.REASONS``: raised | timeout | ...
+    detail: str = ""  # one line: the exception, the bad value, the limit that was hit
 
 
 @dataclass
@@ -39,16 +39,16 @@ class Trajectory:
     """One completion of one prompt, as the engine produced it, plus its rewards once scored."""
 
     prompt_id: int
-    sample_idx: int                      # index within the group, 0..G-1
-    prompt_token_ids: list[int]          # [P]
-    completion_token_ids: list[int]      # [T]
-    behaviour_logprobs: list[float]      # [T] logprob of each sampled token under the engine's weights
+    sample_idx: int  # index within the group, 0..G-1
+    prompt_token_ids: list[int]  # [P]
+    completion_token_ids: list[int]  # [T]
+    behaviour_logprobs: list[float]  # [T] logprob of each sampled token under the engine's weights
     completion_text: str
-    finish_reason: str                   # "stop" | "length"
-    versions: list[VersionSpan]          # spans covering [0, T)
+    finish_reason: str  # "stop" | "length"
+    versions: list[VersionSpan]  # spans covering [0, T)
     rewards: dict[str, float | None] = field(default_factory=dict)  # per function, unweighted; None: n/a or failed
-    reward: float = 0.0                  # sum of weight * value over the functions that gave a value
-    excluded: Exclusion | None = None    # set when a reward failed: the trainer skips this trajectory
+    reward: float = 0.0  # sum of weight * value over the functions that gave a value
+    excluded: Exclusion | None = None  # set when a reward failed: the trainer skips this trajectory
     gen_seconds: float = 0.0
     completion_mask: list[int] | None = None
     """[T] 1 where the model sampled the token (trained on), 0 where an environment wrote it (multi-turn
@@ -68,8 +68,8 @@ class TrajectoryGroup:
     """The G completions of one prompt: the unit GRPO normalises over and the buffer stores."""
 
     prompt_id: int
-    prompt: str                          # the text sent to the engine (after the chat template)
-    columns: dict[str, Any]              # dataset columns passed to reward functions (e.g. answer)
+    prompt: str  # the text sent to the engine (after the chat template)
+    columns: dict[str, Any]  # dataset columns passed to reward functions (e.g. answer)
     trajectories: list[Trajectory]
 
     @property
@@ -81,12 +81,12 @@ class TrajectoryGroup:
 class TrainBatch:
     """A rank's share of a step, padded into tensors the loss consumes."""
 
-    input_ids: torch.Tensor              # [B, L] prompt + completion, right-padded
-    attention_mask: torch.Tensor         # [B, L] 1 for real tokens
-    loss_mask: torch.Tensor              # [B, L-1] 1 where the *next* token is a completion token
-    behaviour_logprobs: torch.Tensor     # [B, L-1] engine logprobs aligned with loss_mask
-    advantages: torch.Tensor             # [B] one scalar per sequence (GRPO), or [B, L-1] per token (PPO's GAE)
-    prompt_ids: list[int]                # [B]
+    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded
+    attention_mask: torch.Tensor  # [B, L] 1 for real tokens
+    loss_mask: torch.Tensor  # [B, L-1] 1 where the *next* token is a completion token
+    behaviour_logprobs: torch.Tensor  # [B, L-1] engine logprobs aligned with loss_mask
+    advantages: torch.Tensor  # [B] one scalar per sequence (GRPO), or [B, L-1] per token (PPO's GAE)
+    prompt_ids: list[int]  # [B]
     target_start: int = 0
     """Column 0 of loss_mask/behaviour_logprobs scores ``input_ids[:, target_start + 1]``. The trainer
     trims prompt-only columns this way and asks the model for logits from there on only."""

@@ -23,7 +23,8 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 LOWERING = "torch._inductor.lowering"
 
@@ -42,7 +43,7 @@ def import_vllm() -> None:
         import vllm.env_override  # noqa: F401
     finally:
         sys.meta_path.remove(deferred)
-    if LOWERING not in sys.modules:             # reached once: vllm.env_override is imported from here on
+    if LOWERING not in sys.modules:  # reached once: vllm.env_override is imported from here on
         sys.meta_path.insert(0, _PatchOnImport())
 
 
@@ -96,4 +97,4 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-__all__ = ["import_vllm", "eager_when_dynamo_off"]
+__all__ = ["eager_when_dynamo_off", "import_vllm"]

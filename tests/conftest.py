@@ -49,8 +49,13 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        ray.init(
+            address="local",
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+        )
     yield ray
     ray.shutdown()
 
@@ -67,4 +72,3 @@ def console():
     yield handler
     if not had:
         log.removeHandler(handler)
-

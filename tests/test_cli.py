@@ -8,13 +8,16 @@ import yaml
 
 
 def _module(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "relayrl", *args], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "relayrl", *args],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
 
 
 def test_python_m_prints_the_composed_config():
-    done = _module("train", "--config-name", "grpo_tiny", "--print-config", "run.steps=3",
-                   "algorithm.whiten=sequence")
+    done = _module("train", "--config-name", "grpo_tiny", "--print-config", "run.steps=3", "algorithm.whiten=sequence")
     assert done.returncode == 0, done.stderr
     cfg = yaml.safe_load(done.stdout)
     assert (cfg["run"]["steps"], cfg["algorithm"]["whiten"], cfg["eval"]["num_prompts"]) == (3, "sequence", 64)
@@ -24,7 +27,7 @@ def test_python_m_help_matches_the_console_script():
     script = Path(sys.executable).with_name("relayrl")
     done = _module("--help")
     assert done.returncode == 0 and done.stdout.startswith("usage: relayrl ")
-    if script.exists():                              # installed entry point: byte-for-byte the same help
+    if script.exists():  # installed entry point: byte-for-byte the same help
         assert subprocess.run([script, "--help"], capture_output=True, text=True).stdout == done.stdout
 
 

@@ -40,7 +40,7 @@ def test_links_resolve_to_files_in_the_repository(page: Path):
     bad = []
     for target in LINK.findall(text):
         if target.startswith("#"):
-            continue                                # a heading on the same page
+            continue  # a heading on the same page
         if re.match(r"[a-z][a-z0-9+.-]*:", target):
             bad.append(f"{target} (a link outside the repository)")
             continue
@@ -67,12 +67,15 @@ def test_readme_is_short_and_has_no_commit_hashes():
     assert not hashes, f"README.md names commits (line, hash): {hashes}"
 
 
-@pytest.mark.parametrize("text, found", [
-    ("fixed at 6d6eaec", ["6d6eaec"]),
-    ("at e9cee6d7fbe024400671a8a6691f3608e1bc8e37", ["e9cee6d7fbe024400671a8a6691f3608e1bc8e37"]),
-    ("runs/grpo_arith-20261124-211142", []),       # a date and a time: digits only
-    ("a defaced facade", []),                      # words: letters only
-    ("0x1f or abc123", []),                        # too short
-])
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ("fixed at 6d6eaec", ["6d6eaec"]),
+        ("at e9cee6d7fbe024400671a8a6691f3608e1bc8e37", ["e9cee6d7fbe024400671a8a6691f3608e1bc8e37"]),
+        ("runs/grpo_arith-20261124-211142", []),  # a date and a time: digits only
+        ("a defaced facade", []),  # words: letters only
+        ("0x1f or abc123", []),  # too short
+    ],
+)
 def test_commit_pattern(text: str, found: list[str]):
     assert COMMIT.findall(text) == found

@@ -31,7 +31,8 @@ def module_files(root: Path = ROOT) -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
@@ -82,8 +83,9 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
                 targets = [alias.name for alias in node.names]
             else:
                 base = _absolute(node, name, is_package)
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-                           for alias in node.names]
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+                ]
             edges |= {owner for t in targets if (owner := _owner(t, modules)) is not None}
         edges.discard(name)
         graph[name] = edges
@@ -100,7 +102,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -126,12 +128,12 @@ def test_graph_reads_local_submodule_and_type_checking_imports(tmp_path):
     (pkg / "sub" / "leaf.py").write_text("def f():\n    from pkg import top\n")
     (pkg / "top.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub import leaf\n"
-        "from pkg.sub import leaf as _l\n")
+        "from pkg.sub import leaf as _l\n"
+    )
     graph = import_graph(pkg)
     assert graph["pkg.sub"] == {"pkg.sub.leaf"}
     assert graph["pkg.sub.leaf"] == {"pkg.top"}
     assert graph["pkg.top"] == {"pkg.sub.leaf"}
     assert find_cycle(graph) == ["pkg.sub.leaf", "pkg.top", "pkg.sub.leaf"]
-    (pkg / "top.py").write_text(
-        "import typing\nif typing.TYPE_CHECKING:\n    from pkg.sub import leaf\n")
+    (pkg / "top.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from pkg.sub import leaf\n")
     assert find_cycle(import_graph(pkg)) is None

@@ -17,8 +17,16 @@ from relayrl.cli import main
 
 def batch(actor: str, pid: int, *lines: str, is_err: bool = False) -> dict:
     """One batch of a worker's lines as Ray's log stream delivers it."""
-    return {"actor_name": actor, "pid": pid, "lines": list(lines), "is_err": is_err, "task_name": "",
-            "ip": "127.0.0.1", "localhost": "127.0.0.1", "job": ""}
+    return {
+        "actor_name": actor,
+        "pid": pid,
+        "lines": list(lines),
+        "is_err": is_err,
+        "task_name": "",
+        "ip": "127.0.0.1",
+        "localhost": "127.0.0.1",
+        "job": "",
+    }
 
 
 def test_router_files_each_actor_process_and_shows_only_what_needs_a_user(tmp_path, capsys):
@@ -30,15 +38,14 @@ def test_router_files_each_actor_process_and_shows_only_what_needs_a_user(tmp_pa
     router(batch("RewardWorker", 31, "relayrl sandbox: no namespace isolation"))
     router(batch("", 41, error, is_err=True))
     router.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ray.log", "rewards.log", "rollout-11.log", "trainer-21.log"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.log", "rewards.log", "rollout-11.log", "trainer-21.log"]
     assert (tmp_path / "trainer-21.log").read_text() == "Loading weights: 100%\n"
     assert (tmp_path / "rollout-11.log").read_text() == warning + "\n"
-    tagged = "(RewardWorker pid=31) relayrl sandbox: no namespace isolation"     # a shared file
+    tagged = "(RewardWorker pid=31) relayrl sandbox: no namespace isolation"  # a shared file
     assert (tmp_path / "rewards.log").read_text() == tagged + "\n"
     out, err = capsys.readouterr()
-    assert out == "(rewards) relayrl sandbox: no namespace isolation\n"          # relayrl's own line
-    assert err == f"(ray) {error}\n"                                              # an error
+    assert out == "(rewards) relayrl sandbox: no namespace isolation\n"  # relayrl's own line
+    assert err == f"(ray) {error}\n"  # an error
     assert router.tail(21) == (tmp_path / "trainer-21.log", ["Loading weights: 100%"])
     assert router.tail(31) == (tmp_path / "rewards.log", [tagged])
     assert router.tail(99) is None
@@ -95,12 +102,11 @@ def wait_for_text(path: Path, text: str, timeout_s: float = 60.0) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_lines(
-        ray_printer, tmp_path, capsys):
+def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_lines(ray_printer, tmp_path, capsys):
     import ray
 
     logs.capture(tmp_path, verbose=False)
-    assert logs.RAY_PRINTER not in [name for name, _ in ray_printer.handlers]   # its printer is off
+    assert logs.RAY_PRINTER not in [name for name, _ in ray_printer.handlers]  # its printer is off
     actor = ray.remote(RolloutActor).options(num_cpus=0).remote()
     hello = f"hello from the actor {uuid.uuid4().hex}"
     pid = ray.get(actor.speak.remote(hello))
@@ -108,7 +114,7 @@ def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_
     last = f"last words {uuid.uuid4().hex}"
     with pytest.raises(ray.exceptions.RayActorError) as died:
         ray.get(actor.die.remote(last))
-    wait_for_text(tmp_path / f"rollout-{pid}.log", last)   # no race with the stream: test the tail
+    wait_for_text(tmp_path / f"rollout-{pid}.log", last)  # no race with the stream: test the tail
     tail = logs.crash_tail(died.value)
     assert tail[0] == f"relayrl: last 2 lines of pid {pid} ({tmp_path / f'rollout-{pid}.log'}):"
     assert tail[1:] == [f"  {hello}", f"  {last}"]
@@ -118,7 +124,7 @@ def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_
 
 def test_verbose_keeps_rays_printer_on_the_console(ray_printer, tmp_path):
     logs.capture(tmp_path, verbose=False)
-    logs.capture(tmp_path, verbose=True)          # a verbose run after a quiet one, same process
+    logs.capture(tmp_path, verbose=True)  # a verbose run after a quiet one, same process
     assert logs.RAY_PRINTER in [name for name, _ in ray_printer.handlers]
     assert logs.installed().verbose
 
@@ -136,7 +142,7 @@ def test_rays_own_messages_stay_on_the_console(tmp_path, capsys):
     kill = f"A worker died or was killed by an unexpected system error {uuid.uuid4().hex}"
     router(batch("", "raylet", kill, is_err=True))
     router.close()
-    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().err)                  # Ray's colours off
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().err)  # Ray's colours off
     assert f"(raylet) {kill}" in shown
     assert (tmp_path / "ray.log").read_text() == f"(worker pid=raylet) {kill}\n"
 
@@ -165,7 +171,7 @@ def test_console_handler_prints_relayrl_lines_as_the_library_printed_them(capsys
     handler = logs.ConsoleHandler()
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    log.propagate = False           # the relayrl logger may hold a console handler from an earlier test
+    log.propagate = False  # the relayrl logger may hold a console handler from an earlier test
     try:
         log.info("relayrl: an info line")
         log.warning("relayrl: a warning line")

@@ -46,8 +46,10 @@ import torch
 
 def _check_sequences(rewards: torch.Tensor, group_ids: torch.Tensor) -> None:
     if rewards.ndim != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must be "
-                         "1-D of the same length; pass one reward and one group id per sequence")
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must be "
+            "1-D of the same length; pass one reward and one group id per sequence"
+        )
 
 
 def _group_stats(r: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,8 +77,10 @@ def _token_normalise(x: torch.Tensor, token_counts: torch.Tensor, eps: float) ->
     Sequences with no trained token get 0; fewer than 2 tokens in all: every advantage is 0."""
     w = token_counts.to(x.dtype)
     if w.shape != x.shape or bool((w < 0).any()):
-        raise ValueError(f"token_counts {tuple(token_counts.shape)} must be [N]={len(x)} counts >= 0, "
-                         "one per sequence (its loss-mask tokens)")
+        raise ValueError(
+            f"token_counts {tuple(token_counts.shape)} must be [N]={len(x)} counts >= 0, "
+            "one per sequence (its loss-mask tokens)"
+        )
     n = w.sum()
     if n < 2:
         return torch.zeros_like(x)
@@ -92,13 +96,16 @@ def _whiten(x: torch.Tensor, token_counts: torch.Tensor | None, whiten: str, eps
     if whiten != "token":
         raise ValueError(f"whiten={whiten!r} is not supported; use token or sequence")
     if token_counts is None:
-        raise ValueError("whiten='token' needs token_counts (trained tokens per sequence); pass "
-                         "loss_mask.sum(1), or whiten='sequence' to weight each completion once")
+        raise ValueError(
+            "whiten='token' needs token_counts (trained tokens per sequence); pass "
+            "loss_mask.sum(1), or whiten='sequence' to weight each completion once"
+        )
     return _token_normalise(x, token_counts, eps)
 
 
-def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm_std: bool = True,
-                    eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, norm_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     """Group-relative advantages ``(r - mean_g) / (std_g + eps)``; ``norm_std=False`` is Dr.GRPO.
 
     rewards: [N] float, group_ids: [N] int (any labels; equal label = same group). Returns [N] float32.
@@ -109,7 +116,7 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, norm_std: bo
     centred = r - mean[group]
     if norm_std:
         sq = torch.zeros(len(count), dtype=r.dtype).index_add_(0, group, centred**2)
-        std = torch.sqrt(sq / (count - 1).clamp(min=1))              # Bessel-corrected sample std
+        std = torch.sqrt(sq / (count - 1).clamp(min=1))  # Bessel-corrected sample std
         centred = centred / (std[group] + eps)
     centred = torch.where(count[group] > 1, centred, torch.zeros_like(centred))
     return centred.to(torch.float32)
@@ -139,9 +146,13 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
     return torch.where(g > 1, adv, torch.zeros_like(adv)).to(torch.float32)
 
 
-def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor,
-                            token_counts: torch.Tensor | None = None, whiten: str = "token",
-                            eps: float = 1e-6) -> torch.Tensor:
+def reinforce_pp_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    token_counts: torch.Tensor | None = None,
+    whiten: str = "token",
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """REINFORCE++: ``A_i = (r_i - mean_B) / (std_B + eps)``, whitened over the whole batch, groups unused.
 
     Hu 2025, *REINFORCE++*, arXiv:2501.03262 (global advantage normalisation), the outcome-reward,
@@ -155,9 +166,13 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: torch.Tensor,
     return _whiten(rewards.to(torch.float64), token_counts, whiten, eps).to(torch.float32)
 
 
-def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: torch.Tensor,
-                                     token_counts: torch.Tensor | None = None, whiten: str = "token",
-                                     eps: float = 1e-6) -> torch.Tensor:
+def reinforce_pp_baseline_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    token_counts: torch.Tensor | None = None,
+    whiten: str = "token",
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """REINFORCE++-baseline: ``c_i = r_i - mean_g``, then ``A_i = (c_i - mean_B(c)) / (std_B(c) + eps)``.
 
     Hu 2025, arXiv:2501.03262 (v2+, the variant for group sampling): the group mean removes per-prompt
@@ -191,8 +206,9 @@ WHITEN_MODES: tuple[str, ...] = ("token", "sequence")
 """``algorithm.whiten`` values: REINFORCE++ statistics over trained tokens (paper) or over completions."""
 
 
-def sequence_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor,
-                        token_counts: torch.Tensor, whiten: str = "token") -> torch.Tensor:
+def sequence_advantages(
+    name: str, rewards: torch.Tensor, group_ids: torch.Tensor, token_counts: torch.Tensor, whiten: str = "token"
+) -> torch.Tensor:
     """``ADVANTAGES[name]`` for a batch whose sequence i has ``token_counts[i]`` trained tokens [N].
 
     Only ``WHITENED`` estimators get the counts: GRPO, Dr.GRPO and RLOO compare a completion with its
@@ -203,6 +219,7 @@ def sequence_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tenso
         return ADVANTAGES[name](rewards, group_ids, token_counts=token_counts, whiten=whiten)
     return ADVANTAGES[name](rewards, group_ids)
 
+
 CRITIC_ESTIMATORS: tuple[str, ...] = ("gae",)
 """Estimators that need a learned value model (PPO): per-token advantages from ``outcome_gae``, computed by
 the trainer once the critic has scored the batch. Valid ``algorithm.name`` values besides ``ADVANTAGES``."""
@@ -212,8 +229,10 @@ the trainer once the critic has scored the batch. Valid ``algorithm.name`` value
 def _check_tokens(mask: torch.Tensor, **tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if t.shape != mask.shape or t.ndim != 2:
-            raise ValueError(f"{name} {tuple(t.shape)} must be [B, T] like mask {tuple(mask.shape)}; "
-                             "align it with the loss mask (one entry per completion-token position)")
+            raise ValueError(
+                f"{name} {tuple(t.shape)} must be [B, T] like mask {tuple(mask.shape)}; "
+                "align it with the loss mask (one entry per completion-token position)"
+            )
 
 
 def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -225,7 +244,7 @@ def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
         raise ValueError(f"rewards {tuple(rewards.shape)} must be [B]={mask.shape[0]}, one per row of mask")
     m = mask.bool()
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(m)
-    last = torch.where(m, positions, -1).max(dim=1).values                  # [B], -1 if the row is empty
+    last = torch.where(m, positions, -1).max(dim=1).values  # [B], -1 if the row is empty
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     has = last >= 0
     out[has.nonzero().squeeze(1), last[has]] = rewards[has].to(torch.float32)
@@ -233,8 +252,9 @@ def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 
 @torch.no_grad()
-def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-                   lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised Advantage Estimation for PPO (Schulman et al. 2016, arXiv:1506.02438, eq. 16).
 
         delta_t = r_t + gamma * V_{t+1} - V_t          (V after the last token = 0: the episode ends)
@@ -255,7 +275,7 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
         raise ValueError(f"gamma={gamma} and lam={lam} must lie in [0, 1]; PPO for LLMs uses gamma=1, lam=0.95..1")
     r, v, m = rewards.to(torch.float64), values.to(torch.float64), mask.bool()
     adv = torch.zeros_like(r)
-    next_value, next_adv = r.new_zeros(r.shape[0]), r.new_zeros(r.shape[0])   # [B] at the next masked position
+    next_value, next_adv = r.new_zeros(r.shape[0]), r.new_zeros(r.shape[0])  # [B] at the next masked position
     for t in reversed(range(r.shape[1])):
         a = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_adv
         on = m[:, t]
@@ -301,8 +321,14 @@ def reinforce_pp_token_advantages(rewards: torch.Tensor, mask: torch.Tensor, gam
 
 
 @torch.no_grad()
-def outcome_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-                lam: float = 1.0, kl_penalty: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def outcome_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    kl_penalty: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's advantages for an outcome reward: the reward on the last token, a per-token KL penalty on
     every token, then GAE against the critic's values (Ouyang et al. 2022, arXiv:2203.02155, eq. 2)::
 
@@ -339,8 +365,7 @@ def moments_mean_var(moments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return mean, ((s2 - s1 * mean) / (n - 1)).clamp(min=0.0)
 
 
-def whiten_from_moments(x: torch.Tensor, mask: torch.Tensor, moments: torch.Tensor,
-                        eps: float = 1e-8) -> torch.Tensor:
+def whiten_from_moments(x: torch.Tensor, mask: torch.Tensor, moments: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """``masked_whiten`` with the mean and std of a larger set (the whole step) given as its moments: each
     micro-batch is whitened with the step's statistics. [B, T] -> [B, T] float32, 0 off the mask."""
     mean, var = moments_mean_var(moments)

@@ -33,7 +33,7 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     """``log softmax(z_k / tau)[target_k]`` with logits already aligned to their targets (no shift):
     [R, K, V], [R, K] -> [R, K] float32. The packed forward scores arbitrary (position, token) entries."""
     _check(logits, temperature)
-    z = logits.float() / temperature                                       # [R, K, V]
+    z = logits.float() / temperature  # [R, K, V]
     return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 

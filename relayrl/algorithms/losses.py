@@ -60,13 +60,20 @@ def _token_advantages(advantages: torch.Tensor, shape: torch.Size, dtype: torch.
         return advantages.unsqueeze(1).to(dtype)
     if advantages.shape == shape:
         return advantages.to(dtype)
-    raise ValueError(f"advantages {tuple(advantages.shape)} must be [B]={shape[0]} (one per sequence) or "
-                     f"[B, T]={tuple(shape)} (one per token)")
+    raise ValueError(
+        f"advantages {tuple(advantages.shape)} must be [B]={shape[0]} (one per sequence) or "
+        f"[B, T]={tuple(shape)} (one per token)"
+    )
 
 
 # ---------------------------------------------------------------------------------------- off-policy
-def truncated_is_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, loss_mask: torch.Tensor,
-                         cap: float = 2.0, level: str = "token") -> torch.Tensor:
+def truncated_is_weights(
+    old_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cap: float = 2.0,
+    level: str = "token",
+) -> torch.Tensor:
     """Truncated importance weights ``w = min(pi_old / mu, C)`` correcting for the behaviour policy ``mu``.
 
         token:    w_t = min(exp(old_t - mu_t), C)
@@ -94,8 +101,9 @@ def truncated_is_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.T
 
 
 # ---------------------------------------------------------------------------------------- policy losses
-def _clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
-                       dual_clip_c: float | None) -> tuple[torch.Tensor, Stats]:
+def _clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
+) -> tuple[torch.Tensor, Stats]:
     """``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, bounded by ``-c A`` for ``A < 0`` if dual-clipped."""
     loss = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
     with torch.no_grad():
@@ -106,10 +114,19 @@ def _clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, e
     return loss, flags
 
 
-def _policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                 loss_mask: torch.Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None = None,
-                 sequence_ratio: bool = False, behaviour_logprobs: torch.Tensor | None = None,
-                 is_cap: float = 2.0, is_level: str = "token") -> tuple[torch.Tensor, Stats]:
+def _policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float | None = None,
+    sequence_ratio: bool = False,
+    behaviour_logprobs: torch.Tensor | None = None,
+    is_cap: float = 2.0,
+    is_level: str = "token",
+) -> tuple[torch.Tensor, Stats]:
     """Shared body of every ``POLICY_LOSSES`` entry: ratio, clipped surrogate, optional IS weight, stats."""
     _check_same_shape(loss_mask, logprobs=logprobs, old_logprobs=old_logprobs)
     if eps_low <= 0 or eps_high <= 0:
@@ -121,8 +138,9 @@ def _policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages:
         seq = log_ratio.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
         log_ratio = torch.where(mask, logprobs - logprobs.detach(), torch.zeros_like(logprobs)) + seq.detach()
     ratio = torch.exp(log_ratio)
-    loss, flags = _clipped_surrogate(ratio, _token_advantages(advantages, ratio.shape, ratio.dtype),
-                                     eps_low, eps_high, dual_clip_c)
+    loss, flags = _clipped_surrogate(
+        ratio, _token_advantages(advantages, ratio.shape, ratio.dtype), eps_low, eps_high, dual_clip_c
+    )
     stats: Stats = {}
     if behaviour_logprobs is not None:
         w = truncated_is_weights(old_logprobs, behaviour_logprobs, loss_mask, is_cap, is_level)
@@ -131,18 +149,28 @@ def _policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages:
         stats.update(is_weight_mean=_masked_mean(w, mask), is_trunc_frac=_masked_mean(truncated, mask))
     loss = torch.where(mask, loss, torch.zeros_like(loss))
     with torch.no_grad():
-        stats.update(clip_frac=_masked_mean(flags["clip"].to(ratio.dtype), mask),
-                     approx_kl=_masked_mean(kl_k3(old_logprobs, logprobs), mask),
-                     ratio_mean=_masked_mean(ratio, mask), ratio_max=_masked_max(ratio, mask))
+        stats.update(
+            clip_frac=_masked_mean(flags["clip"].to(ratio.dtype), mask),
+            approx_kl=_masked_mean(kl_k3(old_logprobs, logprobs), mask),
+            ratio_mean=_masked_mean(ratio, mask),
+            ratio_max=_masked_max(ratio, mask),
+        )
         if "dual_clip" in flags:
             stats["dual_clip_frac"] = _masked_mean(flags["dual_clip"].to(ratio.dtype), mask)
     return loss, stats
 
 
-def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                  loss_mask: torch.Tensor, clip_eps: float = 0.2, *,
-                  behaviour_logprobs: torch.Tensor | None = None, is_cap: float = 2.0,
-                  is_level: str = "token") -> tuple[torch.Tensor, Stats]:
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    *,
+    behaviour_logprobs: torch.Tensor | None = None,
+    is_cap: float = 2.0,
+    is_level: str = "token",
+) -> tuple[torch.Tensor, Stats]:
     """PPO's clipped surrogate, per token (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated to a loss.
 
         ratio = exp(logprobs - old_logprobs)
@@ -156,14 +184,32 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     the mask; stats over masked tokens: clip_frac, approx_kl = mean k3 of KL(pi_old || pi), ratio_mean,
     ratio_max, and is_weight_mean, is_trunc_frac when behaviour_logprobs is given).
     """
-    return _policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps, clip_eps,
-                        behaviour_logprobs=behaviour_logprobs, is_cap=is_cap, is_level=is_level)
+    return _policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
+        clip_eps,
+        clip_eps,
+        behaviour_logprobs=behaviour_logprobs,
+        is_cap=is_cap,
+        is_level=is_level,
+    )
 
 
-def dual_clip_ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                       loss_mask: torch.Tensor, clip_eps: float = 0.2, dual_clip_c: float = 3.0,
-                       clip_eps_high: float | None = None, *, behaviour_logprobs: torch.Tensor | None = None,
-                       is_cap: float = 2.0, is_level: str = "token") -> tuple[torch.Tensor, Stats]:
+def dual_clip_ppo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    dual_clip_c: float = 3.0,
+    clip_eps_high: float | None = None,
+    *,
+    behaviour_logprobs: torch.Tensor | None = None,
+    is_cap: float = 2.0,
+    is_level: str = "token",
+) -> tuple[torch.Tensor, Stats]:
     """Dual-clip PPO (Ye et al. 2020, *Mastering Complex Control in MOBA Games*, arXiv:1912.09729).
 
         loss = -min(r A, clip(r, 1 - eps, 1 + eps_high) A)              A >= 0
@@ -175,17 +221,35 @@ def dual_clip_ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advan
     defaults to ``clip_eps``. Shapes, stats and the IS hook as ``ppo_clip_loss``; stats add dual_clip_frac.
     """
     if dual_clip_c <= 1.0:
-        raise ValueError(f"dual_clip_c={dual_clip_c} must be > 1 (it caps the loss at c|A| for A < 0); "
-                         "the paper uses 3")
-    return _policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps,
-                        clip_eps if clip_eps_high is None else clip_eps_high, dual_clip_c=dual_clip_c,
-                        behaviour_logprobs=behaviour_logprobs, is_cap=is_cap, is_level=is_level)
+        raise ValueError(
+            f"dual_clip_c={dual_clip_c} must be > 1 (it caps the loss at c|A| for A < 0); the paper uses 3"
+        )
+    return _policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
+        clip_eps,
+        clip_eps if clip_eps_high is None else clip_eps_high,
+        dual_clip_c=dual_clip_c,
+        behaviour_logprobs=behaviour_logprobs,
+        is_cap=is_cap,
+        is_level=is_level,
+    )
 
 
-def clip_higher_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                     loss_mask: torch.Tensor, clip_eps: float = 0.2, clip_eps_high: float = 0.28, *,
-                     behaviour_logprobs: torch.Tensor | None = None, is_cap: float = 2.0,
-                     is_level: str = "token") -> tuple[torch.Tensor, Stats]:
+def clip_higher_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float = 0.28,
+    *,
+    behaviour_logprobs: torch.Tensor | None = None,
+    is_cap: float = 2.0,
+    is_level: str = "token",
+) -> tuple[torch.Tensor, Stats]:
     """DAPO's clip-higher: ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)`` with eps_high > eps_low.
 
     Yu et al. 2025, *DAPO*, arXiv:2503.14476, sec. 3.1 (eps_low = 0.2, eps_high = 0.28). A symmetric clip
@@ -193,14 +257,31 @@ def clip_higher_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advanta
     tokens can barely gain mass and entropy collapses; a higher upper bound leaves them room. Shapes,
     stats and the IS hook as ``ppo_clip_loss``.
     """
-    return _policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps, clip_eps_high,
-                        behaviour_logprobs=behaviour_logprobs, is_cap=is_cap, is_level=is_level)
+    return _policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
+        clip_eps,
+        clip_eps_high,
+        behaviour_logprobs=behaviour_logprobs,
+        is_cap=is_cap,
+        is_level=is_level,
+    )
 
 
-def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              loss_mask: torch.Tensor, clip_eps: float = 3e-4, clip_eps_high: float = 4e-4, *,
-              behaviour_logprobs: torch.Tensor | None = None, is_cap: float = 2.0,
-              is_level: str = "token") -> tuple[torch.Tensor, Stats]:
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_eps: float = 3e-4,
+    clip_eps_high: float = 4e-4,
+    *,
+    behaviour_logprobs: torch.Tensor | None = None,
+    is_cap: float = 2.0,
+    is_level: str = "token",
+) -> tuple[torch.Tensor, Stats]:
     """GSPO: the ratio and its clip at sequence level (Zheng et al. 2025, arXiv:2507.18071).
 
         s_i     = (pi(y_i) / pi_old(y_i))^(1/|y_i|) = exp(mean_t (logprobs - old_logprobs))
@@ -213,9 +294,18 @@ def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     (3e-4, 4e-4 in the paper) because s_i is a per-token geometric mean. Clipping zeroes a whole
     sequence's gradient. Shapes, stats and the IS hook as ``ppo_clip_loss``.
     """
-    return _policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps, clip_eps_high,
-                        sequence_ratio=True, behaviour_logprobs=behaviour_logprobs, is_cap=is_cap,
-                        is_level=is_level)
+    return _policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
+        clip_eps,
+        clip_eps_high,
+        sequence_ratio=True,
+        behaviour_logprobs=behaviour_logprobs,
+        is_cap=is_cap,
+        is_level=is_level,
+    )
 
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, Stats]]
@@ -284,8 +374,9 @@ def _kl_estimator(name: str) -> KLFn:
     return KL_ESTIMATORS[name]
 
 
-def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, loss_mask: torch.Tensor, coef: float,
-            estimator: str = "k3") -> tuple[torch.Tensor, Stats]:
+def kl_loss(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, loss_mask: torch.Tensor, coef: float, estimator: str = "k3"
+) -> tuple[torch.Tensor, Stats]:
     """KL as a loss term: ``coef * k(logprobs, ref_logprobs)`` per token, added to the policy loss.
 
     GRPO's choice (DeepSeekMath eq. 3-4, k3). Returns (loss [B, T] zero off the mask, {"kl": masked mean}).
@@ -297,9 +388,14 @@ def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, loss_mask: torch
 
 
 @torch.no_grad()
-def kl_penalized_rewards(rewards: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                         loss_mask: torch.Tensor, coef: float,
-                         estimator: str = "k1") -> tuple[torch.Tensor, torch.Tensor]:
+def kl_penalized_rewards(
+    rewards: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    coef: float,
+    estimator: str = "k1",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """KL as a reward penalty: ``r_t - coef * k(logprobs_t, ref_logprobs_t)`` on every completion token.
 
     The PPO-RLHF form (Ziegler et al. 2019, arXiv:1909.08593; Ouyang et al. 2022, arXiv:2203.02155, eq. 2)
@@ -325,8 +421,10 @@ def entropy_bonus(logits: torch.Tensor, loss_mask: torch.Tensor, coef: float) ->
     Returns (loss [B, T] zero off the mask, {"entropy": masked mean}).
     """
     if logits.ndim != 3 or logits.shape[:2] != loss_mask.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] with [B, T] = loss_mask "
-                         f"{tuple(loss_mask.shape)}; slice them to the scored positions first")
+        raise ValueError(
+            f"logits {tuple(logits.shape)} must be [B, T, V] with [B, T] = loss_mask "
+            f"{tuple(loss_mask.shape)}; slice them to the scored positions first"
+        )
     z = logits.float()
     entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
     mask = loss_mask.bool()
@@ -334,8 +432,9 @@ def entropy_bonus(logits: torch.Tensor, loss_mask: torch.Tensor, coef: float) ->
     return loss, {"entropy": _masked_mean(entropy.detach(), mask)}
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float | None = 0.2) -> tuple[torch.Tensor, Stats]:
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float | None = 0.2
+) -> tuple[torch.Tensor, Stats]:
     """PPO critic loss with value clipping (the PPO2 baseline implementation; Engstrom et al. 2020,
     *Implementation Matters*, arXiv:2005.12729), per token:
 
@@ -362,9 +461,12 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         ret_var = _masked_mean((returns - _masked_mean(returns, m)) ** 2, m)
         err = returns - values
         err_var = _masked_mean((err - _masked_mean(err, m)) ** 2, m)
-        stats = {"vf_clip_frac": clip_frac.detach(), "value_mean": _masked_mean(values.detach(), m),
-                 "return_mean": _masked_mean(returns, m),
-                 "explained_var": 1.0 - err_var.detach() / ret_var.clamp(min=1e-8)}
+        stats = {
+            "vf_clip_frac": clip_frac.detach(),
+            "value_mean": _masked_mean(values.detach(), m),
+            "return_mean": _masked_mean(returns, m),
+            "explained_var": 1.0 - err_var.detach() / ret_var.clamp(min=1e-8),
+        }
     return torch.where(m, loss, torch.zeros_like(loss)), stats
 
 
@@ -403,8 +505,9 @@ def agg_seq_mean_token_mean(loss: torch.Tensor, loss_mask: torch.Tensor) -> tupl
     return per_seq.sum(), _row_has_tokens(loss_mask).sum().to(loss.dtype)
 
 
-def agg_seq_mean_token_sum_norm(loss: torch.Tensor, loss_mask: torch.Tensor,
-                                max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def agg_seq_mean_token_sum_norm(
+    loss: torch.Tensor, loss_mask: torch.Tensor, max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr.GRPO's constant normaliser: ``sum_{i,t} l_{i,t} / (B * L)`` with ``L`` a constant (the generation
     budget, e.g. ``max_tokens``), not anything measured on the batch (Liu et al. 2025, arXiv:2503.20783,
     sec. 3.1). No length enters the weights, so the gradient is unbiased in length; the step size of
@@ -430,8 +533,7 @@ LOSS_AGG: dict[str, LossAggFn] = {
 per micro-batch (times world size where FSDP averages gradients over ranks)."""
 
 
-def aggregate_loss(loss: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean",
-                   **kw: int) -> torch.Tensor:
+def aggregate_loss(loss: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean", **kw: int) -> torch.Tensor:
     """One batch's scalar loss under ``LOSS_AGG[mode]``: ``numerator / denominator`` (0 if no tokens)."""
     if mode not in LOSS_AGG:
         raise ValueError(f"loss aggregation {mode!r} is not known; use one of {sorted(LOSS_AGG)}")

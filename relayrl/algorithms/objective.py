@@ -28,7 +28,7 @@ from relayrl.algorithms.shaping import overlong_penalty
 from relayrl.config import AlgorithmConfig
 from relayrl.types import TrajectoryGroup
 
-if TYPE_CHECKING:   # the trainer's record, named in one annotation; algorithms/ never imports trainer/
+if TYPE_CHECKING:  # the trainer's record, named in one annotation; algorithms/ never imports trainer/
     from relayrl.trainer.batch import MicroBatch
 
 
@@ -53,11 +53,11 @@ class Objective:
     reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None
     """DAPO's overlong penalty: completion lengths [N] -> reward terms [N]; None: off."""
 
-    def policy(self, logprobs: torch.Tensor, old: torch.Tensor,
-               mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def policy(
+        self, logprobs: torch.Tensor, old: torch.Tensor, mb: MicroBatch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-token policy loss [b, T] and its stats, tokens weighed by ``pi_old / mu`` if off_policy is set."""
-        behaviour = ({} if self.off_policy is None else
-                     {"behaviour_logprobs": mb.behaviour_logprobs, **self.off_policy})
+        behaviour = {} if self.off_policy is None else {"behaviour_logprobs": mb.behaviour_logprobs, **self.off_policy}
         return self.policy_loss(logprobs, old, mb.advantages, mb.loss_mask, **behaviour)
 
     def select_groups(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict[str, float]]:
@@ -75,8 +75,10 @@ class Objective:
         if self.reward_shaping is not None and groups:
             lengths = [len(t.completion_token_ids) for g in groups for t in g.trajectories if t.excluded is None]
             penalty = self.reward_shaping(torch.tensor(lengths))
-            stats |= {"dapo/overlong_penalty": float(penalty.mean()),
-                      "dapo/overlong_frac": float((penalty < 0).float().mean())}
+            stats |= {
+                "dapo/overlong_penalty": float(penalty.mean()),
+                "dapo/overlong_frac": float((penalty < 0).float().mean()),
+            }
         return groups, stats
 
 
@@ -86,8 +88,12 @@ def build_loss(algo: AlgorithmConfig) -> Objective:
         policy_loss=functools.partial(POLICY_LOSSES[algo.policy_loss], **policy_loss_kwargs(algo)),
         off_policy=off_policy_kwargs(algo),
         aggregate=functools.partial(LOSS_AGG[algo.loss_agg], **loss_agg_kwargs(algo)),
-        kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
-        dynamic_sampling=algo.dynamic_sampling, reward_shaping=reward_shaping(algo))
+        kl_coef=algo.kl_coef,
+        kl_estimator=algo.kl_estimator,
+        entropy_coef=algo.entropy_coef,
+        dynamic_sampling=algo.dynamic_sampling,
+        reward_shaping=reward_shaping(algo),
+    )
 
 
 def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
@@ -104,9 +110,11 @@ def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
 def off_policy_kwargs(algo: AlgorithmConfig) -> dict[str, float | str] | None:
     """How the policy loss weighs tokens by ``w = pi_old / mu`` (None: not at all). ``auto`` is resolved by
     ``load_config``; left unresolved it means none. ``decoupled``: AReaL's objective, w untruncated."""
-    return {"tis": {"is_level": "token", "is_cap": algo.is_cap},
-            "tis_sequence": {"is_level": "sequence", "is_cap": algo.is_cap},
-            "decoupled": {"is_level": "token", "is_cap": math.inf}}.get(algo.off_policy)
+    return {
+        "tis": {"is_level": "token", "is_cap": algo.is_cap},
+        "tis_sequence": {"is_level": "sequence", "is_cap": algo.is_cap},
+        "decoupled": {"is_level": "token", "is_cap": math.inf},
+    }.get(algo.off_policy)
 
 
 def loss_agg_kwargs(algo: AlgorithmConfig) -> dict[str, int]:
@@ -114,8 +122,10 @@ def loss_agg_kwargs(algo: AlgorithmConfig) -> dict[str, int]:
     if algo.loss_agg != "seq-mean-token-sum-norm":
         return {}
     if algo.norm_len is None:
-        raise ValueError("algorithm.loss_agg=seq-mean-token-sum-norm needs algorithm.norm_len; set it to "
-                         "rollout.max_tokens (load_config does this by default)")
+        raise ValueError(
+            "algorithm.loss_agg=seq-mean-token-sum-norm needs algorithm.norm_len; set it to "
+            "rollout.max_tokens (load_config does this by default)"
+        )
     return {"max_len": algo.norm_len}
 
 
@@ -124,7 +134,10 @@ def reward_shaping(algo: AlgorithmConfig) -> Callable[[torch.Tensor], torch.Tens
     if not algo.overlong_buffer:
         return None
     if algo.overlong_max_len is None:
-        raise ValueError("algorithm.overlong_buffer is set but algorithm.overlong_max_len is None; set it "
-                         "to rollout.max_tokens (load_config does this by default)")
-    return functools.partial(overlong_penalty, max_len=algo.overlong_max_len, buffer_len=algo.overlong_buffer,
-                             factor=algo.overlong_penalty)
+        raise ValueError(
+            "algorithm.overlong_buffer is set but algorithm.overlong_max_len is None; set it "
+            "to rollout.max_tokens (load_config does this by default)"
+        )
+    return functools.partial(
+        overlong_penalty, max_len=algo.overlong_max_len, buffer_len=algo.overlong_buffer, factor=algo.overlong_penalty
+    )

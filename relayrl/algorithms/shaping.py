@@ -29,8 +29,10 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, facto
     turns it off (all zeros). The paper uses L_max = 20480, L_cache = 4096 (a fifth) and factor 1.
     """
     if buffer_len < 0 or max_len <= 0 or buffer_len > max_len:
-        raise ValueError(f"overlong shaping needs 0 <= buffer_len={buffer_len} <= max_len={max_len} and max_len > 0; "
-                         "set algorithm.overlong_buffer to about a fifth of rollout.max_tokens")
+        raise ValueError(
+            f"overlong shaping needs 0 <= buffer_len={buffer_len} <= max_len={max_len} and max_len > 0; "
+            "set algorithm.overlong_buffer to about a fifth of rollout.max_tokens"
+        )
     lengths = lengths.to(torch.float32)
     if buffer_len == 0:
         return torch.zeros_like(lengths)

@@ -25,8 +25,13 @@ def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     from relayrl.algorithms.advantages import ADVANTAGES, CRITIC_ESTIMATORS, WHITEN_MODES
     from relayrl.algorithms.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
 
-    return {"name": (*ADVANTAGES, *CRITIC_ESTIMATORS), "policy_loss": tuple(POLICY_LOSSES),
-            "loss_agg": tuple(LOSS_AGG), "kl_estimator": tuple(KL_ESTIMATORS), "whiten": WHITEN_MODES}
+    return {
+        "name": (*ADVANTAGES, *CRITIC_ESTIMATORS),
+        "policy_loss": tuple(POLICY_LOSSES),
+        "loss_agg": tuple(LOSS_AGG),
+        "kl_estimator": tuple(KL_ESTIMATORS),
+        "whiten": WHITEN_MODES,
+    }
 
 
 @dataclass
@@ -93,22 +98,30 @@ class AlgorithmConfig:
         one_of("algorithm.off_policy", self.off_policy, OffPolicy)
         positive("algorithm", self, "group_size")
         if self.name in GROUPED_ESTIMATORS and self.group_size < 2:
-            raise ConfigError(f"algorithm.group_size={self.group_size} gives {self.name} no group to compare "
-                              "against; set algorithm.group_size>=2 or algorithm.name=reinforce_pp")
+            raise ConfigError(
+                f"algorithm.group_size={self.group_size} gives {self.name} no group to compare "
+                "against; set algorithm.group_size>=2 or algorithm.name=reinforce_pp"
+            )
         self._check_clip()
         self._check_ranges()
 
     def _check_clip(self) -> None:
         """Each policy loss's clip hyper-parameters."""
         if self.clip_eps <= 0 or (self.clip_eps_high is not None and self.clip_eps_high <= 0):
-            raise ConfigError(f"algorithm.clip_eps={self.clip_eps} and clip_eps_high={self.clip_eps_high} must "
-                              "be > 0; set algorithm.clip_eps=0.2")
+            raise ConfigError(
+                f"algorithm.clip_eps={self.clip_eps} and clip_eps_high={self.clip_eps_high} must "
+                "be > 0; set algorithm.clip_eps=0.2"
+            )
         if self.policy_loss == "ppo_clip" and self.clip_eps_high is not None:
-            raise ConfigError("algorithm.clip_eps_high is set but ppo_clip is symmetric; "
-                              "use algorithm.policy_loss=clip_higher (or dual_clip/gspo) or unset clip_eps_high")
+            raise ConfigError(
+                "algorithm.clip_eps_high is set but ppo_clip is symmetric; "
+                "use algorithm.policy_loss=clip_higher (or dual_clip/gspo) or unset clip_eps_high"
+            )
         if self.policy_loss == "clip_higher" and not (self.clip_eps_high or 0) > self.clip_eps:
-            raise ConfigError(f"algorithm.policy_loss=clip_higher needs algorithm.clip_eps_high > clip_eps="
-                              f"{self.clip_eps} (got {self.clip_eps_high}); set algorithm.clip_eps_high=0.28")
+            raise ConfigError(
+                f"algorithm.policy_loss=clip_higher needs algorithm.clip_eps_high > clip_eps="
+                f"{self.clip_eps} (got {self.clip_eps_high}); set algorithm.clip_eps_high=0.28"
+            )
         if self.policy_loss == "dual_clip" and self.dual_clip_c <= 1:
             raise ConfigError(f"algorithm.dual_clip_c={self.dual_clip_c} must be > 1; set algorithm.dual_clip_c=3.0")
 
@@ -120,17 +133,22 @@ class AlgorithmConfig:
             if getattr(self, key) < 0:
                 raise ConfigError(f"algorithm.{key}={getattr(self, key)} must be >= 0; set algorithm.{key}=0")
         if self.dynamic_sampling and self.group_size < 2:
-            raise ConfigError(f"algorithm.dynamic_sampling drops groups whose rewards don't vary, and a group of "
-                              f"group_size={self.group_size} never varies; set algorithm.group_size>=2")
+            raise ConfigError(
+                f"algorithm.dynamic_sampling drops groups whose rewards don't vary, and a group of "
+                f"group_size={self.group_size} never varies; set algorithm.group_size>=2"
+            )
         if self.max_sampling_batches < 0:
-            raise ConfigError(f"algorithm.max_sampling_batches={self.max_sampling_batches} must be >= 0 (0: no "
-                              "limit); set algorithm.max_sampling_batches=10")
+            raise ConfigError(
+                f"algorithm.max_sampling_batches={self.max_sampling_batches} must be >= 0 (0: no "
+                "limit); set algorithm.max_sampling_batches=10"
+            )
         for key in ("gamma", "lam"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algorithm.{key}={getattr(self, key)} must be in [0, 1]; set algorithm.{key}=1.0")
         if self.overlong_max_len is not None and self.overlong_max_len <= 0:
-            raise ConfigError(f"algorithm.overlong_max_len={self.overlong_max_len} must be > 0; leave it unset "
-                              "(rollout.max_tokens)")
+            raise ConfigError(
+                f"algorithm.overlong_max_len={self.overlong_max_len} must be > 0; leave it unset (rollout.max_tokens)"
+            )
 
 
 @dataclass

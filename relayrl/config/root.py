@@ -61,5 +61,5 @@ def register_configs() -> None:
     """Register the schema so recipes (``defaults: [relayrl_schema, _self_]``) are checked against it."""
     cs = ConfigStore.instance()
     cs.store(name="relayrl_schema", node=Config)
-    for mode in get_args(PlacementMode):                    # separate, colocated
+    for mode in get_args(PlacementMode):  # separate, colocated
         cs.store(group="placement", name=mode, node=PlacementConfig(mode=mode))

@@ -45,5 +45,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         positive("run", self, "steps", "prompts_per_step")
         if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
-            raise ConfigError("run.checkpoint_every must be >= 0 and run.keep_checkpoints >= 1; "
-                              "e.g. run.checkpoint_every=10 run.keep_checkpoints=2")
+            raise ConfigError(
+                "run.checkpoint_every must be >= 0 and run.keep_checkpoints >= 1; "
+                "e.g. run.checkpoint_every=10 run.keep_checkpoints=2"
+            )

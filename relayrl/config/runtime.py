@@ -18,8 +18,11 @@ WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"
 their threads), vLLM's INFO lines off."""
 
 
-CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
-                  "MALLOC_TOP_PAD_": str(256 << 20)}
+CPU_MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+    "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+    "MALLOC_TOP_PAD_": str(256 << 20),
+}
 """glibc malloc settings for CPU engines and trainer ranks, which allocate the same large tensors again at
 every step (a trainer's vocab-wide logits and their gradients, AdamW's temporaries; an engine's GEMM copies
 at every commit). By default glibc serves blocks over its dynamic mmap threshold (at most 32 MiB) with fresh

@@ -38,11 +38,15 @@ class LoraConfig:
         if self.r and not self.alpha > 0:
             raise ConfigError(f"trainer.lora.alpha={self.alpha} must be > 0; set e.g. trainer.lora.alpha=16")
         if self.dropout != 0.0:
-            raise ConfigError(f"trainer.lora.dropout={self.dropout}: the trainer runs in eval mode (pi_old is the "
-                              "first epoch's forward), so dropout would never act; set trainer.lora.dropout=0")
+            raise ConfigError(
+                f"trainer.lora.dropout={self.dropout}: the trainer runs in eval mode (pi_old is the "
+                "first epoch's forward), so dropout would never act; set trainer.lora.dropout=0"
+            )
         if self.r and not self.target_modules:
-            raise ConfigError("trainer.lora.target_modules is empty; name the linears to adapt, e.g. "
-                              "trainer.lora.target_modules=[q_proj,v_proj]")
+            raise ConfigError(
+                "trainer.lora.target_modules is empty; name the linears to adapt, e.g. "
+                "trainer.lora.target_modules=[q_proj,v_proj]"
+            )
 
 
 @dataclass
@@ -103,25 +107,31 @@ class TrainerConfig:
     root nor RLIMIT_NICE)."""
 
     def __post_init__(self) -> None:
-        positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs",
-                 "num_cpus")
+        positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs", "num_cpus")
         if not 0 <= self.setup_nice <= 19:
             raise ConfigError(f"trainer.setup_nice={self.setup_nice} is not a niceness increment; set 0 (off) to 19")
         one_of("trainer.backend", self.backend, TrainerBackend)
         if self.world_size % self.tp_size:
-            raise ConfigError(f"trainer.world_size={self.world_size} is not divisible by trainer.tp_size="
-                              f"{self.tp_size}; set trainer.world_size to a multiple of {self.tp_size} (or lower "
-                              "trainer.tp_size)")
+            raise ConfigError(
+                f"trainer.world_size={self.world_size} is not divisible by trainer.tp_size="
+                f"{self.tp_size}; set trainer.world_size to a multiple of {self.tp_size} (or lower "
+                "trainer.tp_size)"
+            )
         if self.lora.r and self.tp_size > 1:
-            raise ConfigError(f"trainer.lora.r={self.lora.r} runs with FSDP only (the adapters "
-                              "are not split over tp ranks); set trainer.tp_size=1 or "
-                              "trainer.lora.r=0")
+            raise ConfigError(
+                f"trainer.lora.r={self.lora.r} runs with FSDP only (the adapters "
+                "are not split over tp ranks); set trainer.tp_size=1 or "
+                "trainer.lora.r=0"
+            )
         if self.max_tokens_per_micro_batch < 0:
-            raise ConfigError(f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be "
-                              ">= 0 (0: padded micro-batches); set e.g. trainer.max_tokens_per_micro_batch=2048")
+            raise ConfigError(
+                f"trainer.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be "
+                ">= 0 (0: padded micro-batches); set e.g. trainer.max_tokens_per_micro_batch=2048"
+            )
         if self.shared_prefix and self.max_tokens_per_micro_batch == 0:
-            raise ConfigError("trainer.shared_prefix=true needs packed rows; set trainer.max_tokens_per_micro_batch"
-                              " > 0 or trainer.shared_prefix=false")
+            raise ConfigError(
+                "trainer.shared_prefix=true needs packed rows; set trainer.max_tokens_per_micro_batch"
+                " > 0 or trainer.shared_prefix=false"
+            )
         if self.dtype not in choices_of(TrainerDtype):
             raise ConfigError(f"trainer.dtype={self.dtype!r} is not known; use float32 or bf16")
-

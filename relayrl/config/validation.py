@@ -15,18 +15,26 @@ def validate(cfg: Config) -> Config:
     _validate_env(cfg)
     _validate_placement(cfg)
     if cfg.run.prompts_per_step % cfg.rollout.num_replicas:
-        raise ConfigError(f"run.prompts_per_step={cfg.run.prompts_per_step} must be a multiple of "
-                          f"rollout.num_replicas={cfg.rollout.num_replicas} (each replica generates an equal share)")
+        raise ConfigError(
+            f"run.prompts_per_step={cfg.run.prompts_per_step} must be a multiple of "
+            f"rollout.num_replicas={cfg.rollout.num_replicas} (each replica generates an equal share)"
+        )
     if cfg.buffer.capacity is not None and cfg.buffer.capacity < cfg.run.prompts_per_step:
-        raise ConfigError(f"buffer.capacity={cfg.buffer.capacity} is below run.prompts_per_step="
-                          f"{cfg.run.prompts_per_step}: a step could never fill; raise it or set null")
+        raise ConfigError(
+            f"buffer.capacity={cfg.buffer.capacity} is below run.prompts_per_step="
+            f"{cfg.run.prompts_per_step}: a step could never fill; raise it or set null"
+        )
     algo = cfg.algorithm
     if algo.overlong_buffer and algo.overlong_max_len is not None and algo.overlong_buffer > algo.overlong_max_len:
-        raise ConfigError(f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
-                          f"{algo.overlong_max_len} (rollout.max_tokens by default); set it to about a fifth of that")
+        raise ConfigError(
+            f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
+            f"{algo.overlong_max_len} (rollout.max_tokens by default); set it to about a fifth of that"
+        )
     if cfg.eval.every and cfg.env.name:
-        raise ConfigError(f"eval.every={cfg.eval.every} scores single-turn completions, but env.name="
-                          f"{cfg.env.name} makes episodes multi-turn; set eval.every=0")
+        raise ConfigError(
+            f"eval.every={cfg.eval.every} scores single-turn completions, but env.name="
+            f"{cfg.env.name} makes episodes multi-turn; set eval.every=0"
+        )
     return cfg
 
 
@@ -39,7 +47,8 @@ def _validate_placement(cfg: Config) -> None:
             raise ConfigError(
                 f"placement=colocated needs rollout resources within the trainer's, but rollout asks "
                 f"{rollout_cpus:g} CPUs (rollout.num_replicas x rollout.num_cpus) and the trainer has "
-                f"{trainer_cpus:g}; lower rollout.num_replicas/rollout.num_cpus or use placement=separate")
+                f"{trainer_cpus:g}; lower rollout.num_replicas/rollout.num_cpus or use placement=separate"
+            )
 
 
 def _validate_tp(cfg: Config) -> None:
@@ -51,19 +60,24 @@ def _validate_tp(cfg: Config) -> None:
     from relayrl.algorithms.advantages import CRITIC_ESTIMATORS
 
     if t.tp_size > 1 and cfg.algorithm.name in CRITIC_ESTIMATORS:
-        raise ConfigError(f"PPO's critic (algorithm.name={cfg.algorithm.name}) is trained with FSDP only; "
-                          "set trainer.tp_size=1")
+        raise ConfigError(
+            f"PPO's critic (algorithm.name={cfg.algorithm.name}) is trained with FSDP only; set trainer.tp_size=1"
+        )
     if cfg.rollout.tp_size > 1 and cfg.placement.mode == "colocated":
-        raise ConfigError("placement=colocated shares one trainer bundle (one GPU) per rollout replica; "
-                          "set rollout.tp_size=1 or placement=separate")
+        raise ConfigError(
+            "placement=colocated shares one trainer bundle (one GPU) per rollout replica; "
+            "set rollout.tp_size=1 or placement=separate"
+        )
 
 
 def _validate_env(cfg: Config) -> None:
     """``env_reward`` needs an environment (``EnvConfig`` checks that ``env.name`` loads)."""
     uses_env_reward = any(spec.fn in ("env_reward", "relayrl.rewards.builtin:env_reward") for spec in cfg.rewards)
     if cfg.env.name is None and uses_env_reward:
-        raise ConfigError("rewards use env_reward but env.name is not set; set env.name=calculator "
-                          "(or another environment) or drop the env_reward reward")
+        raise ConfigError(
+            "rewards use env_reward but env.name is not set; set env.name=calculator "
+            "(or another environment) or drop the env_reward reward"
+        )
 
 
 def fill_defaults(cfg: Config) -> Config:
@@ -78,4 +92,3 @@ def fill_defaults(cfg: Config) -> Config:
         off = cfg.mode == "async" and cfg.buffer.max_staleness >= 1
         cfg.algorithm.off_policy = "tis" if off else "none"
     return cfg
-

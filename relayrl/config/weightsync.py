@@ -48,8 +48,10 @@ class WeightSyncConfig:
     def __post_init__(self) -> None:
         one_of("weightsync.backend", self.backend, SyncBackend)
         if self.backend == "vllm-native" and not has_cuda():
-            raise ConfigError("weightsync.backend=vllm-native runs vLLM's nccl/ipc engines, which need GPUs; "
-                              "on CPU use weightsync.backend=shm (one host) or broadcast")
+            raise ConfigError(
+                "weightsync.backend=vllm-native runs vLLM's nccl/ipc engines, which need GPUs; "
+                "on CPU use weightsync.backend=shm (one host) or broadcast"
+            )
         one_of("weightsync.native_engine", self.native_engine, NativeEngine)
         positive("weightsync", self, "timeout_s", "bucket_mb", "verify_samples", "max_mismatch")
         if self.verify_every < 0:

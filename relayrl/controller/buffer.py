@@ -47,14 +47,14 @@ class StalenessError(RuntimeError):
 class Entry:
     """One generate call's scored groups, by reference."""
 
-    seq: int                    # start order of its generate call (0, 1, 2, ...)
-    ref: Any                    # ObjectRef of list[TrajectoryGroup] (or the list itself, in tests)
+    seq: int  # start order of its generate call (0, 1, 2, ...)
+    ref: Any  # ObjectRef of list[TrajectoryGroup] (or the list itself, in tests)
     prompt_ids: list[int]
-    min_version: int            # oldest policy version among its tokens
+    min_version: int  # oldest policy version among its tokens
     max_version: int
-    metrics: dict[str, Any] = field(default_factory=dict)   # the scorer's per-call metrics
+    metrics: dict[str, Any] = field(default_factory=dict)  # the scorer's per-call metrics
     created: float = field(default_factory=time.monotonic)
-    useful: int | None = None   # groups that count towards a step (dynamic sampling); None: all of them
+    useful: int | None = None  # groups that count towards a step (dynamic sampling); None: all of them
 
     @property
     def num_groups(self) -> int:
@@ -126,8 +126,10 @@ class ReplayBuffer:
             elif self.drop_stale:
                 self.dropped[f"stale>{self.k}"] += e.num_groups
             else:
-                raise StalenessError(f"entry {e.seq} from v{e.min_version} reached the trainer at v{version} "
-                                     f"(max_staleness={self.k}); admission control should prevent this")
+                raise StalenessError(
+                    f"entry {e.seq} from v{e.min_version} reached the trainer at v{version} "
+                    f"(max_staleness={self.k}); admission control should prevent this"
+                )
         return out
 
     def skip_to(self, seq: int) -> None:
@@ -143,8 +145,9 @@ class ReplayBuffer:
 
 
 def _full(entries: list[Entry], groups: int, max_groups: int | None) -> bool:
-    return (sum(e.counted for e in entries) >= groups
-            or (max_groups is not None and sum(e.num_groups for e in entries) >= max_groups))
+    return sum(e.counted for e in entries) >= groups or (
+        max_groups is not None and sum(e.num_groups for e in entries) >= max_groups
+    )
 
 
 @dataclass

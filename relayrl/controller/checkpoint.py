@@ -91,8 +91,10 @@ def find_resume(output_dir: str, name: str, resume: str) -> tuple[Path, Path] | 
         return path.parent.parent, path
     if (ckpt := latest_verified(path)) is not None:
         return path, ckpt
-    raise FileNotFoundError(f"run.resume={resume} holds no complete, verified checkpoint; point it at "
-                            "runs/<id> or runs/<id>/checkpoints/step_N, or use run.resume=auto")
+    raise FileNotFoundError(
+        f"run.resume={resume} holds no complete, verified checkpoint; point it at "
+        "runs/<id> or runs/<id>/checkpoints/step_N, or use run.resume=auto"
+    )
 
 
 def driver_state(path: Path) -> dict[str, Any]:
@@ -172,8 +174,8 @@ class Pending:
 
     step: int
     tmp: Path
-    trainer: Any            # TrainerGroup: ``checkpoint_written(wait)``
-    state: str              # driver.json: the driver's state at ``step``, serialised at save time
+    trainer: Any  # TrainerGroup: ``checkpoint_written(wait)``
+    state: str  # driver.json: the driver's state at ``step``, serialised at save time
 
 
 class Checkpointer:
@@ -183,7 +185,7 @@ class Checkpointer:
         self.checkpoints = Path(run_dir) / "checkpoints"
         self.keep, self.asynchronous = keep, asynchronous
         self.pending: Pending | None = None
-        self.stall_s = 0.0     # seconds saves held the driver since the last ``take_stall``
+        self.stall_s = 0.0  # seconds saves held the driver since the last ``take_stall``
 
     def save(self, step: int, trainer: Any, state: dict[str, Any]) -> None:
         """Start checkpoint ``step``: the previous one is committed first (waiting for its write), leftovers
@@ -197,7 +199,7 @@ class Checkpointer:
         try:
             tmp.mkdir(parents=True)
             trainer.save_checkpoint(str(tmp), self.asynchronous)
-        except Exception as exc:   # noqa: BLE001 - as in _commit_or_drop
+        except Exception as exc:  # noqa: BLE001 - as in _commit_or_drop
             _not_written(step, exc)
         else:
             self.pending = Pending(step, tmp, trainer, json.dumps({"step": step, **state}))
@@ -238,7 +240,7 @@ class Checkpointer:
         pending = self.pending
         try:
             self.commit(wait)
-        except Exception as exc:   # noqa: BLE001 - any failure of the write: report it and go on
+        except Exception as exc:  # noqa: BLE001 - any failure of the write: report it and go on
             self.pending = None
             _not_written(pending.step, exc)
 
@@ -249,7 +251,10 @@ class Checkpointer:
 
 
 def _not_written(step: int, exc: Exception) -> None:
-    cause = getattr(exc, "cause", None) or exc        # a rank's error arrives wrapped in RayTaskError
+    cause = getattr(exc, "cause", None) or exc  # a rank's error arrives wrapped in RayTaskError
     first = (str(cause).strip().splitlines() or [""])[0]
-    print(f"relayrl: checkpoint step {step} was not written ({type(cause).__name__}: {first}); "
-          "the earlier checkpoints stay as they were", flush=True)
+    print(
+        f"relayrl: checkpoint step {step} was not written ({type(cause).__name__}: {first}); "
+        "the earlier checkpoints stay as they were",
+        flush=True,
+    )

@@ -20,8 +20,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relayrl import logs
-from relayrl.config import (WORKER_ENV, Config, PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig,
-                            has_cuda)
+from relayrl.config import WORKER_ENV, Config, PlacementConfig, RolloutConfig, TrainerConfig, WeightSyncConfig, has_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +30,9 @@ class Placement:
     """Ray scheduling options for each actor, ready for ``.options(**opts)``."""
 
     group: PlacementGroup
-    rollout: list[dict]   # one per replica
-    trainer: list[dict]   # one per rank
-    rollout_nodes: list[str] = dataclasses.field(default_factory=list)   # Ray node id of each replica's bundle
+    rollout: list[dict]  # one per replica
+    trainer: list[dict]  # one per rank
+    rollout_nodes: list[str] = dataclasses.field(default_factory=list)  # Ray node id of each replica's bundle
     trainer_nodes: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -49,9 +48,15 @@ def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: floa
         ray.init(address=address, runtime_env=env, log_to_driver=True)
     else:
         cpus = placement.num_cpus or max(float(os.cpu_count() or 1), needed_cpus)
-        ray.init(address="local", num_cpus=int(-(-cpus // 1)), include_dashboard=False, runtime_env=env,
-                 _node_ip_address="127.0.0.1", log_to_driver=True)
-    logs.attach()       # the run's router (if one is installed) takes Ray's printer off the console
+        ray.init(
+            address="local",
+            num_cpus=int(-(-cpus // 1)),
+            include_dashboard=False,
+            runtime_env=env,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=True,
+        )
+    logs.attach()  # the run's router (if one is installed) takes Ray's printer off the console
 
 
 def split_cores(cfg: Config, cores: int | None = None) -> Config:
@@ -84,8 +89,13 @@ def needed_cpus(rollout: RolloutConfig, trainer: TrainerConfig, placement: Place
     return rollout.num_replicas * rollout.num_cpus + trainer_cpus + SCORING_CPUS
 
 
-def make_placement(rollout: RolloutConfig, trainer: TrainerConfig, placement: PlacementConfig,
-                   timeout_s: float = 60.0, gpus: bool | None = None) -> Placement:
+def make_placement(
+    rollout: RolloutConfig,
+    trainer: TrainerConfig,
+    placement: PlacementConfig,
+    timeout_s: float = 60.0,
+    gpus: bool | None = None,
+) -> Placement:
     """Reserve bundles and say where each actor goes; fails with a clear message if Ray lacks resources.
 
     ``gpus`` (default: the Ray cluster has GPUs): a rollout replica's bundle also holds
@@ -108,16 +118,23 @@ def make_placement(rollout: RolloutConfig, trainer: TrainerConfig, placement: Pl
         r_gpus = t_gpus = t_gpus / 2
     pg = placement_group(bundles, strategy="PACK")
     if not pg.wait(timeout_seconds=timeout_s):
-        raise RuntimeError(f"Ray could not reserve {bundles} within {timeout_s:.0f}s; "
-                           "lower rollout/trainer num_cpus (or rollout.tp_size) or set placement.num_cpus")
+        raise RuntimeError(
+            f"Ray could not reserve {bundles} within {timeout_s:.0f}s; "
+            "lower rollout/trainer num_cpus (or rollout.tp_size) or set placement.num_cpus"
+        )
 
     def opts(i: int, cpus: float, n_gpus: float) -> dict:
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
         return {"num_cpus": cpus, "scheduling_strategy": strategy, **({"num_gpus": n_gpus} if gpus else {})}
 
     nodes = ray.util.placement_group_table(pg)["bundles_to_node_id"]
-    return Placement(pg, [opts(i, r_cpus, r_gpus) for i in r_idx], [opts(i, t_cpus, t_gpus) for i in t_idx],
-                     [nodes[i] for i in r_idx], [nodes[i] for i in t_idx])
+    return Placement(
+        pg,
+        [opts(i, r_cpus, r_gpus) for i in r_idx],
+        [opts(i, t_cpus, t_gpus) for i in t_idx],
+        [nodes[i] for i in r_idx],
+        [nodes[i] for i in t_idx],
+    )
 
 
 def sync_config(ws: WeightSyncConfig, placement: Placement) -> WeightSyncConfig:
@@ -127,8 +144,10 @@ def sync_config(ws: WeightSyncConfig, placement: Placement) -> WeightSyncConfig:
         return ws
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     host = ips.get(placement.trainer_nodes[0], ws.host)
-    logger.info(f"relayrl: rollout replicas span {len(set(placement.rollout_nodes) | set(placement.trainer_nodes))} "
-                f"nodes; weightsync.backend=shm -> broadcast (store on {host})")
+    logger.info(
+        f"relayrl: rollout replicas span {len(set(placement.rollout_nodes) | set(placement.trainer_nodes))} "
+        f"nodes; weightsync.backend=shm -> broadcast (store on {host})"
+    )
     return dataclasses.replace(ws, backend="broadcast", host=host)
 
 

@@ -28,8 +28,8 @@ import ray
 
 from relayrl.config import Config, ConfigError
 from relayrl.controller.cluster import make_placement, needed_cpus, split_cores, start_ray
-from relayrl.controller.run import RunDir, RunResult
 from relayrl.controller.faults import TrainerDied
+from relayrl.controller.run import RunDir, RunResult
 from relayrl.controller.system import System
 from relayrl.logs import show_on_console
 from relayrl.preflight import resolve_model_path, resolve_rewards
@@ -44,18 +44,18 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     If a trainer rank dies, the whole system is torn down and started again from the run's latest
     checkpoint (from scratch if there is none yet), at most ``trainer.max_restarts`` times.
     """
-    show_on_console()                                   # the Python API's console, as the CLI's
-    cfg = split_cores(cfg)                              # async on CPU: engines and ranks share the cores
-    keep_driver_forkserver(cfg)                         # `relayrl train` started one at launch
-    reward_fns = resolve_rewards(cfg, rewards)          # preflight: import errors surface before Ray starts
-    model_path = resolve_model_path(cfg)                # preflight: model, context, KV cache, dataset, prompts
-    resume = resolve_resume(cfg)                        # (run dir, checkpoint, state) or None, before Ray starts
+    show_on_console()  # the Python API's console, as the CLI's
+    cfg = split_cores(cfg)  # async on CPU: engines and ranks share the cores
+    keep_driver_forkserver(cfg)  # `relayrl train` started one at launch
+    reward_fns = resolve_rewards(cfg, rewards)  # preflight: import errors surface before Ray starts
+    model_path = resolve_model_path(cfg)  # preflight: model, context, KV cache, dataset, prompts
+    resume = resolve_resume(cfg)  # (run dir, checkpoint, state) or None, before Ray starts
     run = RunDir.reopen(cfg, resume[0], resume[2]) if resume else RunDir.create(cfg)
     placement = None
-    try:                                       # from here on, status.json says how the run ended
+    try:  # from here on, status.json says how the run ended
         start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
         placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
-        run.logger.ready()                     # wandb started beside ray.init; its error stops us before actors
+        run.logger.ready()  # wandb started beside ray.init; its error stops us before actors
         for restart in range(cfg.trainer.max_restarts + 1):
             try:
                 return run_once(cfg, model_path, placement, reward_fns, run, resume)
@@ -63,13 +63,15 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
                 if restart == cfg.trainer.max_restarts:
                     raise
                 resume, run = restart_point(cfg, run)
-                logger.warning(f"relayrl: {exc}; restarting from {resume[1].name if resume else 'the start'} "
-                               f"({restart + 1}/{cfg.trainer.max_restarts})")
+                logger.warning(
+                    f"relayrl: {exc}; restarting from {resume[1].name if resume else 'the start'} "
+                    f"({restart + 1}/{cfg.trainer.max_restarts})"
+                )
     except KeyboardInterrupt:
-        run.interrupt()                        # Ctrl-C: status.json says interrupted; one line says what is kept
+        run.interrupt()  # Ctrl-C: status.json says interrupted; one line says what is kept
         raise
     except BaseException as exc:
-        run.fail(exc)                          # status.json says failed; logs/error.log has the traceback
+        run.fail(exc)  # status.json says failed; logs/error.log has the traceback
         raise
     finally:
         run.logger.close()  # idempotent; metrics.jsonl is flushed line by line anyway
@@ -77,8 +79,9 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
             ray.util.remove_placement_group(placement.group)
 
 
-def run_once(cfg: Config, model_path: Path, placement: Any, reward_fns: list, run: RunDir,
-             resume: tuple | None) -> RunResult:
+def run_once(
+    cfg: Config, model_path: Path, placement: Any, reward_fns: list, run: RunDir, resume: tuple | None
+) -> RunResult:
     system = System.start(cfg, model_path, placement, reward_fns, run)
     try:
         loop(cfg, system, run, resume)
@@ -134,4 +137,4 @@ def resolve_resume(cfg: Config) -> tuple[Path, Path, dict] | None:
     return found[0], found[1], state
 
 
-__all__ = ["train", "loop"]
+__all__ = ["loop", "train"]

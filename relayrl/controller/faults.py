@@ -31,8 +31,10 @@ def task_error_line(replica: int, error: BaseException) -> str:
     """One line for a generate call that failed on a live replica: the cause's type and first line."""
     cause = getattr(error, "cause", None) or error
     first = (str(cause).strip().splitlines() or [""])[0][:300]
-    return (f"rollout replica {replica}: generate failed with {type(cause).__name__}: {first} (the replica "
-            "is alive, so this is the task's own error - an environment or a prompt - not a restart)")
+    return (
+        f"rollout replica {replica}: generate failed with {type(cause).__name__}: {first} (the replica "
+        "is alive, so this is the task's own error - an environment or a prompt - not a restart)"
+    )
 
 
 def trainer_result(trainer: Any, refs: list[ray.ObjectRef]) -> dict:

@@ -64,12 +64,12 @@ class Flight:
     seq: int
     replica: int
     prompts: Prompts
-    t0: float = 0.0                 # when its generate call started
-    actor: Any = None               # the rollout actor it runs on (the replica's slot may get a new one)
-    generated: Any = None           # its generate call's ref, once that finished and went to the scorer
-    scored: Any = None              # the scored groups' ref
-    generate_s: float = 0.0         # how long the generate call took
-    score_t0: float = 0.0           # when its scoring started
+    t0: float = 0.0  # when its generate call started
+    actor: Any = None  # the rollout actor it runs on (the replica's slot may get a new one)
+    generated: Any = None  # its generate call's ref, once that finished and went to the scorer
+    scored: Any = None  # the scored groups' ref
+    generate_s: float = 0.0  # how long the generate call took
+    score_t0: float = 0.0  # when its scoring started
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -83,28 +83,35 @@ class Step:
 
     entries: list[Entry]
     refs: list[Any] = field(default_factory=list)
-    t0: float = 0.0                 # when the train call started
+    t0: float = 0.0  # when the train call started
 
 
 @dataclass
 class PolicyConfig:
     """What the policy decides with; ``from_config`` reads it off the run's config."""
 
-    max_staleness: int          # k (0: sync mode)
-    prompts_per_step: int       # B groups per train step
-    replicas: int               # chunks of B / replicas prompts, one per generate call
+    max_staleness: int  # k (0: sync mode)
+    prompts_per_step: int  # B groups per train step
+    replicas: int  # chunks of B / replicas prompts, one per generate call
     capacity: int | None = None
     drop_stale: bool = False
     colocated: bool = False
-    refill: bool = False        # DAPO dynamic sampling: only groups with reward spread fill a step
-    max_sampling_batches: int = 0   # refill: a step draws at most this many x B groups (0: no cap)
+    refill: bool = False  # DAPO dynamic sampling: only groups with reward spread fill a step
+    max_sampling_batches: int = 0  # refill: a step draws at most this many x B groups (0: no cap)
 
     @classmethod
     def from_config(cls, cfg: Config, replicas: int) -> PolicyConfig:
         algo = cfg.algorithm
-        return cls(cfg.buffer.max_staleness if cfg.mode == "async" else 0, cfg.run.prompts_per_step,
-                   replicas, cfg.buffer.capacity, cfg.buffer.drop_stale, cfg.placement.mode == "colocated",
-                   algo.dynamic_sampling, algo.max_sampling_batches)
+        return cls(
+            cfg.buffer.max_staleness if cfg.mode == "async" else 0,
+            cfg.run.prompts_per_step,
+            replicas,
+            cfg.buffer.capacity,
+            cfg.buffer.drop_stale,
+            cfg.placement.mode == "colocated",
+            algo.dynamic_sampling,
+            algo.max_sampling_batches,
+        )
 
 
 class StepPolicy:
@@ -117,14 +124,14 @@ class StepPolicy:
         self.admission = Admission(pc.max_staleness, self.B)
         self.buffer = ReplayBuffer(pc.max_staleness, pc.capacity, pc.drop_stale)
         self.max_groups = pc.max_sampling_batches * self.B if pc.refill and pc.max_sampling_batches else None
-        self.version = 0                                # optimizer steps taken = engines' weight version
-        self.outstanding: dict[int, Prompts] = {}       # seq -> prompts issued, not yet taken by a step
-        self.generating: dict[int, Flight] = {}         # seq -> chunk launched, not yet scored or failed
-        self.retry: list[int] = []                      # seqs whose replica died: generate again first
-        self.pending: list[Prompts] = []                # chunks unfinished at a checkpoint: issue first
-        self.training: Step | None = None               # the step being trained
+        self.version = 0  # optimizer steps taken = engines' weight version
+        self.outstanding: dict[int, Prompts] = {}  # seq -> prompts issued, not yet taken by a step
+        self.generating: dict[int, Flight] = {}  # seq -> chunk launched, not yet scored or failed
+        self.retry: list[int] = []  # seqs whose replica died: generate again first
+        self.pending: list[Prompts] = []  # chunks unfinished at a checkpoint: issue first
+        self.training: Step | None = None  # the step being trained
         self.counts = {"issued": 0, "trained": 0, "dropped": 0}
-        self.dropped_before_resume = 0                  # restored drops: the buffer's own count starts at 0
+        self.dropped_before_resume = 0  # restored drops: the buffer's own count starts at 0
         self.next_seq = 0
 
     # ---- rollout side ----------------------------------------------------------------------------
@@ -198,7 +205,10 @@ class StepPolicy:
                 f"dynamic sampling drew {drawn} groups for step {self.version + 1} and only {useful} of the "
                 f"{self.B} needed had rewards that vary (algorithm.max_sampling_batches="
                 f"{self.pc.max_sampling_batches}): the prompts are too easy or too hard for this model; "
-                "filter the dataset or raise algorithm.max_sampling_batches (0: no limit)", useful, drawn)
+                "filter the dataset or raise algorithm.max_sampling_batches (0: no limit)",
+                useful,
+                drawn,
+            )
         self.admission.took(useful)
 
     def on_trained(self) -> list[int]:
@@ -222,17 +232,24 @@ class StepPolicy:
         """issued == trained + dropped + still in flight; holds after every call, checked at the end."""
         c, in_flight = self.counts, self.in_flight()
         if c["issued"] != c["trained"] + c["dropped"] + in_flight:
-            raise RuntimeError(f"prompt accounting broke: issued {c['issued']} != trained {c['trained']} + "
-                               f"dropped {c['dropped']} + in flight {in_flight}")
-        return (f"prompts: issued {c['issued']} = trained {c['trained']} + dropped {c['dropped']} "
-                f"+ in flight at the end {in_flight}")
+            raise RuntimeError(
+                f"prompt accounting broke: issued {c['issued']} != trained {c['trained']} + "
+                f"dropped {c['dropped']} + in flight {in_flight}"
+            )
+        return (
+            f"prompts: issued {c['issued']} = trained {c['trained']} + dropped {c['dropped']} "
+            f"+ in flight at the end {in_flight}"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """What a resume needs (JSON): the data cursor, the unfinished chunks (regenerated first), counts."""
         unfinished = [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending
-        return {"sampler": self.sampler.state_dict() if self.sampler is not None else {},
-                "counts": dict(self.counts), "seq": min(self.outstanding, default=self.next_seq),
-                "pending": [[p.to_json() for p in chunk] for chunk in unfinished]}
+        return {
+            "sampler": self.sampler.state_dict() if self.sampler is not None else {},
+            "counts": dict(self.counts),
+            "seq": min(self.outstanding, default=self.next_seq),
+            "pending": [[p.to_json() for p in chunk] for chunk in unfinished],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at ``state["step"]``: admission as if every earlier step's chunks were started, the
@@ -245,5 +262,5 @@ class StepPolicy:
         self.next_seq = state.get("seq", self.version * self.pc.replicas)  # before refills: n calls a step
         self.buffer.skip_to(self.next_seq)
         self.counts = dict(state["counts"])
-        self.counts["issued"] -= sum(len(c) for c in self.pending)       # counted again when re-issued
+        self.counts["issued"] -= sum(len(c) for c in self.pending)  # counted again when re-issued
         self.dropped_before_resume = self.counts["dropped"]

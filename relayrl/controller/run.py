@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RunResult:
     run_dir: Path
-    rewards: list[float]                  # reward/mean per step
+    rewards: list[float]  # reward/mean per step
     checkpoint: Path | None
 
     def window_means(self, k: int = 5) -> tuple[float, float]:
@@ -43,14 +43,14 @@ class RunDir:
     path: Path
     logger: Any
     rewards: list[float] = field(default_factory=list)
-    checkpoints: Checkpointer | None = None   # step_N writes; None in a RunDir made without a config
+    checkpoints: Checkpointer | None = None  # step_N writes; None in a RunDir made without a config
 
     @classmethod
-    def create(cls, cfg: Config) -> "RunDir":
+    def create(cls, cfg: Config) -> RunDir:
         return cls._open(cfg, new_run_dir(Path(cfg.run.output_dir), cfg.run.name), [])
 
     @classmethod
-    def reopen(cls, cfg: Config, path: Path, state: dict[str, Any] | None) -> "RunDir":
+    def reopen(cls, cfg: Config, path: Path, state: dict[str, Any] | None) -> RunDir:
         """Continue ``path`` after a resume from the checkpoint with driver ``state`` (None: from step 0).
         Per-step logs are cut back to its step (the steps after it are trained again; a torn last line
         left by a killed writer goes too), the prompt log is checked against it, and the logger appends."""
@@ -58,26 +58,25 @@ class RunDir:
         check_prompt_log(path / "prompts.jsonl", step, state["counts"]["trained"] if state else 0)
         for name in ("metrics.jsonl", "samples.jsonl", "prompts.jsonl"):
             _truncate_steps(path / name, step)
-        rows = [record for _, record in read_jsonl(path / "metrics.jsonl")
-                if record.get("step", 0) > 0]                # step 0: the initial model's eval, no step
-        return cls._open(cfg, path, [float(r.get(REWARD_MEAN, float("nan"))) for r in rows],
-                         resumed_from=step)
+        rows = [
+            record for _, record in read_jsonl(path / "metrics.jsonl") if record.get("step", 0) > 0
+        ]  # step 0: the initial model's eval, no step
+        return cls._open(cfg, path, [float(r.get(REWARD_MEAN, float("nan"))) for r in rows], resumed_from=step)
 
     @classmethod
-    def _open(cls, cfg: Config, path: Path, rewards: list[float], **status: Any) -> "RunDir":
+    def _open(cls, cfg: Config, path: Path, rewards: list[float], **status: Any) -> RunDir:
         from omegaconf import OmegaConf
 
         from relayrl.monitor.metrics import make_logger
 
         resolved = OmegaConf.structured(cfg)
-        if not status:                                     # a new run: its resolved config
+        if not status:  # a new run: its resolved config
             (path / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
         config_dict = OmegaConf.to_container(resolved, resolve=True)
         config_dict.pop("defaults", None)
-        run = cls(cfg, path, None, rewards,
-                  Checkpointer(path, cfg.run.keep_checkpoints, cfg.run.checkpoint_async))
+        run = cls(cfg, path, None, rewards, Checkpointer(path, cfg.run.keep_checkpoints, cfg.run.checkpoint_async))
         run.write_status("running", **status)
-        capture(path / "logs", cfg.logging.verbose)      # actor and engine output -> logs/*.log
+        capture(path / "logs", cfg.logging.verbose)  # actor and engine output -> logs/*.log
         hint = "" if cfg.logging.verbose else " (--verbose: on the console too)"
         logger.info(f"relayrl: run dir {path}; actor and engine output in {path / 'logs'}{hint}")
         run.logger = make_logger(cfg.logging, path, config_dict, cfg.run.steps)
@@ -110,10 +109,14 @@ class RunDir:
         the signal too); ``run.resume=auto`` takes the latest committed one."""
         self.write_status("interrupted", steps_done=len(self.rewards))
         ckpt = latest(self.path)
-        how = (f"run.resume=auto continues from {ckpt.name}" if ckpt else
-               "it has no checkpoint yet, so run.resume=auto would start over")
-        logger.warning(f"relayrl: interrupted after {len(self.rewards)} step(s); {self.path} keeps their "
-                       f"metrics; {how}")
+        how = (
+            f"run.resume=auto continues from {ckpt.name}"
+            if ckpt
+            else "it has no checkpoint yet, so run.resume=auto would start over"
+        )
+        logger.warning(
+            f"relayrl: interrupted after {len(self.rewards)} step(s); {self.path} keeps their metrics; {how}"
+        )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Log one step under the schema's names (``monitor.schema.to_schema``: the one renaming place)."""
@@ -123,7 +126,7 @@ class RunDir:
         if samples:
             self.logger.log_samples(step, samples)
         if self.checkpoints is not None:
-            self.checkpoints.poll()          # commit a step_N whose background write has finished
+            self.checkpoints.poll()  # commit a step_N whose background write has finished
             metrics[TIMING_CHECKPOINT_STALL] = self.checkpoints.take_stall()
         metrics = to_schema(metrics, self.cfg.trainer.lr, self.cfg.rollout.num_replicas)
         self.rewards.append(float(metrics.get(REWARD_MEAN, float("nan"))))
@@ -134,19 +137,19 @@ class RunDir:
         from relayrl.monitor.plot import plot_run, reward_curve_ascii
 
         if self.checkpoints is not None:
-            self.checkpoints.finish()        # the last step_N is on disk and committed
+            self.checkpoints.finish()  # the last step_N is on disk and committed
         checkpoint = None
-        if self.cfg.run.save_final:           # written aside, fsynced, renamed: never half a model
-            checkpoint = durable_dir(self.path / "checkpoints" / "final",
-                                     lambda tmp: system.trainer.save_hf(str(tmp)))
+        if self.cfg.run.save_final:  # written aside, fsynced, renamed: never half a model
+            checkpoint = durable_dir(self.path / "checkpoints" / "final", lambda tmp: system.trainer.save_hf(str(tmp)))
         self.logger.close()
         plot_run(self.path)
         self.write_status("finished", steps_done=len(self.rewards))
         result = RunResult(self.path, list(self.rewards), checkpoint)
         first, last = result.window_means()
         logger.info(reward_curve_ascii(self.rewards))
-        logger.info(f"reward: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({last - first:+.3f}); "
-                    f"run dir {self.path}")
+        logger.info(
+            f"reward: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({last - first:+.3f}); run dir {self.path}"
+        )
         return result
 
 
@@ -173,7 +176,8 @@ def check_prompt_log(path: Path, step: int, trained: int) -> None:
         raise ConfigError(
             f"{path} holds steps {_span(steps)} with {ids} prompt ids, but the checkpoint is at step {step} "
             f"with {trained} trained prompts: this run dir's prompt log does not match its checkpoint; "
-            "resume from a checkpoint it matches (run.resume=<run dir>/checkpoints/step_N) or start fresh")
+            "resume from a checkpoint it matches (run.resume=<run dir>/checkpoints/step_N) or start fresh"
+        )
 
 
 def _span(steps: list) -> str:

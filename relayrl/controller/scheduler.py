@@ -68,14 +68,14 @@ class Scheduler:
         self.n = len(system.rollouts)
         self.colocated = cfg.placement.mode == "colocated"
         self.policy = StepPolicy(PolicyConfig.from_config(cfg, self.n), system.sampler.next_batch, system.sampler)
-        self.generate_calls: dict[ray.ObjectRef, Flight] = {}   # generate ref -> the policy's flight
-        self.score_calls: dict[ray.ObjectRef, Flight] = {}      # Scored ref -> the policy's flight
+        self.generate_calls: dict[ray.ObjectRef, Flight] = {}  # generate ref -> the policy's flight
+        self.score_calls: dict[ray.ObjectRef, Flight] = {}  # Scored ref -> the policy's flight
         self.idle = list(range(self.n))
         self.idle_since = time.perf_counter()
-        self.bad_steps = 0                              # consecutive steps skipped for a NaN/inf gradient
-        self.calls = [0] * self.n                       # generate calls scored, per replica
+        self.bad_steps = 0  # consecutive steps skipped for a NaN/inf gradient
+        self.calls = [0] * self.n  # generate calls scored, per replica
         self.log = StepLog(cfg, run, self.n, getattr(system, "startup", {}), self.policy.pc.refill)
-        self.evaluator = TrainingEval(cfg, system, run)     # eval.every: held-out prompts drawn once
+        self.evaluator = TrainingEval(cfg, system, run)  # eval.every: held-out prompts drawn once
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -89,17 +89,19 @@ class Scheduler:
 
     def run_steps(self) -> None:
         if self.colocated and self.cfg.placement.offload_trainer:
-            self.system.trainer.offload()          # rollout goes first: the trainer waits in host memory
-        self.evaluator.before_first_step(self.policy.version)   # eval.before_first_step: step 0
+            self.system.trainer.offload()  # rollout goes first: the trainer waits in host memory
+        self.evaluator.before_first_step(self.policy.version)  # eval.before_first_step: step 0
         while self.policy.version < self.cfg.run.steps:
             self._launch()
             self._start_training()
             step = self.policy.training
             refs = [*self.generate_calls, *self.score_calls, *(step.refs[:1] if step else [])]
             if not refs:
-                raise RuntimeError(f"scheduler stalled at v{self.policy.version}: nothing generating or "
-                                   "training and the buffer cannot fill a step; check buffer.capacity and "
-                                   "run.prompts_per_step")
+                raise RuntimeError(
+                    f"scheduler stalled at v{self.policy.version}: nothing generating or "
+                    "training and the buffer cannot fill a step; check buffer.capacity and "
+                    "run.prompts_per_step"
+                )
             ready, _ = ray.wait(refs, num_returns=1, timeout=self._wait_s())
             if not ready:
                 self._expire_overdue()
@@ -135,15 +137,14 @@ class Scheduler:
         for ref, flight in list(self.generate_calls.items()):
             if now - flight.t0 >= limit:
                 del self.generate_calls[ref]
-                error = TimeoutError(f"generate call {flight.seq} ran past rollout.generate_timeout_s="
-                                     f"{limit:g}")
+                error = TimeoutError(f"generate call {flight.seq} ran past rollout.generate_timeout_s={limit:g}")
                 self._replace_replica(flight, error)
 
     def _replace_replica(self, flight: Flight, error: BaseException) -> None:
         """A replica died mid-generation: start a new one (with the current weights) and generate its chunk
         again under the same sequence number, so data order and accounting are unchanged."""
         replica = flight.replica
-        if self.system.rollouts[replica] is flight.actor:    # not yet replaced (e.g. during a sync)
+        if self.system.rollouts[replica] is flight.actor:  # not yet replaced (e.g. during a sync)
             self.system.restart_rollout(replica, self.policy.version, error)
         self.policy.on_failed(flight.seq)
         self.idle.append(replica)
@@ -170,13 +171,16 @@ class Scheduler:
             return
         self.idle.append(flight.replica)
         self.calls[flight.replica] += 1
-        scored.metrics |= {TIMING_SCORE: time.perf_counter() - flight.score_t0, TIMING_GENERATE: flight.generate_s,
-                           ROLLOUT_CALLS: 1.0}
+        scored.metrics |= {
+            TIMING_SCORE: time.perf_counter() - flight.score_t0,
+            TIMING_GENERATE: flight.generate_s,
+            ROLLOUT_CALLS: 1.0,
+        }
         self.policy.on_scored(scored_entry(flight, scored))
 
     # ---- trainer side ----------------------------------------------------------------------------
     def _start_training(self) -> None:
-        if (step := self.policy.take_step()) is None:      # None while a step trains
+        if (step := self.policy.take_step()) is None:  # None while a step trains
             return
         self.log.clock.waited += time.perf_counter() - self.idle_since
         if self.colocated:
@@ -200,11 +204,22 @@ class Scheduler:
         self.idle_since = t2
         trained_at = self.policy.version
         self.log.prompts(trained_at + 1, self.policy.on_trained())
-        stats = {**train_stats, **sync_stats, **self.policy.buffer.stats(),
-                 **self.evaluator.after_step(self.policy.version),   # engines hold this version now
-                 TIMING_TRAIN: t1 - t0, TIMING_SYNC: t2 - t1}
-        self.log.write(trained_at, entries, stats, self.policy.counts, self.system.restarts,
-                       [f.t0 for f in self.generate_calls.values()])
+        stats = {
+            **train_stats,
+            **sync_stats,
+            **self.policy.buffer.stats(),
+            **self.evaluator.after_step(self.policy.version),  # engines hold this version now
+            TIMING_TRAIN: t1 - t0,
+            TIMING_SYNC: t2 - t1,
+        }
+        self.log.write(
+            trained_at,
+            entries,
+            stats,
+            self.policy.counts,
+            self.system.restarts,
+            [f.t0 for f in self.generate_calls.values()],
+        )
         every = self.cfg.run.checkpoint_every
         if every and self.policy.version % every == 0:
             self.checkpoint()
@@ -213,13 +228,22 @@ class Scheduler:
         """A NaN/inf gradient makes the trainer skip its optimizer step; K such steps in a row stop the run."""
         self.bad_steps = self.bad_steps + 1 if stats.get("nonfinite_skips", 0) > 0 else 0
         if self.bad_steps >= self.cfg.trainer.max_bad_steps:
-            raise RuntimeError(f"{self.bad_steps} steps in a row had a NaN/inf gradient and were skipped "
-                               "(trainer.max_bad_steps); lower trainer.lr or check the rewards for inf")
+            raise RuntimeError(
+                f"{self.bad_steps} steps in a row had a NaN/inf gradient and were skipped "
+                "(trainer.max_bad_steps); lower trainer.lr or check the rewards for inf"
+            )
 
 
 def scored_entry(flight: Flight, scored: Scored) -> Entry:
     """The record the policy decides on, from the scorer's typed result for one call: the oldest and
     newest policy version among the chunk's tokens, its groups with reward spread (metrics: logs only);
     ``flight.scored`` is the ref of the scored groups."""
-    return Entry(flight.seq, flight.scored, flight.prompt_ids, scored.min_version, scored.max_version,
-                 scored.metrics, useful=scored.useful)
+    return Entry(
+        flight.seq,
+        flight.scored,
+        flight.prompt_ids,
+        scored.min_version,
+        scored.max_version,
+        scored.metrics,
+        useful=scored.useful,
+    )

@@ -27,9 +27,9 @@ class Clock:
     start: float = field(default_factory=time.perf_counter)
     rollout_busy: float = 0.0
     trainer_busy: float = 0.0
-    waited: float = 0.0          # trainer idle for lack of data
-    switches: int = 0            # colocated mode switches
-    offloaded: float = 0.0       # bytes of trainer state moved at the last colocated switch
+    waited: float = 0.0  # trainer idle for lack of data
+    switches: int = 0  # colocated mode switches
+    offloaded: float = 0.0  # bytes of trainer state moved at the last colocated switch
 
     def generated(self, t0: float, t1: float) -> None:
         """A generate call ran from ``t0`` to ``t1``: credit the part inside this window."""
@@ -37,9 +37,12 @@ class Clock:
 
     def metrics(self, replicas: int) -> dict[str, float]:
         wall = max(time.perf_counter() - self.start, 1e-9)
-        return {"idle/rollout": max(0.0, 1.0 - self.rollout_busy / (replicas * wall)),
-                "idle/trainer": max(0.0, 1.0 - self.trainer_busy / wall),
-                TIMING_WAIT: self.waited, TIMING_STEP: wall}
+        return {
+            "idle/rollout": max(0.0, 1.0 - self.rollout_busy / (replicas * wall)),
+            "idle/trainer": max(0.0, 1.0 - self.trainer_busy / wall),
+            TIMING_WAIT: self.waited,
+            TIMING_STEP: wall,
+        }
 
 
 class StepLog:
@@ -48,15 +51,22 @@ class StepLog:
     def __init__(self, cfg: Config, run: RunDir, replicas: int, startup: dict[str, float], refill: bool):
         self.cfg, self.run, self.replicas, self.refill = cfg, run, replicas, refill
         self.clock = Clock()
-        self.loop_start = time.time()            # the system is up: startup/first_step_s counts from here
-        self.startup = dict(startup)             # logged once, with the first step
+        self.loop_start = time.time()  # the system is up: startup/first_step_s counts from here
+        self.startup = dict(startup)  # logged once, with the first step
 
     def prompts(self, step: int, prompt_ids: list[int]) -> None:
         with open(self.run.path / "prompts.jsonl", "a") as f:
             f.write(json.dumps({"step": step, "prompt_ids": prompt_ids}) + "\n")
 
-    def write(self, version: int, entries: list[Entry], stats: dict[str, Any], counts: dict[str, int],
-              restarts: int, running_since: list[float]) -> None:
+    def write(
+        self,
+        version: int,
+        entries: list[Entry],
+        stats: dict[str, Any],
+        counts: dict[str, int],
+        restarts: int,
+        running_since: list[float],
+    ) -> None:
         """Step ``version + 1``'s metrics; ``version``: the weights it was trained at (staleness).
         ``running_since``: start times of generate calls still running, credited to the closing window."""
         now = time.perf_counter()
@@ -64,13 +74,19 @@ class StepLog:
             self.clock.generated(t0, now)
         colocated = self.cfg.placement.mode == "colocated"
         rows = [row for e in entries for row in e.metrics.get("_samples", [])]
-        out = {**mean_metrics(entries), **stats, **staleness_histogram(entries, version),
-               **({"dapo/drawn_groups": float(sum(e.num_groups for e in entries))} if self.refill else {}),
-               **self.clock.metrics(self.replicas), "colocated/switches": float(self.clock.switches),
-               **({"colocated/offload_bytes": self.clock.offloaded} if colocated else {}),
-               **{f"accounting/{k}": float(v) for k, v in counts.items()},
-               "rollout/restarts": float(restarts), **self._startup_once(),
-               "_samples": rows[: self.cfg.logging.samples_per_step]}
+        out = {
+            **mean_metrics(entries),
+            **stats,
+            **staleness_histogram(entries, version),
+            **({"dapo/drawn_groups": float(sum(e.num_groups for e in entries))} if self.refill else {}),
+            **self.clock.metrics(self.replicas),
+            "colocated/switches": float(self.clock.switches),
+            **({"colocated/offload_bytes": self.clock.offloaded} if colocated else {}),
+            **{f"accounting/{k}": float(v) for k, v in counts.items()},
+            "rollout/restarts": float(restarts),
+            **self._startup_once(),
+            "_samples": rows[: self.cfg.logging.samples_per_step],
+        }
         self.run.log(version + 1, out)
         self.clock = Clock()
 
@@ -79,8 +95,11 @@ class StepLog:
         startup, self.startup = self.startup, {}
         if not startup:
             return {}
-        return {**startup, "startup/first_step_s": time.time() - self.loop_start,
-                "startup/to_first_step_s": seconds_since_launch()}
+        return {
+            **startup,
+            "startup/first_step_s": time.time() - self.loop_start,
+            "startup/to_first_step_s": seconds_since_launch(),
+        }
 
 
 def seconds_since_launch() -> float:
@@ -111,8 +130,9 @@ def mean_metrics(entries: list[Entry]) -> dict[str, float]:
     groups; for ``reward/std`` the mean of per-call stds)."""
     total = sum(e.num_groups for e in entries)
     keys = {k for e in entries for k, v in e.metrics.items() if isinstance(v, (int, float))}
-    return {k: combine(reduction(k), [(e.metrics[k], e.num_groups) for e in entries if k in e.metrics], total)
-            for k in keys}
+    return {
+        k: combine(reduction(k), [(e.metrics[k], e.num_groups) for e in entries if k in e.metrics], total) for k in keys
+    }
 
 
 def combine(how: str, values: list[tuple[float, int]], total_groups: int) -> float:

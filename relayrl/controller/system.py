@@ -15,8 +15,13 @@ import ray
 from relayrl.config import Config
 from relayrl.controller.cluster import Placement, rollout_config, sync_config
 from relayrl.data.sampler import Prompt
-from relayrl.monitor.schema import (MISMATCH_MEAN_ABS, ROLLOUT_COMPLETIONS, ROLLOUT_MAX_VERSION, ROLLOUT_MIN_VERSION,
-                                    ROLLOUT_TOKENS)
+from relayrl.monitor.schema import (
+    MISMATCH_MEAN_ABS,
+    ROLLOUT_COMPLETIONS,
+    ROLLOUT_MAX_VERSION,
+    ROLLOUT_MIN_VERSION,
+    ROLLOUT_TOKENS,
+)
 from relayrl.rewards.scoring import version_span
 from relayrl.weightsync.client import abort_update
 
@@ -38,18 +43,29 @@ def rollout_metrics(groups: list) -> dict[str, float]:
     lengths = [len(t.completion_token_ids) for t in trajs]
     n = max(len(trajs), 1)
     low, high = version_span(groups)
-    return {ROLLOUT_COMPLETIONS: float(len(trajs)), ROLLOUT_TOKENS: float(sum(lengths)),
-            "rollout/len_mean": sum(lengths) / n,
-            "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
-            "rollout/empty_frac": sum(not t.completion_text.strip() for t in trajs) / n,
-            ROLLOUT_MIN_VERSION: float(low), ROLLOUT_MAX_VERSION: float(high)}
+    return {
+        ROLLOUT_COMPLETIONS: float(len(trajs)),
+        ROLLOUT_TOKENS: float(sum(lengths)),
+        "rollout/len_mean": sum(lengths) / n,
+        "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
+        "rollout/empty_frac": sum(not t.completion_text.strip() for t in trajs) / n,
+        ROLLOUT_MIN_VERSION: float(low),
+        ROLLOUT_MAX_VERSION: float(high),
+    }
 
 
 def sample_rows(groups: list, k: int) -> list[dict]:
     """The first completion of the first ``k`` groups, for samples.jsonl / the wandb table."""
-    return [{"prompt_id": g.prompt_id, "prompt": g.prompt, "completion": g.trajectories[0].completion_text,
-             "reward": g.trajectories[0].reward, **{f"col/{k}": str(v) for k, v in g.columns.items()}}
-            for g in groups[:k]]
+    return [
+        {
+            "prompt_id": g.prompt_id,
+            "prompt": g.prompt,
+            "completion": g.trajectories[0].completion_text,
+            "reward": g.trajectories[0].reward,
+            **{f"col/{k}": str(v) for k, v in g.columns.items()},
+        }
+        for g in groups[:k]
+    ]
 
 
 @dataclass
@@ -58,16 +74,15 @@ class System:
     sampler: Any
     rollouts: list[Any]
     trainer: Any
-    rewards: Any                         # relayrl.rewards.pool.RewardPool: scorer actor + reward workers
+    rewards: Any  # relayrl.rewards.pool.RewardPool: scorer actor + reward workers
     model_path: Path | None = None
     placement: Placement | None = None
-    restarts: int = 0                    # rollout replicas replaced after they died
-    procs: list[tuple[str, int]] = field(default_factory=list)   # (node ip, actor pid) per replica
-    startup: dict[str, float] = field(default_factory=dict)      # startup/* metrics, logged with the first step
+    restarts: int = 0  # rollout replicas replaced after they died
+    procs: list[tuple[str, int]] = field(default_factory=list)  # (node ip, actor pid) per replica
+    startup: dict[str, float] = field(default_factory=dict)  # startup/* metrics, logged with the first step
 
     @classmethod
-    def start(cls, cfg: Config, model_path: Path, placement: Placement, reward_fns: RewardFns,
-              run: Any) -> "System":
+    def start(cls, cfg: Config, model_path: Path, placement: Placement, reward_fns: RewardFns, run: Any) -> System:
         """Create the sampler, N rollout actors and the trainer group; wait until all are ready."""
         from relayrl.controller.cluster import SCORING_CPUS
         from relayrl.rewards.pool import RewardPool
@@ -75,27 +90,55 @@ class System:
         from relayrl.trainer.ranks import TrainerGroup
 
         t0 = time.time()
-        logger.info(f"relayrl: starting {cfg.rollout.num_replicas} vLLM engine(s), {cfg.trainer.world_size} "
-                    "trainer rank(s) and the reward pool")
+        logger.info(
+            f"relayrl: starting {cfg.rollout.num_replicas} vLLM engine(s), {cfg.trainer.world_size} "
+            "trainer rank(s) and the reward pool"
+        )
         sampler = make_sampler(cfg, model_path)
-        rollouts = [start_rollout_actor(str(model_path), cfg.model, rollout_config(cfg), cfg.run.seed + i,
-                                        sync_cfg=cfg.weightsync, **opts)
-                    for i, opts in enumerate(placement.rollout)]
-        trainer = TrainerGroup(cfg.trainer.world_size, str(model_path), cfg.model, cfg.trainer, cfg.algorithm,
-                               temperature=cfg.rollout.temperature, seed=cfg.run.seed,
-                               actor_options=placement.trainer, critic_cfg=cfg.critic)
+        rollouts = [
+            start_rollout_actor(
+                str(model_path), cfg.model, rollout_config(cfg), cfg.run.seed + i, sync_cfg=cfg.weightsync, **opts
+            )
+            for i, opts in enumerate(placement.rollout)
+        ]
+        trainer = TrainerGroup(
+            cfg.trainer.world_size,
+            str(model_path),
+            cfg.model,
+            cfg.trainer,
+            cfg.algorithm,
+            temperature=cfg.rollout.temperature,
+            seed=cfg.run.seed,
+            actor_options=placement.trainer,
+            critic_cfg=cfg.critic,
+        )
         rc = cfg.reward
-        rewards = RewardPool.start(reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate,
-                                   cpus=SCORING_CPUS)
+        rewards = RewardPool.start(
+            reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate, cpus=SCORING_CPUS
+        )
         infos = wait_engines_up(rollouts, cfg.rollout.start_timeout_s, "the run's vLLM engines")
         engines_up = time.time()
         trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts)
-        startup = {"startup/engine_s": max(float(i["start_seconds"]) for i in infos),
-                   "startup/engines_up_s": engines_up - t0, "startup/actors_s": time.time() - t0}
-        logger.info(f"relayrl: engines up in {engines_up - t0:.0f}s, trainer ready and connected in "
-                    f"{startup['startup/actors_s']:.0f}s; training")
-        return cls(cfg, sampler, rollouts, trainer, rewards, model_path, placement,
-                   procs=[(i["node"], int(i["pid"])) for i in infos], startup=startup)
+        startup = {
+            "startup/engine_s": max(float(i["start_seconds"]) for i in infos),
+            "startup/engines_up_s": engines_up - t0,
+            "startup/actors_s": time.time() - t0,
+        }
+        logger.info(
+            f"relayrl: engines up in {engines_up - t0:.0f}s, trainer ready and connected in "
+            f"{startup['startup/actors_s']:.0f}s; training"
+        )
+        return cls(
+            cfg,
+            sampler,
+            rollouts,
+            trainer,
+            rewards,
+            model_path,
+            placement,
+            procs=[(i["node"], int(i["pid"])) for i in infos],
+            startup=startup,
+        )
 
     def dead_rollouts(self, timeout_s: float = 30.0) -> list[int]:
         """Replicas whose actor or engine no longer answers (a dead engine raises on any call)."""
@@ -112,20 +155,23 @@ class System:
                 break
             if attempt:
                 delay = restart_backoff_s(attempt)
-                logger.warning(f"relayrl: replacement of rollout replica {i} died or hung while starting "
-                               f"({type(error).__name__}); attempt {attempt + 1} in {delay:g}s")
+                logger.warning(
+                    f"relayrl: replacement of rollout replica {i} died or hung while starting "
+                    f"({type(error).__name__}); attempt {attempt + 1} in {delay:g}s"
+                )
                 time.sleep(delay)
             self.restarts += 1
             try:
                 self._recreate_rollout(i, version)
                 return
-            except Exception as exc:  # noqa: BLE001 - a live replacement re-raises; a dead one is retried
+            except Exception as exc:
                 if answers(self.rollouts[i]):
                     raise
                 error = exc
         last = (str(error).strip().splitlines() or [""])[-1]
-        raise RuntimeError(f"rollout replica {i} died again after {self.restarts} restarts "
-                           f"(rollout.max_restarts): {last}") from error
+        raise RuntimeError(
+            f"rollout replica {i} died again after {self.restarts} restarts (rollout.max_restarts): {last}"
+        ) from error
 
     def _recreate_rollout(self, i: int, version: int) -> None:
         """One attempt: a new engine in replica ``i``'s bundle, the trainer reconnected to all engines, and
@@ -134,12 +180,17 @@ class System:
         from relayrl.rollout import cleanup_engine_segments, start_rollout_actor
 
         self._kill_rollout(i)
-        self.rollouts[i] = start_rollout_actor(str(self.model_path), self.cfg.model, rollout_config(self.cfg),
-                                               self.cfg.run.seed + i + 1000 * self.restarts,
-                                               sync_cfg=self.cfg.weightsync, **self.placement.rollout[i])
+        self.rollouts[i] = start_rollout_actor(
+            str(self.model_path),
+            self.cfg.model,
+            rollout_config(self.cfg),
+            self.cfg.run.seed + i + 1000 * self.restarts,
+            sync_cfg=self.cfg.weightsync,
+            **self.placement.rollout[i],
+        )
         infos = wait_engines_up(self.rollouts, self.cfg.rollout.start_timeout_s, f"rollout replica {i}'s replacement")
         self.procs = [(info["node"], int(info["pid"])) for info in infos]
-        cleanup_engine_segments()   # the dead replica's /dev/shm queue, now that its processes are gone
+        cleanup_engine_segments()  # the dead replica's /dev/shm queue, now that its processes are gone
         self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts)
         if version > 0:
             self.sync_weights(version)
@@ -193,7 +244,7 @@ class System:
         except Exception as exc:
             if died := self.trainer.dead_ranks():
                 raise TrainerDied(f"trainer rank {died[0]} died during the sync of v{version}") from exc
-            if not self.replace_dead_rollouts(exc, 0):    # the retry below brings every engine to ``version``
+            if not self.replace_dead_rollouts(exc, 0):  # the retry below brings every engine to ``version``
                 raise
             return self.sync_weights(version)
 
@@ -253,19 +304,20 @@ class System:
         except Exception as exc:
             if not self.replace_dead_rollouts(exc, version, f" during the probe of v{version}"):
                 raise
-            engine = self.engine_logprobs(seqs)         # the replacements hold ``version`` too
+            engine = self.engine_logprobs(seqs)  # the replacements hold ``version`` too
         stats = logprob_mismatch(engine, trainer, starts)
         if stats[MISMATCH_MEAN_ABS] > self.cfg.weightsync.max_mismatch:
-            raise WeightSyncError(f"after sync v{version} engine and trainer logprobs differ by "
-                                  f"{stats[MISMATCH_MEAN_ABS]:.3g} nats/token (> weightsync.max_mismatch="
-                                  f"{self.cfg.weightsync.max_mismatch:g}): the engine is not running the "
-                                  "trainer's weights")
+            raise WeightSyncError(
+                f"after sync v{version} engine and trainer logprobs differ by "
+                f"{stats[MISMATCH_MEAN_ABS]:.3g} nats/token (> weightsync.max_mismatch="
+                f"{self.cfg.weightsync.max_mismatch:g}): the engine is not running the "
+                "trainer's weights"
+            )
         return stats
 
     def engine_logprobs(self, seqs: list[list[int]]) -> list[list[float]]:
         """Each sequence's per-token logprobs from the engines, spread over the replicas."""
-        return ray.get([self.rollouts[i % len(self.rollouts)].prompt_logprobs.remote(s)
-                        for i, s in enumerate(seqs)])
+        return ray.get([self.rollouts[i % len(self.rollouts)].prompt_logprobs.remote(s) for i, s in enumerate(seqs)])
 
     def shutdown(self) -> None:
         for r in self.rollouts:
@@ -283,8 +335,10 @@ def wait_engines_up(rollouts: list[Any], timeout_s: float, what: str) -> list[di
     try:
         return ray.get([r.info.remote() for r in rollouts], timeout=timeout_s or None)
     except ray.exceptions.GetTimeoutError:
-        raise TimeoutError(f"{what} did not come up within rollout.start_timeout_s={timeout_s:g}s (a hung engine "
-                           "start; raise it if loading the model takes longer)") from None
+        raise TimeoutError(
+            f"{what} did not come up within rollout.start_timeout_s={timeout_s:g}s (a hung engine "
+            "start; raise it if loading the model takes longer)"
+        ) from None
 
 
 def actor_process(actor: Any, reported: tuple[str, int] | None = None) -> tuple[str, int] | None:
@@ -341,7 +395,12 @@ def make_sampler(cfg: Config, model_path: Path):
     from relayrl.data.sampler import PromptSampler, chat_formatter
     from relayrl.models import load_tokenizer
 
-    tokenizer = load_tokenizer(model_path)     # the one the driver's prompt check loaded
+    tokenizer = load_tokenizer(model_path)  # the one the driver's prompt check loaded
     rows = load_task(cfg.data)
-    return PromptSampler(rows, cfg.run.prompts_per_step // cfg.rollout.num_replicas, cfg.data.seed,
-                         chat_formatter(tokenizer, cfg.data.chat_template), sampling_seed=cfg.run.seed)
+    return PromptSampler(
+        rows,
+        cfg.run.prompts_per_step // cfg.rollout.num_replicas,
+        cfg.data.seed,
+        chat_formatter(tokenizer, cfg.data.chat_template),
+        sampling_seed=cfg.run.seed,
+    )

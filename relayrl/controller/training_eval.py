@@ -65,8 +65,9 @@ def due_versions(steps: int, every: int, before_first_step: bool) -> list[int]:
     return [v for v in range(steps + 1) if is_due(v, every, before_first_step)]
 
 
-def eval_metrics(greedy: list[dict[str, Any]], sampled: list[dict[str, Any]], samples: int,
-                 seconds: float) -> dict[str, float]:
+def eval_metrics(
+    greedy: list[dict[str, Any]], sampled: list[dict[str, Any]], samples: int, seconds: float
+) -> dict[str, float]:
     """The logged figures from ``completion_rows`` of the greedy pass (1 per prompt) and the sampled one
     (``samples`` per prompt): accuracy = passing / all completions of a pass; pass@k (k = ``samples``) =
     mean over prompts of ``1 - C(n-c, k)/C(n, k)`` with n = k, i.e. the share of prompts with a passing
@@ -74,8 +75,13 @@ def eval_metrics(greedy: list[dict[str, Any]], sampled: list[dict[str, Any]], sa
     counterpart of ``reward/mean``)."""
     g = summarize("", greedy, 1, (1,))
     s = summarize("", sampled, samples, (samples,))
-    return {GREEDY_ACCURACY: g.accuracy, SAMPLED_ACCURACY: s.accuracy,
-            PASS_AT_K.format(k=samples): s.pass_at_k[samples], MEAN_REWARD: s.mean_reward, EVAL_TIME_S: seconds}
+    return {
+        GREEDY_ACCURACY: g.accuracy,
+        SAMPLED_ACCURACY: s.accuracy,
+        PASS_AT_K.format(k=samples): s.pass_at_k[samples],
+        MEAN_REWARD: s.mean_reward,
+        EVAL_TIME_S: seconds,
+    }
 
 
 class TrainingEval:
@@ -95,8 +101,10 @@ class TrainingEval:
         check_prompt_lengths(cfg, self.system.model_path, rows)
         prompts = format_prompts(cfg, self.system.model_path, rows)
         first = " and before step 1" if cfg.eval.before_first_step else ""
-        logger.info(f"relayrl: eval every {cfg.eval.every} steps{first}: {len(prompts)} prompts x (1 greedy + "
-                    f"{cfg.eval.samples} sampled); {where}")
+        logger.info(
+            f"relayrl: eval every {cfg.eval.every} steps{first}: {len(prompts)} prompts x (1 greedy + "
+            f"{cfg.eval.samples} sampled); {where}"
+        )
         return [dataclasses.replace(p, seed=prompt_seed(cfg.eval.seed, p.prompt_id)) for p in prompts]
 
     def before_first_step(self, version: int) -> None:
@@ -122,7 +130,7 @@ class TrainingEval:
         scored, _ = self.system.rewards.score(greedy_refs + sampled_refs)
         groups = ray.get(scored)
         greedy = completion_rows([g for part in groups[: len(greedy_refs)] for g in part])
-        sampled = completion_rows([g for part in groups[len(greedy_refs):] for g in part])
+        sampled = completion_rows([g for part in groups[len(greedy_refs) :] for g in part])
         metrics = eval_metrics(greedy, sampled, self.cfg.eval.samples, time.perf_counter() - t0)
         rows = [{"decoding": "greedy", **r} for r in greedy] + [{"decoding": "sampled", **r} for r in sampled]
         write_rows(self.run.path / "eval" / f"step_{version}", rows, {"version": version, **metrics})
@@ -133,9 +141,11 @@ class TrainingEval:
     def _generate(self) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
         """Greedy and sampled generate calls, the prompts spread round-robin over the replicas."""
         replicas = self.system.rollouts
-        parts = [(r, self.prompts[i::len(replicas)]) for i, r in enumerate(replicas)]
+        parts = [(r, self.prompts[i :: len(replicas)]) for i, r in enumerate(replicas)]
         parts = [(r, chunk) for r, chunk in parts if chunk]
-        greedy = [r.generate.remote([dataclasses.replace(p, temperature=0.0, seed=None) for p in chunk], 1)
-                  for r, chunk in parts]
+        greedy = [
+            r.generate.remote([dataclasses.replace(p, temperature=0.0, seed=None) for p in chunk], 1)
+            for r, chunk in parts
+        ]
         sampled = [r.generate.remote(chunk, self.cfg.eval.samples) for r, chunk in parts]
         return greedy, sampled

@@ -59,18 +59,20 @@ class EvalResult:
     model: str
     prompts: int
     samples_per_prompt: int
-    accuracy: float                      # passing completions / all completions
-    pass_at_k: dict[int, float]          # k -> mean pass@k over prompts
-    mean_reward: float                   # mean weighted total reward over scored completions
-    rows: list[dict[str, Any]]           # one per completion: prompt_id, sample, completion, rewards, passed
-    split: str = ""                      # which prompts were scored (eval_rows' description)
+    accuracy: float  # passing completions / all completions
+    pass_at_k: dict[int, float]  # k -> mean pass@k over prompts
+    mean_reward: float  # mean weighted total reward over scored completions
+    rows: list[dict[str, Any]]  # one per completion: prompt_id, sample, completion, rewards, passed
+    split: str = ""  # which prompts were scored (eval_rows' description)
 
     def summary(self) -> str:
         passed = sum(r["passed"] for r in self.rows)
         ks = " | ".join(f"pass@{k} {v:.3f}" for k, v in sorted(self.pass_at_k.items()))
-        return (f"accuracy {self.accuracy:.3f} ({passed}/{len(self.rows)}) | {ks} | mean reward "
-                f"{self.mean_reward:.3f} | {self.prompts} prompts x {self.samples_per_prompt} samples"
-                + (f" | {self.split}" if self.split else ""))
+        return (
+            f"accuracy {self.accuracy:.3f} ({passed}/{len(self.rows)}) | {ks} | mean reward "
+            f"{self.mean_reward:.3f} | {self.prompts} prompts x {self.samples_per_prompt} samples"
+            + (f" | {self.split}" if self.split else "")
+        )
 
 
 def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
@@ -98,9 +100,15 @@ def find_run_dir(model: str | Path) -> Path | None:
     return None
 
 
-def evaluate(cfg: Config, model: str | Path | None = None, n: int = 1, ks: tuple[int, ...] = (1,),
-             limit: int | None = None, temperature: float | None = None,
-             out_dir: str | Path | None = None) -> EvalResult:
+def evaluate(
+    cfg: Config,
+    model: str | Path | None = None,
+    n: int = 1,
+    ks: tuple[int, ...] = (1,),
+    limit: int | None = None,
+    temperature: float | None = None,
+    out_dir: str | Path | None = None,
+) -> EvalResult:
     """Sample ``n`` completions for each of ``limit`` (default ``eval.num_prompts``) prompts of the
     ``eval.split`` split with ``model`` (default ``cfg.model.path``), score them with ``cfg.rewards``;
     write completions.jsonl and summary.json into ``out_dir`` when given."""
@@ -133,11 +141,15 @@ def eval_rows(cfg: Config, limit: int) -> tuple[list[dict[str, Any]], str]:
         rows = load_task(cfg.data)[: limit or None]
         where = f"data.task={cfg.data.task}" + (f" data.path={cfg.data.path}" if cfg.data.path else "")
         if cfg.eval.split == "heldout":
-            where += (" (this task has no held-out split here: set data.heldout_fraction or data.eval_path, "
-                      "or point data.path at a test file)")
+            where += (
+                " (this task has no held-out split here: set data.heldout_fraction or data.eval_path, "
+                "or point data.path at a test file)"
+            )
     if not rows:
-        raise ConfigError(f"eval.split={cfg.eval.split} of data.task={cfg.data.task} gave no prompts; "
-                          "check data.path, eval.num_prompts or --limit")
+        raise ConfigError(
+            f"eval.split={cfg.eval.split} of data.task={cfg.data.task} gave no prompts; "
+            "check data.path, eval.num_prompts or --limit"
+        )
     return rows, where
 
 
@@ -158,8 +170,9 @@ def heldout_arith_rows(data_cfg: DataConfig, n: int, seed: int) -> list[dict[str
     return [_arith_row(a, b) for a, b in inside + outside]
 
 
-def _draw_pairs(rng: random.Random, hi: int, keep: Callable[[int, int], bool], seen: set[str],
-                n: int) -> list[tuple[int, int]]:
+def _draw_pairs(
+    rng: random.Random, hi: int, keep: Callable[[int, int], bool], seen: set[str], n: int
+) -> list[tuple[int, int]]:
     """Up to ``n`` distinct pairs in ``[0, hi]^2`` with ``keep(a, b)`` whose question is not in ``seen``,
     from at most ``20 n + 100`` draws (a range with few unseen pairs is given up, not searched forever)."""
     out: list[tuple[int, int]] = []
@@ -180,13 +193,11 @@ def format_prompts(cfg: Config, model_path: Path, rows: list[dict[str, Any]]) ->
     """One unseeded ``Prompt`` per row (id: the row's index), chat-formatted as in training."""
     from transformers import AutoTokenizer
 
-
     fmt = chat_formatter(AutoTokenizer.from_pretrained(model_path), cfg.data.chat_template)
     return [Prompt(i, fmt(row["question"]), row) for i, row in enumerate(rows)]
 
 
-def generate(cfg: Config, model_path: Path, prompts: list[Prompt], n: int,
-             temperature: float | None) -> list[Any]:
+def generate(cfg: Config, model_path: Path, prompts: list[Prompt], n: int, temperature: float | None) -> list[Any]:
     """``n`` completions per prompt from one rollout actor (Ray is started if it is not running)."""
     import ray
 
@@ -198,7 +209,7 @@ def generate(cfg: Config, model_path: Path, prompts: list[Prompt], n: int,
     actor = start_rollout_actor(str(model_path), cfg.model, rollout_cfg, cfg.run.seed)
     try:
         logger.info("relayrl: eval: starting the engine")
-        ray.get(actor.info.remote())          # engine up: the progress clock (and its ETA) is generation only
+        ray.get(actor.info.remote())  # engine up: the progress clock (and its ETA) is generation only
         return generate_chunks(actor, prompts, n)
     finally:
         try:
@@ -213,7 +224,7 @@ def generate_chunks(actor: Any, prompts: list[Prompt], n: int) -> list[Any]:
     import ray
 
     size = max(1, CHUNK_COMPLETIONS // n)
-    chunks = [prompts[i:i + size] for i in range(0, len(prompts), size)]
+    chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
     groups: list[Any] = []
     pending = [actor.generate.remote(c, n) for c in chunks[:IN_FLIGHT]]
     with EvalProgress(len(prompts)) as progress:
@@ -239,16 +250,28 @@ class EvalProgress:
         self.bar = self._bar() if self.console.is_terminal else None
 
     def _bar(self) -> Any:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("prompts | ETA"), TimeRemainingColumn(), TimeElapsedColumn(),
-                       console=self.console)
+        bar = Progress(
+            TextColumn("[bold]eval"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("prompts | ETA"),
+            TimeRemainingColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
         self._task = bar.add_task("eval", total=self.total)
         return bar
 
-    def __enter__(self) -> "EvalProgress":
+    def __enter__(self) -> EvalProgress:
         if self.bar is not None:
             self.bar.start()
         return self
@@ -260,8 +283,7 @@ class EvalProgress:
             return
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / self.done * (self.total - self.done)
-        self.console.print(f"eval {self.done}/{self.total} prompts | {_clock(elapsed)} elapsed | "
-                           f"ETA {_clock(eta)}")
+        self.console.print(f"eval {self.done}/{self.total} prompts | {_clock(elapsed)} elapsed | ETA {_clock(eta)}")
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
@@ -282,11 +304,20 @@ def completion_rows(groups: list[Any]) -> list[dict[str, Any]]:
     """One row per completion of scored ``groups``, with ``passed``: not excluded and the primary reward
     (the first function; ``fill_rewards`` keeps ``cfg.rewards`` order in ``rewards``) >= 1, the rule
     of ``reward/pass_rate``. Shared by ``relayrl eval`` and evaluation during training."""
-    return [{"prompt_id": g.prompt_id, "sample": t.sample_idx, "prompt": g.prompt, "completion": t.completion_text,
-             "reward": t.reward if t.excluded is None else None, "rewards": dict(t.rewards),
-             "excluded": None if t.excluded is None else t.excluded.reason,
-             "passed": t.excluded is None and (next(iter(t.rewards.values()), None) or 0.0) >= 1.0}
-            for g in groups for t in g.trajectories]
+    return [
+        {
+            "prompt_id": g.prompt_id,
+            "sample": t.sample_idx,
+            "prompt": g.prompt,
+            "completion": t.completion_text,
+            "reward": t.reward if t.excluded is None else None,
+            "rewards": dict(t.rewards),
+            "excluded": None if t.excluded is None else t.excluded.reason,
+            "passed": t.excluded is None and (next(iter(t.rewards.values()), None) or 0.0) >= 1.0,
+        }
+        for g in groups
+        for t in g.trajectories
+    ]
 
 
 def summarize(model: str, rows: list[dict[str, Any]], n: int, ks: tuple[int, ...]) -> EvalResult:
@@ -295,9 +326,15 @@ def summarize(model: str, rows: list[dict[str, Any]], n: int, ks: tuple[int, ...
     for r in rows:
         counts[r["prompt_id"]] = counts.get(r["prompt_id"], 0) + int(r["passed"])
     scored = [r["reward"] for r in rows if r["reward"] is not None]
-    return EvalResult(model, len(counts), n, sum(r["passed"] for r in rows) / len(rows),
-                      {k: mean_pass_at_k(list(counts.values()), n, k) for k in ks},
-                      sum(scored) / len(scored) if scored else float("nan"), rows)
+    return EvalResult(
+        model,
+        len(counts),
+        n,
+        sum(r["passed"] for r in rows) / len(rows),
+        {k: mean_pass_at_k(list(counts.values()), n, k) for k in ks},
+        sum(scored) / len(scored) if scored else float("nan"),
+        rows,
+    )
 
 
 def write_result(result: EvalResult, out_dir: Path) -> None:

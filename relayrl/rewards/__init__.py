@@ -41,8 +41,18 @@ REWARDS: dict[str, Callable] = {
 A class here (``reward_model``, ``code_exec``) is constructed with the spec's ``kwargs``; a function gets
 them bound. A reward object with a ``metrics() -> dict`` method adds those to every step's metrics."""
 
-__all__ = ["REASONS", "REWARDS", "RewardError", "RewardFn", "RewardFns", "RewardModel", "load_reward_fn",
-           "load_reward_fns", "reward_metrics", "score_groups"]
+__all__ = [
+    "REASONS",
+    "REWARDS",
+    "RewardError",
+    "RewardFn",
+    "RewardFns",
+    "RewardModel",
+    "load_reward_fn",
+    "load_reward_fns",
+    "reward_metrics",
+    "score_groups",
+]
 
 
 def load_reward_fn(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
@@ -50,8 +60,10 @@ def load_reward_fn(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
     ``kwargs``: a class is constructed with them (the instance is the reward), a function gets them bound."""
     obj = REWARDS[spec] if spec in REWARDS else _import(spec)
     if not callable(obj):
-        raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a function; "
-                         "point it at fn(prompts, completions, **columns) -> list[float]")
+        raise ValueError(
+            f"reward {spec!r} is a {type(obj).__name__}, not a function; "
+            "point it at fn(prompts, completions, **columns) -> list[float]"
+        )
     kwargs = dict(kwargs or {})
     try:
         if isinstance(obj, type):
@@ -60,8 +72,9 @@ def load_reward_fn(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
             inspect.signature(obj).bind_partial(None, None, **kwargs)
             return functools.update_wrapper(functools.partial(obj, **kwargs), obj)
     except TypeError as exc:
-        raise ValueError(f"reward {spec!r} rejects kwargs={kwargs} ({exc}); "
-                         "set rewards[].kwargs to match its parameters") from None
+        raise ValueError(
+            f"reward {spec!r} rejects kwargs={kwargs} ({exc}); set rewards[].kwargs to match its parameters"
+        ) from None
     return obj
 
 

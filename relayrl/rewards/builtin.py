@@ -24,8 +24,8 @@ from typing import Any
 
 ANSWER_TAG = "Answer:"
 _INTEGER = re.compile(
-    r"[ \t]*(-?(?:\d{1,3}(?:,\d{3})+|\d+))"   # integer, optionally with thousands separators
-    r"(?![\d,]|\.\d|[ \t]+\d)"                 # ... and nothing that would make it a different number
+    r"[ \t]*(-?(?:\d{1,3}(?:,\d{3})+|\d+))"  # integer, optionally with thousands separators
+    r"(?![\d,]|\.\d|[ \t]+\d)"  # ... and nothing that would make it a different number
 )
 
 
@@ -42,8 +42,10 @@ def _as_int(answer: Any) -> int:
     try:
         return int(str(answer).strip().replace(",", ""))
     except ValueError:
-        raise ValueError(f"arith_correct needs integer answers, got {answer!r}; "
-                         "use exact_match or a custom reward for non-integer answers") from None
+        raise ValueError(
+            f"arith_correct needs integer answers, got {answer!r}; "
+            "use exact_match or a custom reward for non-integer answers"
+        ) from None
 
 
 def arith_correct(prompts: list[str], completions: list[str], answer: list[Any], **_: Any) -> list[float]:
@@ -89,12 +91,15 @@ def digit_fraction(prompts: list[str], completions: list[str], **_: Any) -> list
     return [sum(ch.isdigit() for ch in cs) / len(cs) if cs else 0.0 for cs in chars]
 
 
-def env_reward(prompts: list[str], completions: list[str], env_reward: list[float | None] | None = None,
-               **_: Any) -> list[float | None]:
+def env_reward(
+    prompts: list[str], completions: list[str], env_reward: list[float | None] | None = None, **_: Any
+) -> list[float | None]:
     """The episode reward its environment gave (multi-turn runs, ``env.name``): the ``env_reward`` column."""
     if env_reward is None:
-        raise ValueError("env_reward found no env_reward column: completions come from single-turn generation; "
-                         "set env.name=calculator (or another environment) in the recipe")
+        raise ValueError(
+            "env_reward found no env_reward column: completions come from single-turn generation; "
+            "set env.name=calculator (or another environment) in the recipe"
+        )
     return [None if r is None else float(r) for r in env_reward]
 
 
@@ -145,8 +150,9 @@ def regex_match(prompts: list[str], completions: list[str], pattern: str, **_: A
     return [float(compiled.fullmatch(c) is not None) for c in completions]
 
 
-def length_penalty(prompts: list[str], completions: list[str], max_chars: int = 2000, buffer_chars: int = 500,
-                   **_: Any) -> list[float]:
+def length_penalty(
+    prompts: list[str], completions: list[str], max_chars: int = 2000, buffer_chars: int = 500, **_: Any
+) -> list[float]:
     """DAPO's soft overlong penalty, on characters (reward functions see text, not tokens)::
 
         0                          if L <= max_chars - buffer_chars
@@ -158,8 +164,9 @@ def length_penalty(prompts: list[str], completions: list[str], max_chars: int = 
     if not 0 < buffer_chars <= max_chars:
         raise ValueError(f"length_penalty needs 0 < buffer_chars={buffer_chars} <= max_chars={max_chars}")
     soft = max_chars - buffer_chars
-    return [0.0 if len(c) <= soft else -1.0 if len(c) > max_chars else (soft - len(c)) / buffer_chars
-            for c in completions]
+    return [
+        0.0 if len(c) <= soft else -1.0 if len(c) > max_chars else (soft - len(c)) / buffer_chars for c in completions
+    ]
 
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -191,30 +198,52 @@ class CodeExec:
     ``timeout_s * len(completions) / max_parallel`` under ``reward.timeout_s``.
     """
 
-    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, max_parallel: int = 2,
-                 sandbox: str = "auto", credit: str = "pass") -> None:
+    def __init__(
+        self,
+        timeout_s: float = 5.0,
+        memory_mb: int = 512,
+        max_parallel: int = 2,
+        sandbox: str = "auto",
+        credit: str = "pass",
+    ) -> None:
         from relayrl.rewards.sandbox import resolve_isolation
 
         if credit not in CREDITS:
             raise ValueError(f"code_exec credit={credit!r} is not one of {', '.join(CREDITS)}")
         self.timeout_s, self.memory_mb, self.max_parallel, self.sandbox = timeout_s, memory_mb, max_parallel, sandbox
         self.credit = credit
-        self.level = resolve_isolation(sandbox)          # fails closed now, before any worker starts
+        self.level = resolve_isolation(sandbox)  # fails closed now, before any worker starts
         self.__name__ = "code_exec"
 
-    def __call__(self, prompts: list[str], completions: list[str], tests: list | None = None,
-                 entry_point: list | None = None, test_setup: list | None = None, stdio: list | None = None,
-                 code_prefix: list | None = None, **_: Any) -> list[float | None]:
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        tests: list | None = None,
+        entry_point: list | None = None,
+        test_setup: list | None = None,
+        stdio: list | None = None,
+        code_prefix: list | None = None,
+        **_: Any,
+    ) -> list[float | None]:
         from concurrent.futures import ThreadPoolExecutor
 
         n = len(completions)
-        rows = zip(completions, *((column or [None] * n) for column in (tests, entry_point, test_setup, stdio,
-                                                                         code_prefix)))
+        rows = zip(
+            completions, *((column or [None] * n) for column in (tests, entry_point, test_setup, stdio, code_prefix))
+        )
         with ThreadPoolExecutor(max_workers=self.max_parallel) as pool:
             return list(pool.map(lambda row: self.score(*row), rows))
 
-    def score(self, completion: str, tests: Any = None, entry_point: str | None = None,
-              test_setup: str | None = None, stdio: Any = None, code_prefix: str | None = None) -> float | None:
+    def score(
+        self,
+        completion: str,
+        tests: Any = None,
+        entry_point: str | None = None,
+        test_setup: str | None = None,
+        stdio: Any = None,
+        code_prefix: str | None = None,
+    ) -> float | None:
         """One completion against its row's tests (None: no tests); ValueError for tests that cannot prove
         a pass (raised before any program runs)."""
         from relayrl.rewards.harness import judge, plan_tests

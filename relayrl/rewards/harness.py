@@ -53,7 +53,7 @@ from relayrl.rewards.sandbox import resolve_isolation, start_sandboxed
 
 FORMS = ("asserts", "check", "stdio")
 
-SERVER = r'''
+SERVER = r"""
 import io, os, sys
 _REQUESTS, _REPLIES = 3, 4
 
@@ -99,13 +99,15 @@ def _serve():
 
 
 _serve()
-'''
+"""
 """The sandbox's program, run after ``plain``'s source: load the solution, answer the judge's calls."""
 
-JUDGE_BOOT = ("import importlib, sys, types\n"
-              "pkg = types.ModuleType('relayrl_judge'); pkg.__path__ = [sys.argv[2]]\n"
-              "sys.modules['relayrl_judge'] = pkg\n"
-              "importlib.import_module('relayrl_judge.judge').main()\n")
+JUDGE_BOOT = (
+    "import importlib, sys, types\n"
+    "pkg = types.ModuleType('relayrl_judge'); pkg.__path__ = [sys.argv[2]]\n"
+    "sys.modules['relayrl_judge'] = pkg\n"
+    "importlib.import_module('relayrl_judge.judge').main()\n"
+)
 """Loads ``judge.py`` (and its ``.plain``) by path: ``python -I -S`` never imports the relayrl package."""
 
 
@@ -113,12 +115,12 @@ JUDGE_BOOT = ("import importlib, sys, types\n"
 class CodeTests:
     """A row's tests, checked and normalised (``plan_tests``); what the judge receives."""
 
-    form: str                                   # one of FORMS
-    tests: str = ""                             # asserts / check: the test code
-    prelude: str = ""                           # trusted code run first, in the judge
-    entry_point: str | None = None              # check: the function passed as ``candidate``
-    names: tuple[str, ...] = ()                 # the solution's names the tests call
-    cases: tuple[tuple[str, str], ...] = ()     # stdio: (input, expected output)
+    form: str  # one of FORMS
+    tests: str = ""  # asserts / check: the test code
+    prelude: str = ""  # trusted code run first, in the judge
+    entry_point: str | None = None  # check: the function passed as ``candidate``
+    names: tuple[str, ...] = ()  # the solution's names the tests call
+    cases: tuple[tuple[str, str], ...] = ()  # stdio: (input, expected output)
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,9 @@ FAILED = Verdict(0, 1, False)
 """No verdict (timeout, a judge killed or answering without the nonce): nothing passed."""
 
 
-def plan_tests(tests: str | list[str] | None = None, entry_point: str | None = None, prelude: str | None = None,
-               stdio: Any = None) -> CodeTests:
+def plan_tests(
+    tests: str | list[str] | None = None, entry_point: str | None = None, prelude: str | None = None, stdio: Any = None
+) -> CodeTests:
     """The row's tests as a ``CodeTests``; ``ValueError`` (one line: cause and fix) for tests that cannot
     prove a pass. ``tests`` may be a list of statements (MBPP's ``test_list``); ``stdio`` pairs (input,
     output), ``{"input", "output"}`` dicts, ``{"inputs": [...], "outputs": [...]}`` (APPS), or its JSON."""
@@ -154,15 +157,21 @@ def plan_tests(tests: str | list[str] | None = None, entry_point: str | None = N
     _parse(prelude + "\n" + code)
     if entry_point:
         if not entry_point.isidentifier():
-            raise ValueError(f"code_exec entry_point {entry_point!r} is not a function name; map the column "
-                             "holding the tested function's name")
+            raise ValueError(
+                f"code_exec entry_point {entry_point!r} is not a function name; map the column "
+                "holding the tested function's name"
+            )
         if "check" not in _top_level_functions(prelude + "\n" + code):
-            raise ValueError("code_exec tests with an entry_point must define `def check(candidate)` "
-                             "(HumanEval's form); drop entry_point for top-level asserts")
+            raise ValueError(
+                "code_exec tests with an entry_point must define `def check(candidate)` "
+                "(HumanEval's form); drop entry_point for top-level asserts"
+            )
         return CodeTests("check", code, prelude, entry_point, (entry_point,))
     if not any(isinstance(n, ast.Assert) for n in ast.walk(_parse(code))):
-        raise ValueError("code_exec tests have no assert, so nothing proves a pass; write them as lines like "
-                         "`assert f(2) == 4`, or give stdio cases")
+        raise ValueError(
+            "code_exec tests have no assert, so nothing proves a pass; write them as lines like "
+            "`assert f(2) == 4`, or give stdio cases"
+        )
     return CodeTests("asserts", code, prelude, None, solution_names(code, prelude))
 
 
@@ -175,13 +184,11 @@ def solution_names(tests: str, prelude: str = "") -> tuple[str, ...]:
     while tables:
         table = tables.pop()
         tables.extend(table.get_children())
-        used.update(s.get_name() for s in table.get_symbols()
-                    if s.is_referenced() and (table is top or s.is_global()))
+        used.update(s.get_name() for s in table.get_symbols() if s.is_referenced() and (table is top or s.is_global()))
     return tuple(sorted(n for n in used - defined if not hasattr(builtins, n)))
 
 
-def judge(spec: CodeTests, code: str, timeout_s: float = 5.0, memory_mb: int = 512,
-          isolation: str = "auto") -> Verdict:
+def judge(spec: CodeTests, code: str, timeout_s: float = 5.0, memory_mb: int = 512, isolation: str = "auto") -> Verdict:
     """Run ``code`` against ``spec`` (module docstring) within ``timeout_s`` in all; ``ValueError`` when
     the tests pass something that is not plain data to the solution."""
     request_r, request_w = os.pipe()
@@ -197,10 +204,15 @@ def judge(spec: CodeTests, code: str, timeout_s: float = 5.0, memory_mb: int = 5
     try:
         with os.fdopen(verdict_r, "rb", buffering=0) as verdicts:
             if resolve_isolation(isolation) == 1 and _line(verdicts, deadline) != b"ready":
-                return FAILED                     # level 1: the judge hides itself before the program runs
-            running = start_sandboxed(plain_program("stdio" if spec.form == "stdio" else "functions"),
-                                      timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation,
-                                      files={"solution.py": code}, fds={3: request_r, 4: reply_w})
+                return FAILED  # level 1: the judge hides itself before the program runs
+            running = start_sandboxed(
+                plain_program("stdio" if spec.form == "stdio" else "functions"),
+                timeout_s=timeout_s,
+                memory_mb=memory_mb,
+                isolation=isolation,
+                files={"solution.py": code},
+                fds={3: request_r, 4: reply_w},
+            )
             os.close(request_r)
             os.close(reply_w)
             request_r = reply_w = -1
@@ -220,20 +232,33 @@ def plain_program(mode: str) -> str:
     return f"{Path(plain.__file__).read_text()}\nMODE = {mode!r}\n{SERVER}"
 
 
-def _start_judge(spec: CodeTests, nonce: str, memory_mb: int, timeout_s: float, request_w: int, reply_r: int,
-                 verdict_w: int) -> subprocess.Popen:
+def _start_judge(
+    spec: CodeTests, nonce: str, memory_mb: int, timeout_s: float, request_w: int, reply_r: int, verdict_w: int
+) -> subprocess.Popen:
     fds = {"request": request_w, "reply": reply_r, "verdict": verdict_w}
-    payload = {"form": spec.form, "tests": spec.tests, "prelude": spec.prelude, "entry_point": spec.entry_point,
-               "names": list(spec.names), "cases": [list(c) for c in spec.cases], "nonce": nonce,
-               "limits": {"memory": max(memory_mb, 512) * 2**21, "cpu": int(timeout_s) + 2}}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", JUDGE_BOOT, json.dumps(fds),
-                             str(Path(__file__).parent)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, pass_fds=tuple(fds.values()), start_new_session=True)
+    payload = {
+        "form": spec.form,
+        "tests": spec.tests,
+        "prelude": spec.prelude,
+        "entry_point": spec.entry_point,
+        "names": list(spec.names),
+        "cases": [list(c) for c in spec.cases],
+        "nonce": nonce,
+        "limits": {"memory": max(memory_mb, 512) * 2**21, "cpu": int(timeout_s) + 2},
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", JUDGE_BOOT, json.dumps(fds), str(Path(__file__).parent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=tuple(fds.values()),
+        start_new_session=True,
+    )
     try:
-        proc.stdin.write(json.dumps(payload).encode())         # type: ignore[union-attr]
-        proc.stdin.close()                                      # type: ignore[union-attr]
+        proc.stdin.write(json.dumps(payload).encode())  # type: ignore[union-attr]
+        proc.stdin.close()  # type: ignore[union-attr]
     except OSError:
-        pass                                                    # it died: no "ready" line, FAILED
+        pass  # it died: no "ready" line, FAILED
     return proc
 
 
@@ -260,10 +285,12 @@ def _verdict(line: bytes | None, nonce: str) -> Verdict:
     prefix = nonce.encode() + b" "
     if line is None or not line.startswith(prefix):
         return FAILED
-    out = json.loads(line[len(prefix):])
+    out = json.loads(line[len(prefix) :])
     if "unsupported" in out:
-        raise ValueError(f"code_exec cannot run these tests: {out['unsupported']}; pass only plain data "
-                         "(numbers, strings, lists, dicts...) to the solution")
+        raise ValueError(
+            f"code_exec cannot run these tests: {out['unsupported']}; pass only plain data "
+            "(numbers, strings, lists, dicts...) to the solution"
+        )
     return Verdict(int(out["passed"]), int(out["total"]), bool(out["complete"]))
 
 
@@ -288,8 +315,10 @@ def _stdio_cases(stdio: Any) -> tuple[tuple[str, str], ...]:
         stdio = list(zip(inputs, outputs)) if len(inputs) == len(outputs) else []
     cases = [(c["input"], c["output"]) if isinstance(c, dict) else tuple(c) for c in stdio]
     if not cases or any(len(c) != 2 or not all(isinstance(x, str) for x in c) for c in cases):
-        raise ValueError("code_exec stdio needs at least one (input, output) case of two strings; "
-                         "give [[input, output], ...] or {\"inputs\": [...], \"outputs\": [...]}")
+        raise ValueError(
+            "code_exec stdio needs at least one (input, output) case of two strings; "
+            'give [[input, output], ...] or {"inputs": [...], "outputs": [...]}'
+        )
     return tuple((i, o) for i, o in cases)
 
 
@@ -297,8 +326,9 @@ def _parse(code: str) -> ast.Module:
     try:
         return ast.parse(code)
     except SyntaxError as exc:
-        raise ValueError(f"code_exec tests do not parse (line {exc.lineno}: {exc.msg}); fix the dataset's "
-                         "tests") from None
+        raise ValueError(
+            f"code_exec tests do not parse (line {exc.lineno}: {exc.msg}); fix the dataset's tests"
+        ) from None
 
 
 def _top_level_functions(code: str) -> set[str]:

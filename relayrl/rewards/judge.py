@@ -97,15 +97,16 @@ def _exception(name):
 
 def _write_all(fd, data):
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 class _SoftAsserts(ast.NodeTransformer):
     """``assert X`` -> ``try: __case__(X) except __unsupported__: raise except Exception: __case__(False)``."""
 
     def visit_Assert(self, node):
-        template = ast.parse("try:\n    __case__(X)\nexcept __unsupported__:\n    raise\n"
-                             "except Exception:\n    __case__(False)").body[0]
+        template = ast.parse(
+            "try:\n    __case__(X)\nexcept __unsupported__:\n    raise\nexcept Exception:\n    __case__(False)"
+        ).body[0]
         template.body[0].value.args[0] = node.test
         return ast.copy_location(template, node)
 
@@ -121,8 +122,12 @@ class Run:
         self.cases.append(bool(value))
 
     def namespace(self, channel, names):
-        ns = {"__name__": "__tests__", "__builtins__": builtins, "__case__": self.record,
-              "__unsupported__": Unsupported}
+        ns = {
+            "__name__": "__tests__",
+            "__builtins__": builtins,
+            "__case__": self.record,
+            "__unsupported__": Unsupported,
+        }
         ns.update({name: Stub(channel, name) for name in names})
         return ns
 
@@ -182,8 +187,8 @@ def _lines(text):
 def _harden(limits):
     """Die with the parent, refuse ptrace and /proc access from other processes, cap memory and CPU."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)       # PR_SET_PDEATHSIG
-    libc.prctl(4, 0, 0, 0, 0)                    # PR_SET_DUMPABLE 0
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory"], limits["memory"]))
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu"], limits["cpu"]))
 

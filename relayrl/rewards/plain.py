@@ -61,6 +61,7 @@ def _leaf(kind):
         if len(args) != 1 or type(args[0]) is not kind:
             raise ValueError(kind.__name__)
         return args[0]
+
     return read
 
 
@@ -69,6 +70,7 @@ def _items(kind):
         if len(args) != 1 or type(args[0]) is not list:
             raise ValueError(kind.__name__)
         return kind(decode(v, depth) for v in args[0])
+
     return read
 
 
@@ -83,6 +85,7 @@ def _number(parse, count):
         if len(args) != count or any(type(a) is not str or len(a) > 5000 for a in args):
             raise ValueError(parse.__name__)
         return parse(*args)
+
     return read
 
 

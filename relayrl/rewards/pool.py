@@ -29,9 +29,23 @@ from typing import Any
 
 import ray
 
-from relayrl.rewards.scoring import (Batch, Call, CallResult, RewardError, RewardFns, Scored, check_error_rate,
-                                     fill_rewards, flatten, fn_metrics, invoke, is_async, plan_calls,
-                                     reward_metrics, unique_names)
+from relayrl.rewards.scoring import (
+    Batch,
+    Call,
+    CallResult,
+    RewardError,
+    RewardFns,
+    Scored,
+    check_error_rate,
+    fill_rewards,
+    flatten,
+    fn_metrics,
+    invoke,
+    is_async,
+    plan_calls,
+    reward_metrics,
+    unique_names,
+)
 
 
 class RewardWorker:
@@ -44,8 +58,9 @@ class RewardWorker:
     async def ready(self) -> bool:
         return True
 
-    async def call(self, fn: int, prompts: list[str], completions: list[str],
-                   columns: dict[str, list[Any]]) -> CallResult:
+    async def call(
+        self, fn: int, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
+    ) -> CallResult:
         return await invoke(self.fns[fn], prompts, completions, columns, self.executor)
 
 
@@ -54,14 +69,14 @@ class _Slot:
     """One worker process and what is running on it."""
 
     handle: Any
-    ready_ref: Any                       # resolves once the process has started (None: known ready)
+    ready_ref: Any  # resolves once the process has started (None: known ready)
     sync_busy: bool = False
     running: int = 0
 
 
 @dataclass
 class _Running:
-    call: int                            # index into the calls of this round
+    call: int  # index into the calls of this round
     slot: _Slot
     deadline: float
     retried: bool
@@ -90,8 +105,10 @@ class Dispatcher:
         try:
             ray.get([s.ready_ref for s in self.slots if s.ready_ref is not None], timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - e.g. a reward function that cannot be unpickled there
-            raise RewardError(f"reward workers did not start: {_cause_line(exc)}; make every reward function "
-                              "importable (module:function on PYTHONPATH) and picklable") from None
+            raise RewardError(
+                f"reward workers did not start: {_cause_line(exc)}; make every reward function "
+                "importable (module:function on PYTHONPATH) and picklable"
+            ) from None
         for s in self.slots:
             s.ready_ref = None
 
@@ -135,7 +152,7 @@ class Dispatcher:
         ready, _ = ray.wait(list(running) + starting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
         for ref in ready:
             task = running.pop(ref, None)
-            if task is None:                     # a worker finished starting, or its call was re-queued
+            if task is None:  # a worker finished starting, or its call was re-queued
                 continue
             task.slot.running -= 1
             task.slot.sync_busy &= self.is_async[calls[task.call].fn]
@@ -148,8 +165,9 @@ class Dispatcher:
         for ref, task in list(running.items()):
             if ref in running and task.deadline <= now:
                 running.pop(ref)
-                results[task.call] = self._lost(calls[task.call], "timeout",
-                                                f"took longer than reward.timeout_s={self.timeout_s:g}; worker killed")
+                results[task.call] = self._lost(
+                    calls[task.call], "timeout", f"took longer than reward.timeout_s={self.timeout_s:g}; worker killed"
+                )
                 self._replace(task.slot, calls, results, queue, running)
 
     @staticmethod
@@ -182,10 +200,17 @@ def _cause_line(exc: BaseException) -> str:
 class RewardScorer:
     """Ray actor: scores each step's groups with the worker pool; lives for the whole run."""
 
-    def __init__(self, fns: RewardFns, timeout_s: float, num_workers: int, groups_per_call: int,
-                 max_error_rate: float, worker_cpus: float) -> None:
+    def __init__(
+        self,
+        fns: RewardFns,
+        timeout_s: float,
+        num_workers: int,
+        groups_per_call: int,
+        max_error_rate: float,
+        worker_cpus: float,
+    ) -> None:
         self.fns = unique_names(fns)
-        for _, fn, _ in self.fns:            # e.g. a reward model starts its server once, owned by this actor
+        for _, fn, _ in self.fns:  # e.g. a reward model starts its server once, owned by this actor
             if callable(getattr(fn, "start", None)):
                 fn.start()
         self.groups_per_call, self.max_error_rate = groups_per_call, max_error_rate
@@ -219,23 +244,35 @@ class RewardPool:
         self.scorer = scorer
 
     @classmethod
-    def start(cls, fns: RewardFns, timeout_s: float = 60.0, num_workers: int = 2, groups_per_call: int = 1,
-              max_error_rate: float = 0.25, cpus: float = 1.0) -> "RewardPool":
+    def start(
+        cls,
+        fns: RewardFns,
+        timeout_s: float = 60.0,
+        num_workers: int = 2,
+        groups_per_call: int = 1,
+        max_error_rate: float = 0.25,
+        cpus: float = 1.0,
+    ) -> RewardPool:
         """Start the scorer and ``num_workers`` workers, sharing ``cpus`` Ray CPUs; wait until they run.
 
         Then score nothing once: the first ``score`` call on a fresh scorer pays Ray's one-time set-up of
         the actor's call path, far more than a later call, which would otherwise land in the first step's
         ``timing/reward``; here it overlaps the engines' start."""
         worker_cpus = cpus / num_workers
-        scorer = ray.remote(RewardScorer).options(num_cpus=0).remote(
-            fns, timeout_s, num_workers, groups_per_call, max_error_rate, worker_cpus)
+        scorer = (
+            ray.remote(RewardScorer)
+            .options(num_cpus=0)
+            .remote(fns, timeout_s, num_workers, groups_per_call, max_error_rate, worker_cpus)
+        )
         pool = cls(scorer)
         try:
             pool.result(scorer.ready.remote())
-        except ray.exceptions.RayActorError as exc:      # the scorer's __init__ (a reward's start()) failed
-            raise RewardError(f"reward scorer did not start: {str(exc).splitlines()[0][:200]}; "
-                              "check the reward functions' start() (e.g. a reward model path)") from None
-        pool.result(scorer.score.options(num_returns=1).remote(None))   # warm-up (docstring)
+        except ray.exceptions.RayActorError as exc:  # the scorer's __init__ (a reward's start()) failed
+            raise RewardError(
+                f"reward scorer did not start: {str(exc).splitlines()[0][:200]}; "
+                "check the reward functions' start() (e.g. a reward model path)"
+            ) from None
+        pool.result(scorer.score.options(num_returns=1).remote(None))  # warm-up (docstring)
         return pool
 
     def score(self, group_refs: list, summarize: Callable[[list], dict] | None = None) -> tuple[list, Scored]:

@@ -46,10 +46,15 @@ class RewardModelServer:
 
         scores: list[float] = []
         for i in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(texts[i : i + self.batch_size], return_tensors="pt", padding=True,
-                                 truncation=self.max_length is not None, max_length=self.max_length)
+            enc = self.tokenizer(
+                texts[i : i + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                truncation=self.max_length is not None,
+                max_length=self.max_length,
+            )
             with torch.inference_mode():
-                logits = self.model(**enc).logits.float()          # [b, num_labels]
+                logits = self.model(**enc).logits.float()  # [b, num_labels]
             col = logits[:, 0] if logits.shape[1] == 1 else logits.softmax(-1)[:, self.label]
             scores.extend(col.tolist())
         return scores
@@ -58,11 +63,20 @@ class RewardModelServer:
 class RewardModel:
     """Reward function backed by a ``RewardModelServer``; construct it with the model directory."""
 
-    def __init__(self, path: str, batch_size: int = 16, max_length: int | None = None, label: int = 1,
-                 num_cpus: float = 0.0, num_threads: int = 0) -> None:
+    def __init__(
+        self,
+        path: str,
+        batch_size: int = 16,
+        max_length: int | None = None,
+        label: int = 1,
+        num_cpus: float = 0.0,
+        num_threads: int = 0,
+    ) -> None:
         if not (Path(path) / "config.json").is_file():
-            raise ValueError(f"reward_model path={path!r} is not a local HF model directory (no config.json); "
-                             "point kwargs.path at a saved AutoModelForSequenceClassification")
+            raise ValueError(
+                f"reward_model path={path!r} is not a local HF model directory (no config.json); "
+                "point kwargs.path at a saved AutoModelForSequenceClassification"
+            )
         self.path = str(Path(path).resolve())
         self.options = dict(batch_size=batch_size, max_length=max_length, label=label, num_threads=num_threads)
         self.num_cpus = num_cpus
@@ -74,8 +88,11 @@ class RewardModel:
         import ray
 
         name = "relayrl-reward-model-" + hashlib.sha1(self.path.encode()).hexdigest()[:12]
-        self.server = ray.remote(RewardModelServer).options(name=name, get_if_exists=True, num_cpus=self.num_cpus) \
+        self.server = (
+            ray.remote(RewardModelServer)
+            .options(name=name, get_if_exists=True, num_cpus=self.num_cpus)
             .remote(self.path, **self.options)
+        )
         ray.get(self.server.ready.remote())
 
     async def __call__(self, prompts: list[str], completions: list[str], **_: Any) -> list[float]:

@@ -71,11 +71,11 @@ _BOOT = Path(__file__).with_name("sandbox_boot.py")
 
 @dataclass
 class SandboxResult:
-    returncode: int | None               # None: killed at the time limit
+    returncode: int | None  # None: killed at the time limit
     stdout: str
     stderr: str
     timed_out: bool
-    isolation: str                       # namespaces | rlimits (see the module docstring)
+    isolation: str  # namespaces | rlimits (see the module docstring)
 
     @property
     def ok(self) -> bool:
@@ -101,51 +101,119 @@ class Running:
         """Wait up to ``timeout_s`` for the program, then kill everything it started; remove its files."""
         try:
             timed_out = _wait_or_kill(self.proc, timeout_s, self.root / "init.pid")
-            return SandboxResult(None if timed_out else self.proc.returncode, _read(self.out, self.output_limit),
-                                 _read(self.err, self.output_limit), timed_out, _name(self.level))
+            return SandboxResult(
+                None if timed_out else self.proc.returncode,
+                _read(self.out, self.output_limit),
+                _read(self.err, self.output_limit),
+                timed_out,
+                _name(self.level),
+            )
         finally:
             self.out.close()
             self.err.close()
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def run_sandboxed(code: str, timeout_s: float = 5.0, memory_mb: int = 512, output_limit: int = 64 * 1024,
-                  isolation: str = "auto", files: dict[str, str] | None = None, max_procs: int = 32,
-                  disk_mb: int = 16) -> SandboxResult:
+def run_sandboxed(
+    code: str,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    output_limit: int = 64 * 1024,
+    isolation: str = "auto",
+    files: dict[str, str] | None = None,
+    max_procs: int = 32,
+    disk_mb: int = 16,
+) -> SandboxResult:
     """Run ``code`` as ``main.py`` (next to ``files``, name -> text) under the limits in the module docstring."""
-    running = start_sandboxed(code, timeout_s=timeout_s, memory_mb=memory_mb, output_limit=output_limit,
-                              isolation=isolation, files=files, max_procs=max_procs, disk_mb=disk_mb)
+    running = start_sandboxed(
+        code,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        output_limit=output_limit,
+        isolation=isolation,
+        files=files,
+        max_procs=max_procs,
+        disk_mb=disk_mb,
+    )
     return running.finish(timeout_s)
 
 
-def start_sandboxed(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, output_limit: int = 64 * 1024,
-                    isolation: str = "auto", files: dict[str, str] | None = None, max_procs: int = 32,
-                    disk_mb: int = 16, fds: dict[int, int] | None = None) -> Running:
+def start_sandboxed(
+    code: str,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    output_limit: int = 64 * 1024,
+    isolation: str = "auto",
+    files: dict[str, str] | None = None,
+    max_procs: int = 32,
+    disk_mb: int = 16,
+    fds: dict[int, int] | None = None,
+) -> Running:
     """Start ``code`` as ``main.py`` and return at once; ``fds`` (target -> fd) are passed to the program.
 
     ``isolation``: one of ``MODES``. ``output_limit`` bytes of stdout and stderr are kept, and at most that
     much may be written to any file. ``max_procs``: RLIMIT_NPROC of the sandbox's uid. ``disk_mb``: the
     size of the program's tmpfs working dir at level 2.
     """
-    return _start(resolve_isolation(isolation), code, timeout_s=timeout_s, memory_mb=memory_mb,
-                  output_limit=output_limit, files=files or {}, max_procs=max_procs, disk_mb=disk_mb, fds=fds or {})
+    return _start(
+        resolve_isolation(isolation),
+        code,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        output_limit=output_limit,
+        files=files or {},
+        max_procs=max_procs,
+        disk_mb=disk_mb,
+        fds=fds or {},
+    )
 
 
-def _start(level: int, code: str, *, timeout_s: float, memory_mb: int, output_limit: int, files: dict[str, str],
-           max_procs: int, disk_mb: int, fds: dict[int, int]) -> Running:
+def _start(
+    level: int,
+    code: str,
+    *,
+    timeout_s: float,
+    memory_mb: int,
+    output_limit: int,
+    files: dict[str, str],
+    max_procs: int,
+    disk_mb: int,
+    fds: dict[int, int],
+) -> Running:
     _sweep_stale()
     root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
     uid = sandbox_uid()
     box = _prepare(root, code, files, uid)
-    args = {"level": level, "mem": memory_mb * 2**20, "cpu": math.ceil(timeout_s) + 1, "fsize": output_limit,
-            "nproc": max_procs, "uid": uid, "box": str(box), "main": str(box / "main.py"), "disk_mb": disk_mb,
-            "newroot": str(root / "root"), "init_pid": str(root / "init.pid"), "parent": os.getpid(),
-            "fds": {str(t): fd for t, fd in fds.items()}, "drop": level == 1 and _can_drop(), **_root_plan()}
+    args = {
+        "level": level,
+        "mem": memory_mb * 2**20,
+        "cpu": math.ceil(timeout_s) + 1,
+        "fsize": output_limit,
+        "nproc": max_procs,
+        "uid": uid,
+        "box": str(box),
+        "main": str(box / "main.py"),
+        "disk_mb": disk_mb,
+        "newroot": str(root / "root"),
+        "init_pid": str(root / "init.pid"),
+        "parent": os.getpid(),
+        "fds": {str(t): fd for t, fd in fds.items()},
+        "drop": level == 1 and _can_drop(),
+        **_root_plan(),
+    }
     (root / "root").mkdir()
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-I", "-S", str(_BOOT), json.dumps(args)], cwd=box, env=_env(box),
-                            stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=tuple(fds.values()),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(_BOOT), json.dumps(args)],
+        cwd=box,
+        env=_env(box),
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=err,
+        pass_fds=tuple(fds.values()),
+        start_new_session=True,
+    )
     return Running(proc, root, out, err, level, output_limit)
 
 
@@ -162,10 +230,12 @@ def resolve_isolation(mode: str) -> int:
     if mode == "rlimits":
         return LEVELS["rlimits"]
     if not namespaces_available():
-        raise ValueError(f"reward.sandbox=auto needs full isolation for code_exec, which this host lacks "
-                           f"({namespaces_missing() or 'unshare(2) failed'}); run the reward workers as root on "
-                           "a host that allows unshare(2), or set reward.sandbox=rlimits to accept weaker "
-                           "isolation knowingly (docs/rewards.md)")
+        raise ValueError(
+            f"reward.sandbox=auto needs full isolation for code_exec, which this host lacks "
+            f"({namespaces_missing() or 'unshare(2) failed'}); run the reward workers as root on "
+            "a host that allows unshare(2), or set reward.sandbox=rlimits to accept weaker "
+            "isolation knowingly (docs/rewards.md)"
+        )
     return LEVELS["namespaces"]
 
 
@@ -194,17 +264,28 @@ def namespaces_available() -> bool:
 
 def _probe() -> SandboxResult:
     """A tiny program at level 2 that sees its own uid and a root with nothing but the allowlist."""
-    code = (f"import os; print('ok' if os.getuid() >= {UID_BASE} else 'root', "
-            "'/' if os.listdir('/tmp') == ['box'] and not os.path.exists('/root/.bashrc') else 'leak')")
-    return _start(LEVELS["namespaces"], code, timeout_s=30.0, memory_mb=512, output_limit=2**16, files={},
-                  max_procs=8, disk_mb=1, fds={}).finish(30.0)
+    code = (
+        f"import os; print('ok' if os.getuid() >= {UID_BASE} else 'root', "
+        "'/' if os.listdir('/tmp') == ['box'] and not os.path.exists('/root/.bashrc') else 'leak')"
+    )
+    return _start(
+        LEVELS["namespaces"],
+        code,
+        timeout_s=30.0,
+        memory_mb=512,
+        output_limit=2**16,
+        files={},
+        max_procs=8,
+        disk_mb=1,
+        fds={},
+    ).finish(30.0)
 
 
 def _sweep_stale() -> None:
     """Remove the staging dirs of sandboxes whose process died (a reward worker killed mid-call)."""
     tmp = Path(tempfile.gettempdir())
     for path in tmp.glob(f"{_PREFIX}*-*"):
-        pid = path.name[len(_PREFIX):].split("-", 1)[0]
+        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
@@ -257,13 +338,17 @@ def _root_plan() -> dict:
         elif os.path.exists(path) and not any(path == b or path.startswith(b + "/") for b in binds):
             binds.append(path)
     masks = sorted(str(p) for p in Path(prefix, "lib").glob("python3*/site-packages"))
-    return {"python": exe, "binds": binds, "links": links, "masks": masks,
-            "devices": [d for d in DEVICES if os.path.exists(d)]}
+    return {
+        "python": exe,
+        "binds": binds,
+        "links": links,
+        "masks": masks,
+        "devices": [d for d in DEVICES if os.path.exists(d)],
+    }
 
 
 def _env(box: Path) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(box), "LANG": "C.UTF-8",
-            "TMPDIR": str(box)}
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(box), "LANG": "C.UTF-8", "TMPDIR": str(box)}
 
 
 def _name(level: int) -> str:
@@ -279,7 +364,7 @@ def _wait_or_kill(proc: subprocess.Popen, timeout_s: float, init_pid: Path) -> b
     except subprocess.TimeoutExpired:
         timed_out = True
     try:
-        os.killpg(proc.pid, signal.SIGKILL)       # also reaps anything the code left running in the group
+        os.killpg(proc.pid, signal.SIGKILL)  # also reaps anything the code left running in the group
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()

@@ -6,41 +6,63 @@ Level 2: unshare pid/net, fork the namespace's init, which unshares mounts, buil
 pivots into it, drops to the sandbox uid, enters a new user namespace and execs the interpreter on
 main.py; this process waits for it and exits with its status. ``argv[1]`` is the JSON the parent built.
 """
-# ruff: noqa: E401, E731
-import ctypes, fcntl, json, os, resource, select, shutil, signal, sys
+
+# ruff: noqa: E731
+import ctypes
+import fcntl
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+
 a = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(1, signal.SIGKILL, 0, 0, 0)             # PR_SET_PDEATHSIG: die with the reward worker
-if os.getppid() != a["parent"]:                    # it died before the line above
+libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the reward worker
+if os.getppid() != a["parent"]:  # it died before the line above
     os._exit(137)
 high = {int(t): fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for t, fd in a["fds"].items()}
-for fd in a["fds"].values():                       # above the targets first: a source may be a target's number
+for fd in a["fds"].values():  # above the targets first: a source may be a target's number
     os.close(fd)
 for target, fd in high.items():
     os.dup2(fd, target)
     os.close(fd)
 
+
 def limits(nproc):
-    pairs = [(resource.RLIMIT_AS, a["mem"]), (resource.RLIMIT_CPU, a["cpu"]), (resource.RLIMIT_FSIZE, a["fsize"]),
-             (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 256)]
+    pairs = [
+        (resource.RLIMIT_AS, a["mem"]),
+        (resource.RLIMIT_CPU, a["cpu"]),
+        (resource.RLIMIT_FSIZE, a["fsize"]),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NOFILE, 256),
+    ]
     for limit, value in pairs + ([(resource.RLIMIT_NPROC, nproc)] if nproc else []):
         resource.setrlimit(limit, (value, value))
+
 
 def drop_to(uid):
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
 
+
 if a["level"] == 1:
     if a["drop"]:
         drop_to(a["uid"])
     limits(a["nproc"] if a["drop"] else 0)
-    import runpy, socket
+    import runpy
+    import socket
+
     def _no_network(*args, **kwargs):
         raise PermissionError("network access is disabled in the relayrl sandbox")
+
     class _NoSocket(socket.socket):
         def __init__(self, *args, **kwargs):
             _no_network()
+
     socket.socket = _NoSocket
     socket.create_connection = socket.getaddrinfo = socket.socketpair = socket.fromfd = _no_network
     sys.argv = [a["main"]]
@@ -52,14 +74,17 @@ NS, USER, PID, NET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}[os.uname().machine]
 
+
 def check(rc, what):
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
+
 def mount(src, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()
     check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
 
 def bind(src, new):
     target = new + src
@@ -70,10 +95,12 @@ def bind(src, new):
         open(target, "w").close()
     mount(src, target, None, BIND | REC)
 
+
 def mount_points():
     for line in open("/proc/self/mountinfo"):
         point = line.split()[4]
         yield point.encode().decode("unicode_escape") if "\\" in point else point
+
 
 def allowlist_root():
     check(libc.unshare(NS), "unshare mount")
@@ -98,7 +125,7 @@ def allowlist_root():
     os.makedirs(new + "/.old")
     check(libc.syscall(PIVOT_ROOT, new.encode(), (new + "/.old").encode()), "pivot_root")
     os.chdir("/")
-    check(libc.umount2(b"/.old", 2), "umount old root")    # MNT_DETACH: the trainer's tree is gone
+    check(libc.umount2(b"/.old", 2), "umount old root")  # MNT_DETACH: the trainer's tree is gone
     os.rmdir("/.old")
     for point in mount_points():
         if point in ("/proc", "/tmp/box") or point.startswith("/proc/"):
@@ -106,29 +133,35 @@ def allowlist_root():
         flags = REMOUNT | BIND | NOSUID | RDONLY | (0 if point.startswith("/dev/") else NODEV)
         mount(None, point, None, flags if point != "/" else REMOUNT | NOSUID | NODEV | RDONLY)
 
+
 def become_sandbox_user():
     drop_to(a["uid"])
-    libc.prctl(4, 1, 0, 0, 0)                      # PR_SET_DUMPABLE: own /proc/self/*_map again
+    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: own /proc/self/*_map again
     check(libc.unshare(USER), "unshare user")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{a['uid']} {a['uid']} 1"),
-                       ("gid_map", f"{a['uid']} {a['uid']} 1")):
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{a['uid']} {a['uid']} 1"),
+        ("gid_map", f"{a['uid']} {a['uid']} 1"),
+    ):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
 
+
 def init(alive):
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG (cleared by setuid: set again below)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (cleared by setuid: set again below)
     allowlist_root()
     os.chdir("/tmp/box")
     become_sandbox_user()
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)
-    if select.select([alive], [], [], 0)[0]:       # the boot process died before PDEATHSIG was set again
+    if select.select([alive], [], [], 0)[0]:  # the boot process died before PDEATHSIG was set again
         os._exit(137)
     os.close(alive)
     limits(a["nproc"])
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp/box", "TMPDIR": "/tmp/box", "LANG": "C.UTF-8"}
     os.execve(a["python"], ["python", "-I", "-S", "main.py"], env)
 
-check(libc.unshare(PID | NET), "unshare pid/net")     # the mount namespace is the init's own (below)
+
+check(libc.unshare(PID | NET), "unshare pid/net")  # the mount namespace is the init's own (below)
 alive_r, alive_w = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -140,9 +173,9 @@ if pid == 0:
         os._exit(125)
 os.close(alive_r)
 for target in high:
-    os.close(target)                               # only the init holds the pipes: EOF when it dies
-with open(a["init_pid"], "w") as f:                # pid and start time: the parent waits for this init
+    os.close(target)  # only the init holds the pipes: EOF when it dies
+with open(a["init_pid"], "w") as f:  # pid and start time: the parent waits for this init
     f.write(f"{pid} {open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}")
 status = os.waitpid(pid, 0)[1]
-os.truncate(a["init_pid"], 0)                      # reaped: the pid may be reused, nothing to wait for
+os.truncate(a["init_pid"], 0)  # reaped: the pid may be reused, nothing to wait for
 sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))

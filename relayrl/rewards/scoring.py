@@ -33,13 +33,20 @@ from typing import Any
 
 from relayrl.algorithms.filtering import dynamic_sampling_filter, trainable_groups
 from relayrl.monitor.schema import REWARD_MEAN, REWARD_PASS_RATE, REWARD_SPREAD_GROUPS, REWARD_STD
-from relayrl.types import TrajectoryGroup   # torch-free, as everything the scorer and reward workers import
+from relayrl.types import TrajectoryGroup  # torch-free, as everything the scorer and reward workers import
 
 RewardFns = list[tuple[str, Callable, float]]
 """``[(name, fn, weight)]``: what ``load_reward_fns`` returns and the scorers take."""
 
-REASONS: tuple[str, ...] = ("raised", "timeout", "worker_died", "not_a_list", "wrong_length", "non_finite",
-                            "not_a_number")
+REASONS: tuple[str, ...] = (
+    "raised",
+    "timeout",
+    "worker_died",
+    "not_a_list",
+    "wrong_length",
+    "non_finite",
+    "not_a_number",
+)
 """Why a completion could not be scored; each is counted as ``reward/errors/<reason>``."""
 
 
@@ -52,13 +59,13 @@ class Scored:
     """One scoring call's result as control reads it: decisions use the typed fields, ``metrics`` is
     only logged (the scheduler never reads a metric key to decide)."""
 
-    useful: int                  # trainable groups whose rewards vary: what dynamic sampling counts
-    min_version: int             # oldest policy version among the groups' tokens
-    max_version: int             # newest one (min_version when no completion has a token)
-    metrics: dict[str, Any]      # reward metrics and the caller's summary, combined per step for logs
+    useful: int  # trainable groups whose rewards vary: what dynamic sampling counts
+    min_version: int  # oldest policy version among the groups' tokens
+    max_version: int  # newest one (min_version when no completion has a token)
+    metrics: dict[str, Any]  # reward metrics and the caller's summary, combined per step for logs
 
     @classmethod
-    def of(cls, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> "Scored":
+    def of(cls, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> Scored:
         """The fields read off the scored ``groups`` themselves (not off ``metrics``)."""
         low, high = version_span(groups)
         return cls(spread_groups(groups), low, high, metrics)
@@ -88,8 +95,11 @@ class Batch:
     columns: dict[str, list[Any]]
 
     def slice(self, start: int, stop: int) -> tuple[list[str], list[str], dict[str, list[Any]]]:
-        return (self.prompts[start:stop], self.completions[start:stop],
-                {k: v[start:stop] for k, v in self.columns.items()})
+        return (
+            self.prompts[start:stop],
+            self.completions[start:stop],
+            {k: v[start:stop] for k, v in self.columns.items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -107,10 +117,10 @@ class CallResult:
 
     values: list[float | None]
     reasons: list[str | None]
-    detail: str = ""                 # the call's first problem, one line
+    detail: str = ""  # the call's first problem, one line
 
     @classmethod
-    def failed(cls, n: int, reason: str, detail: str) -> "CallResult":
+    def failed(cls, n: int, reason: str, detail: str) -> CallResult:
         return cls([None] * n, [reason] * n, _one_line(detail))
 
 
@@ -182,8 +192,13 @@ def is_async(fn: Callable) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
-async def invoke(fn: Callable, prompts: list[str], completions: list[str], columns: dict[str, list[Any]],
-                 executor: Executor | None = None) -> CallResult:
+async def invoke(
+    fn: Callable,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list[Any]],
+    executor: Executor | None = None,
+) -> CallResult:
     """Call ``fn`` once and check its values. Async functions are awaited on the running loop; sync ones
     run on ``executor`` (so the loop stays free for concurrent async calls) or inline when it is None."""
     try:
@@ -201,6 +216,7 @@ async def invoke(fn: Callable, prompts: list[str], completions: list[str], colum
 
 def run_local(fns: RewardFns, batch: Batch, calls: list[Call]) -> list[CallResult]:
     """Run ``calls`` in this process: sync functions one after another, async ones concurrently (no timeout)."""
+
     async def run_all() -> list[CallResult]:
         return list(await asyncio.gather(*(invoke(fns[c.fn][1], *batch.slice(c.start, c.stop)) for c in calls)))
 
@@ -217,8 +233,7 @@ def unique_names(fns: RewardFns) -> RewardFns:
     return out
 
 
-def fill_rewards(groups: list[TrajectoryGroup], fns: RewardFns, calls: list[Call],
-                 results: list[CallResult]) -> None:
+def fill_rewards(groups: list[TrajectoryGroup], fns: RewardFns, calls: list[Call], results: list[CallResult]) -> None:
     """Write ``rewards``, ``reward`` and ``excluded`` of every trajectory from the calls' results (in place).
 
     A trajectory failed by several functions records the first (in ``fns`` order).
@@ -250,8 +265,9 @@ def _total(t: Any, fns: RewardFns, exclusion: type) -> None:
         t.excluded = exclusion("total", "non_finite", f"weighted total {total!r} is not finite")
 
 
-def score_groups(groups: list[TrajectoryGroup], fns: RewardFns, groups_per_call: int = 1,
-                 max_error_rate: float = 1.0) -> list[TrajectoryGroup]:
+def score_groups(
+    groups: list[TrajectoryGroup], fns: RewardFns, groups_per_call: int = 1, max_error_rate: float = 1.0
+) -> list[TrajectoryGroup]:
     """Score ``groups`` in this process (``run_local``); fill each trajectory in place and return ``groups``.
 
     No isolation: a hanging function hangs the caller. Training runs use ``pool.RewardPool``.
@@ -274,12 +290,16 @@ def check_error_rate(groups: list[TrajectoryGroup], max_error_rate: float) -> No
         return
     first = f"first: reward {failed[0].reward!r} {failed[0].reason}: {failed[0].detail}"
     if len(failed) / len(trajs) > max_error_rate:
-        raise RewardError(f"rewards failed on {len(failed)} of {len(trajs)} completions ({len(failed) / len(trajs):.0%}"
-                          f" > reward.max_error_rate={max_error_rate:g}); {first}; fix the reward function "
-                          "or raise reward.max_error_rate")
+        raise RewardError(
+            f"rewards failed on {len(failed)} of {len(trajs)} completions ({len(failed) / len(trajs):.0%}"
+            f" > reward.max_error_rate={max_error_rate:g}); {first}; fix the reward function "
+            "or raise reward.max_error_rate"
+        )
     if not trainable_groups(groups):
-        raise RewardError(f"no prompt group has 2 scored completions left to train on ({len(failed)} of "
-                          f"{len(trajs)} failed); {first}; fix the reward function or raise algorithm.group_size")
+        raise RewardError(
+            f"no prompt group has 2 scored completions left to train on ({len(failed)} of "
+            f"{len(trajs)} failed); {first}; fix the reward function or raise algorithm.group_size"
+        )
 
 
 def fn_metrics(fns: RewardFns) -> dict[str, float]:
@@ -314,10 +334,13 @@ def reward_metrics(groups: list[TrajectoryGroup], primary: str | None = None) ->
         return {}
     valid = [t for t in trajs if t.excluded is None]
     reasons = Counter(t.excluded.reason for t in trajs if t.excluded is not None)
-    metrics = {"reward/errors": float(len(trajs) - len(valid)), "reward/error_rate": 1 - len(valid) / len(trajs),
-               **{f"reward/errors/{r}": float(reasons[r]) for r in REASONS},
-               "reward/dropped_groups": float(len(groups) - len(trainable_groups(groups))),
-               REWARD_SPREAD_GROUPS: float(spread_groups(groups))}
+    metrics = {
+        "reward/errors": float(len(trajs) - len(valid)),
+        "reward/error_rate": 1 - len(valid) / len(trajs),
+        **{f"reward/errors/{r}": float(reasons[r]) for r in REASONS},
+        "reward/dropped_groups": float(len(groups) - len(trainable_groups(groups))),
+        REWARD_SPREAD_GROUPS: float(spread_groups(groups)),
+    }
     if valid:
         metrics.update(_value_metrics(groups, valid, primary))
     return metrics

@@ -32,8 +32,7 @@ _INTEGER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)", re.ASCII)
 _EXPRESSION_CHARS = re.compile(r"[0-9+\-*/() \t]+")
 MAX_EXPRESSION_CHARS = 200
 """Longer answer blocks score 0 unparsed (a Countdown answer over 4 numbers needs ~20 characters)."""
-_OPS = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: Fraction.__mul__,
-        ast.Div: Fraction.__truediv__}
+_OPS = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: Fraction.__mul__, ast.Div: Fraction.__truediv__}
 
 
 def answer_block(completion: str) -> str | None:
@@ -55,8 +54,12 @@ def think_answer_format(prompts: list[str], completions: list[str], **_: Any) ->
 
 def _well_formed(completion: str) -> bool:
     match = _FORMAT.fullmatch(completion)
-    return (match is not None and all(completion.count(tag) == 1 for tag in TAGS)
-            and bool(match.group(1).strip()) and bool(match.group(2).strip()))
+    return (
+        match is not None
+        and all(completion.count(tag) == 1 for tag in TAGS)
+        and bool(match.group(1).strip())
+        and bool(match.group(2).strip())
+    )
 
 
 def answer_tag_correct(prompts: list[str], completions: list[str], answer: list[Any], **_: Any) -> list[float]:
@@ -71,8 +74,9 @@ def _tagged_int(completion: str) -> int | None:
     return int(block.replace(",", ""))
 
 
-def countdown_correct(prompts: list[str], completions: list[str], nums: list[list[int]], target: list[Any],
-                      **_: Any) -> list[float]:
+def countdown_correct(
+    prompts: list[str], completions: list[str], nums: list[list[int]], target: list[Any], **_: Any
+) -> list[float]:
     """1.0 where the answer block is an expression using each of ``nums`` once whose exact value is
     ``target``, else 0.0 (rules: module docstring)."""
     out = []

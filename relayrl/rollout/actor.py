@@ -16,11 +16,21 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from relayrl.config import (CPU_MALLOC_ENV, WORKER_ENV, Config, ModelConfig, RolloutConfig, WeightSyncConfig,
-                            has_cuda, malloc_env, with_env)
+from relayrl.config import (
+    CPU_MALLOC_ENV,
+    WORKER_ENV,
+    Config,
+    ModelConfig,
+    RolloutConfig,
+    WeightSyncConfig,
+    has_cuda,
+    malloc_env,
+    with_env,
+)
 from relayrl.rollout.cleanup import forget_owned
 from relayrl.rollout.engine import Rollout
 from relayrl.rollout.forkserver import shared_actor_env, start_forkserver, start_shared, stop_shared
@@ -43,8 +53,14 @@ class RolloutActor:
     an engine host forked from the preloaded server (``relayrl.rollout.host``), so that this process never
     imports vLLM. Every public method of ``Rollout`` is one of this class's (``_forward``)."""
 
-    def __init__(self, model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
-                 sync_cfg: WeightSyncConfig | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        model_cfg: ModelConfig,
+        rollout_cfg: RolloutConfig,
+        seed: int,
+        sync_cfg: WeightSyncConfig | None = None,
+    ):
         t0 = time.perf_counter()
         args = (model_path, model_cfg, rollout_cfg, seed, sync_cfg)
         if rollout_cfg.forkserver and not gpu_actor():
@@ -60,8 +76,12 @@ class RolloutActor:
         so that a replica hung beyond answering can still have its engine processes killed."""
         import ray
 
-        return {**await self.core.call("info"), "start_seconds": self.start_seconds,
-                "node": ray.util.get_node_ip_address(), "pid": os.getpid()}
+        return {
+            **await self.core.call("info"),
+            "start_seconds": self.start_seconds,
+            "node": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+        }
 
     async def modules_loaded(self, names: list[str]) -> dict[str, list[bool]]:
         """Which of ``names`` are imported in this actor's process, the engine's client and its first worker;
@@ -76,6 +96,7 @@ class RolloutActor:
 
 def _forward(name: str) -> Callable:
     """``RolloutActor.<name>``: ``Rollout.<name>`` on this actor's core, with its docstring."""
+
     async def method(self: RolloutActor, *args: Any, **kwargs: Any) -> Any:
         return await self.core.call(name, args, kwargs)
 
@@ -152,8 +173,14 @@ def keep_driver_forkserver(cfg: Config) -> None:
         stop_shared()
 
 
-def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
-                        sync_cfg: WeightSyncConfig | None = None, **options: Any) -> Any:
+def start_rollout_actor(
+    model_path: str,
+    model_cfg: ModelConfig,
+    rollout_cfg: RolloutConfig,
+    seed: int,
+    sync_cfg: WeightSyncConfig | None = None,
+    **options: Any,
+) -> Any:
     """Start a ``RolloutActor`` as a Ray actor asking for ``rollout_cfg.num_cpus`` CPUs.
 
     ``options`` go to ``ray.remote(...).options`` (e.g. a placement-group scheduling strategy).
@@ -166,5 +193,4 @@ def start_rollout_actor(model_path: str, model_cfg: ModelConfig, rollout_cfg: Ro
     if rollout_cfg.forkserver:
         env |= shared_actor_env({**WORKER_ENV, **env})
     options = with_env({"num_cpus": rollout_cfg.num_cpus, **options}, env)
-    return cls.options(**options).remote(
-        model_path, model_cfg, rollout_cfg, seed, sync_cfg)
+    return cls.options(**options).remote(model_path, model_cfg, rollout_cfg, seed, sync_cfg)

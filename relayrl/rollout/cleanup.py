@@ -34,9 +34,9 @@ VLLM_PREFIX = "psm_"
 
 @dataclass
 class Cleanup:
-    removed: list[str] = field(default_factory=list)    # segment names unlinked
+    removed: list[str] = field(default_factory=list)  # segment names unlinked
     bytes_freed: int = 0
-    blind: int = 0          # processes of this user whose maps/fds the kernel hides from it (reported)
+    blind: int = 0  # processes of this user whose maps/fds the kernel hides from it (reported)
 
 
 def _process_dirs() -> Iterator[Path]:
@@ -56,9 +56,9 @@ def _held_by(proc: Path, shm_dir: str) -> set[str]:
         try:
             target = os.readlink(fd.path)
         except OSError:
-            continue                                    # the fd was closed while we looked
+            continue  # the fd was closed while we looked
         if target.startswith(shm_dir):
-            held.add(target[len(shm_dir):])
+            held.add(target[len(shm_dir) :])
     return held
 
 
@@ -73,7 +73,7 @@ def segments_in_use(shm_dir: Path = SHM_DIR) -> tuple[set[str], int]:
         except PermissionError:
             blind += _owner(proc) == uid
         except OSError:
-            continue                                    # exited while we looked
+            continue  # exited while we looked
     return held, blind
 
 
@@ -102,7 +102,7 @@ def remove_orphaned_segments(prefix: str = VLLM_PREFIX, shm_dir: Path = SHM_DIR)
             size = path.stat().st_size
             path.unlink()
         except FileNotFoundError:
-            continue                                    # its owner unlinked it meanwhile
+            continue  # its owner unlinked it meanwhile
         result.removed.append(path.name)
         result.bytes_freed += size
     return result
@@ -121,8 +121,10 @@ def cleanup_engine_segments() -> Cleanup:
     and prints one line when it freed any."""
     result = remove_orphaned_segments()
     if result.removed:
-        logger.info(f"relayrl: removed {len(result.removed)} shared-memory segment(s) of dead vLLM engines "
-                    f"({result.bytes_freed / 2**20:.0f} MiB in {SHM_DIR})")
+        logger.info(
+            f"relayrl: removed {len(result.removed)} shared-memory segment(s) of dead vLLM engines "
+            f"({result.bytes_freed / 2**20:.0f} MiB in {SHM_DIR})"
+        )
     return result
 
 

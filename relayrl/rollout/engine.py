@@ -19,7 +19,8 @@ import os
 import sys
 import time
 import uuid
-from typing import Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
 from relayrl.data.sampler import Prompt
@@ -33,8 +34,8 @@ from relayrl.vllm_import import import_vllm
 from relayrl.weightsync.names import KEEP_ENV
 
 EXTENSION = "relayrl.weightsync.worker.WeightSyncExtension"
-WATCHDOG_STAGES = 3                 # an open weight update is aborted after this many stage timeouts
-DEATH_POLL_S = 0.1                  # how often an engine call in flight checks that its engine is alive
+WATCHDOG_STAGES = 3  # an open weight update is aborted after this many stage timeouts
+DEATH_POLL_S = 0.1  # how often an engine call in flight checks that its engine is alive
 T = TypeVar("T")
 
 
@@ -43,8 +44,9 @@ CPU_SHARED_BLOCK = 32
 tokens would share nothing of a shorter prompt, and its CPU attention takes multiples of 32."""
 
 
-def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
-                sync_cfg: WeightSyncConfig) -> Any:
+def engine_args(
+    model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int, sync_cfg: WeightSyncConfig
+) -> Any:
     """vLLM engine arguments from our configs.
 
     Prefix caching is on only with ``rollout.prefix_sharing`` (sync runs): after a weight update, cached
@@ -64,17 +66,25 @@ def engine_args(model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutCon
     from relayrl.weightsync import engine_config
 
     return AsyncEngineArgs(
-        model=model_path, dtype=model_cfg.dtype, max_model_len=model_cfg.max_model_len, seed=seed,
+        model=model_path,
+        dtype=model_cfg.dtype,
+        max_model_len=model_cfg.max_model_len,
+        seed=seed,
         enforce_eager=rollout_cfg.enforce_eager,
         kv_cache_memory_bytes=int(rollout_cfg.kv_cache_gb * 2**30),
-        worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
+        worker_extension_cls=EXTENSION,
+        logprobs_mode="processed_logprobs",
         weight_transfer_config=engine_config(sync_cfg),
-        enable_prefix_caching=rollout_cfg.prefix_sharing, disable_log_stats=True,
+        enable_prefix_caching=rollout_cfg.prefix_sharing,
+        disable_log_stats=True,
         **({"block_size": CPU_SHARED_BLOCK} if rollout_cfg.prefix_sharing and not has_cuda() else {}),
         tensor_parallel_size=rollout_cfg.tp_size,
         distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
-        **({} if has_cuda() else {"enable_chunked_prefill": False,
-                                    "max_num_batched_tokens": max(2048, model_cfg.max_model_len)}),
+        **(
+            {}
+            if has_cuda()
+            else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, model_cfg.max_model_len)}
+        ),
     )
 
 
@@ -82,29 +92,35 @@ class Rollout:
     """One vLLM ``AsyncLLM`` and the calls the controller and trainers make on it (``RolloutActor`` runs it in
     its own process or in an engine host)."""
 
-    def __init__(self, model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int,
-                 sync_cfg: WeightSyncConfig | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        model_cfg: ModelConfig,
+        rollout_cfg: RolloutConfig,
+        seed: int,
+        sync_cfg: WeightSyncConfig | None = None,
+    ):
         from relayrl.rollout.cleanup import cleanup_engine_segments
 
-        show_on_console()           # INFO lines to this process's stdout: the actor's, which Ray streams
+        show_on_console()  # INFO lines to this process's stdout: the actor's, which Ray streams
         # On this engine's host, before it starts: the message-queue segments of engines that died here
         # (a replica this one replaces, earlier runs killed with SIGKILL) go; live engines' stay.
         self.shm_removed = len(cleanup_engine_segments().removed)
         self.rollout_cfg = rollout_cfg
         self.sync_cfg = sync_cfg or WeightSyncConfig()
-        os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))   # read by the engine's processes
+        os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))  # read by the engine's processes
         if rollout_cfg.forkserver:
-            os.environ[POLL_ENV] = str(rollout_cfg.queue_poll_us)   # read by the processes the server forks
+            os.environ[POLL_ENV] = str(rollout_cfg.queue_poll_us)  # read by the processes the server forks
         import_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.engine = AsyncLLM.from_engine_args(engine_args(model_path, model_cfg, rollout_cfg, seed, self.sync_cfg))
         self._paused = False
         self._pause_here = False
-        self._update: tuple[int, float] | None = None   # (version, start time) of the open weight update
+        self._update: tuple[int, float] | None = None  # (version, start time) of the open weight update
         self._watchdog: asyncio.Task | None = None
-        self.aborts = 0                 # updates aborted by anyone: trainer, driver or watchdog
-        self.last_abort = ""            # the latest one: "v<version>: <reason>"
+        self.aborts = 0  # updates aborted by anyone: trainer, driver or watchdog
+        self.last_abort = ""  # the latest one: "v<version>: <reason>"
 
     async def _call(self, call: Awaitable[T]) -> T:
         return await unless_dead(self.engine, call)
@@ -112,8 +128,11 @@ class Rollout:
     def info(self) -> dict[str, int]:
         """vLLM workers in this engine, dead engines' shared-memory segments removed before it started, and the
         pid of this process (the engine's client: the actor's or its engine host's)."""
-        return {"workers": self.engine.vllm_config.parallel_config.world_size,
-                "shm_segments_removed": self.shm_removed, "client_pid": os.getpid()}
+        return {
+            "workers": self.engine.vllm_config.parallel_config.world_size,
+            "shm_segments_removed": self.shm_removed,
+            "client_pid": os.getpid(),
+        }
 
     async def generate(self, prompts: list[Prompt], group_size: int) -> list[TrajectoryGroup]:
         """Sample ``group_size`` completions for each prompt, concurrently.
@@ -132,26 +151,45 @@ class Rollout:
 
         cfg = self.rollout_cfg
         temperature = cfg.temperature if prompt.temperature is None else prompt.temperature
-        params = SamplingParams(n=group_size, logprobs=0, temperature=temperature,
-                                top_p=cfg.top_p, max_tokens=cfg.max_tokens, output_kind=RequestOutputKind.FINAL_ONLY,
-                                seed=prompt.seed)
+        params = SamplingParams(
+            n=group_size,
+            logprobs=0,
+            temperature=temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_tokens,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            seed=prompt.seed,
+        )
         t0 = time.perf_counter()
-        if cfg.prefix_sharing and group_size > 1:   # the prompt's KV, computed once, cached for the group
+        if cfg.prefix_sharing and group_size > 1:  # the prompt's KV, computed once, cached for the group
             warm = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
             await self._final_output(prompt.prompt, warm)
         final = await self._final_output(prompt.prompt, params)
         seconds = time.perf_counter() - t0
-        trajs = [_trajectory(prompt.prompt_id, final.prompt_token_ids, c, seconds)
-                 for c in sorted(final.outputs, key=lambda c: c.index)]
+        trajs = [
+            _trajectory(prompt.prompt_id, final.prompt_token_ids, c, seconds)
+            for c in sorted(final.outputs, key=lambda c: c.index)
+        ]
         return TrajectoryGroup(prompt.prompt_id, prompt.prompt, dict(prompt.columns), trajs)
 
-    async def generate_episodes(self, prompts: list[Prompt], group_size: int, env_name: str,
-                                max_turns: int, env_kwargs: dict[str, Any] | None = None) -> list[TrajectoryGroup]:
+    async def generate_episodes(
+        self,
+        prompts: list[Prompt],
+        group_size: int,
+        env_name: str,
+        max_turns: int,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> list[TrajectoryGroup]:
         """Multi-turn: ``group_size`` episodes per prompt of environment ``env_name`` (``relayrl.envs``: a
         built-in name or ``module:Class``, built with ``env_kwargs``), model and environment turns alternating
         for up to ``max_turns`` model turns. Environment tokens are masked (``relayrl.rollout.episode``)."""
-        runner = EpisodeRunner(vllm_sample_turn(self._final_output, self.rollout_cfg), self.engine.tokenizer,
-                               max_turns, self.rollout_cfg.max_tokens, self.engine.model_config.max_model_len)
+        runner = EpisodeRunner(
+            vllm_sample_turn(self._final_output, self.rollout_cfg),
+            self.engine.tokenizer,
+            max_turns,
+            self.rollout_cfg.max_tokens,
+            self.engine.model_config.max_model_len,
+        )
         make_env = env_factory(env_name, env_kwargs)
         return list(await asyncio.gather(*(runner.run_group(p, group_size, make_env) for p in prompts)))
 
@@ -199,8 +237,10 @@ class Rollout:
     async def finish_weight_update(self, version: int) -> float:
         """Commit: load the verified payload, label new tokens ``version``, resume. Returns the stall (s)."""
         if self._update is None or self._update[0] != version:
-            raise RuntimeError(f"commit of v{version} without an open update of it (open: {self._update}); "
-                               "it was aborted, possibly by the watchdog")
+            raise RuntimeError(
+                f"commit of v{version} without an open update of it (open: {self._update}); "
+                "it was aborted, possibly by the watchdog"
+            )
         await self._drop_prefix_cache(f"commit of v{version}")
         await self._call(self.engine.finish_weight_update(weight_version=str(version)))
         return await self._close_update()
@@ -209,8 +249,10 @@ class Rollout:
         """Empty vLLM's prefix cache (``rollout.prefix_sharing``) before the weights change: raises, and so
         fails the commit with the old weights kept, if a running request holds cached blocks."""
         if self.rollout_cfg.prefix_sharing and not await self._call(self.engine.reset_prefix_cache()):
-            raise RuntimeError(f"{why}: vLLM could not empty its prefix cache (requests are running); "
-                               "set rollout.prefix_sharing=false for runs that update weights mid-generation")
+            raise RuntimeError(
+                f"{why}: vLLM could not empty its prefix cache (requests are running); "
+                "set rollout.prefix_sharing=false for runs that update weights mid-generation"
+            )
 
     async def abort_weight_update(self, reason: str = "") -> float:
         """Drop the staged payload and resume on the previous weights and label. Idempotent."""
@@ -242,8 +284,7 @@ class Rollout:
         """The open update's version (None: none open), how many updates were aborted, and the latest
         abort (``v<version>: <reason>``; the watchdog's ends in "(watchdog)"): what tells who ended an
         update whose trainer died, in tests and for an engine whose version did not move."""
-        return {"open": self._update[0] if self._update else None, "aborts": self.aborts,
-                "last_abort": self.last_abort}
+        return {"open": self._update[0] if self._update else None, "aborts": self.aborts, "last_abort": self.last_abort}
 
     async def weight_version(self) -> int:
         """The version label new tokens are tagged with."""
@@ -255,8 +296,9 @@ class Rollout:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=1, prompt_logprobs=0, temperature=1.0, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         final = await self._final_output(TokensPrompt(prompt_token_ids=list(token_ids)), params)
         return [pos[tok].logprob for tok, pos in zip(token_ids[1:], list(final.prompt_logprobs)[1:])]
 
@@ -291,7 +333,7 @@ class Rollout:
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         await self._call(self.engine.wake_up(tags))
-        await self._drop_prefix_cache("wake-up")   # sleep dropped the KV memory the cache points into
+        await self._drop_prefix_cache("wake-up")  # sleep dropped the KV memory the cache points into
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -316,7 +358,14 @@ async def unless_dead(engine: Any, call: Awaitable[T]) -> T:
 def _trajectory(prompt_id: int, prompt_token_ids: list[int], completion: Any, seconds: float) -> Trajectory:
     """One vLLM ``CompletionOutput`` -> ``Trajectory`` (parsed by ``outputs.model_turn``)."""
     turn = model_turn(completion)
-    return Trajectory(prompt_id=prompt_id, sample_idx=completion.index, prompt_token_ids=list(prompt_token_ids),
-                      completion_token_ids=turn.token_ids, behaviour_logprobs=turn.logprobs,
-                      completion_text=turn.text, finish_reason=turn.finish_reason, versions=turn.versions,
-                      gen_seconds=seconds)
+    return Trajectory(
+        prompt_id=prompt_id,
+        sample_idx=completion.index,
+        prompt_token_ids=list(prompt_token_ids),
+        completion_token_ids=turn.token_ids,
+        behaviour_logprobs=turn.logprobs,
+        completion_text=turn.text,
+        finish_reason=turn.finish_reason,
+        versions=turn.versions,
+        gen_seconds=seconds,
+    )

@@ -73,13 +73,25 @@ def resolve_backend(backend: str) -> str:
 class TrainerActor:
     """One FSDP2 rank. Wrapped with ``ray.remote`` by ``TrainerGroup``; usable in-process for debugging."""
 
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, model_path: str,
-                 model_cfg: ModelConfig, trainer_cfg: TrainerConfig, algo_cfg: AlgorithmConfig,
-                 temperature: float, seed: int, timeout_s: float = 600.0, critic_cfg: CriticConfig | None = None):
-        show_on_console()           # this rank's INFO lines to its stdout, which Ray streams to the driver
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        model_path: str,
+        model_cfg: ModelConfig,
+        trainer_cfg: TrainerConfig,
+        algo_cfg: AlgorithmConfig,
+        temperature: float,
+        seed: int,
+        timeout_s: float = 600.0,
+        critic_cfg: CriticConfig | None = None,
+    ):
+        show_on_console()  # this rank's INFO lines to its stdout, which Ray streams to the driver
         self.rank, self.world_size = rank, world_size
-        self.critic_cfg, self.critic = critic_cfg or CriticConfig(), None   # Critic, made in setup for gae
-        self.master = (master_addr, master_port)   # port 0: rank 0 binds one the OS picks (``listen``)
+        self.critic_cfg, self.critic = critic_cfg or CriticConfig(), None  # Critic, made in setup for gae
+        self.master = (master_addr, master_port)  # port 0: rank 0 binds one the OS picks (``listen``)
         self._master_store: dist.TCPStore | None = None
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
         self.temperature, self.seed, self.timeout = temperature, seed, timedelta(seconds=timeout_s)
@@ -117,7 +129,7 @@ class TrainerActor:
             self._setup()
 
     def _setup(self) -> None:
-        ppo = self.algo.name in CRITIC_ESTIMATORS    # with trainer.tp_size=1: config.validate refuses TP
+        ppo = self.algo.name in CRITIC_ESTIMATORS  # with trainer.tp_size=1: config.validate refuses TP
         backend = resolve_backend(self.cfg.backend)
         if backend == "nccl":
             torch.cuda.set_device(self.rank % torch.cuda.device_count())
@@ -125,24 +137,37 @@ class TrainerActor:
         else:
             self.device = torch.device("cpu")
             torch.set_num_threads(self.cfg.num_threads or os.cpu_count() or 1)
-        dist.init_process_group(backend, store=self._store(), rank=self.rank, world_size=self.world_size,
-                                timeout=self.timeout)
+        dist.init_process_group(
+            backend, store=self._store(), rank=self.rank, world_size=self.world_size, timeout=self.timeout
+        )
         self.mesh = build_mesh(self.device.type, self.world_size, self.cfg.tp_size)
-        self.dp_group, self.dp_rank, self.dp_size = (self.mesh.get_group("dp"), self.mesh["dp"].get_local_rank(),
-                                                     self.mesh["dp"].size())
+        self.dp_group, self.dp_rank, self.dp_size = (
+            self.mesh.get_group("dp"),
+            self.mesh["dp"].get_local_rank(),
+            self.mesh["dp"].size(),
+        )
         torch.manual_seed(self.seed)
         load = functools.partial(load_sharded, self.model_path, self.device, self.mesh, self.model_cfg.dtype)
         self.model = load(trainable=True, lora_cfg=self.cfg.lora)
-        self.uses_lora = lora.is_peft(self.model)          # the reference is then the base: adapters off, no copy
+        self.uses_lora = lora.is_peft(self.model)  # the reference is then the base: adapters off, no copy
         self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 and not self.uses_lora else None
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)
         if self.uses_lora and self.rank == 0:
             logger.info(lora.summary_line(self.model, self.cfg.lora))
         self.pad_token_id = pad_token_id(self.model.config)
-        self.trained = {"policy": (self.model, self.optimizer)}      # checkpoint name -> (module, optimizer)
+        self.trained = {"policy": (self.model, self.optimizer)}  # checkpoint name -> (module, optimizer)
         if ppo:
-            self.critic = Critic(self.model_path, self.mesh, self.device, self.model_cfg.dtype, self.critic_cfg,
-                                 self.world_size, self.algo, self._all_reduce, fused_adamw=self.cfg.fused_adamw)
+            self.critic = Critic(
+                self.model_path,
+                self.mesh,
+                self.device,
+                self.model_cfg.dtype,
+                self.critic_cfg,
+                self.world_size,
+                self.algo,
+                self._all_reduce,
+                fused_adamw=self.cfg.fused_adamw,
+            )
             self.trained["critic"] = (self.critic.model, self.critic.optimizer)
         # connect_rollouts' modules import vLLM, seconds of CPU: now, while the engines start, rather than
         # after they are up, when the first step waits for the connection; without Inductor's compiler.
@@ -161,30 +186,40 @@ class TrainerActor:
         """
         t0 = time.perf_counter()
         groups, shaping_stats = self.objective.select_groups(fetch_groups(group_refs))
-        if not groups:       # dynamic sampling left nothing to learn from: no update (same on every rank)
+        if not groups:  # dynamic sampling left nothing to learn from: no update (same on every rank)
             return {**shaping_stats, "tokens": 0.0, "sequences": 0.0, "step_seconds": time.perf_counter() - t0}
-        batch = build_train_batch(groups, self.pad_token_id, self.algo.name, self.objective.reward_shaping,
-                                  self.algo.whiten)
-        micro = self._micro_batches(split_batch(batch, self.dp_rank, self.dp_size))   # same rows within a tp group
+        batch = build_train_batch(
+            groups, self.pad_token_id, self.algo.name, self.objective.reward_shaping, self.algo.whiten
+        )
+        micro = self._micro_batches(split_batch(batch, self.dp_rank, self.dp_size))  # same rows within a tp group
         n_tokens, denom = self._step_totals(micro)
         t1 = time.perf_counter()
         old, ref, targets = self._before_update(micro, n_tokens)
         t2 = time.perf_counter()
-        sums, grad_norms = self.policy_step.epochs(self.model, self.optimizer, micro, old, ref, denom, self.dp_size,
-                                                   self.cfg.epochs, self.cfg.grad_clip)
+        sums, grad_norms = self.policy_step.epochs(
+            self.model, self.optimizer, micro, old, ref, denom, self.dp_size, self.cfg.epochs, self.cfg.grad_clip
+        )
         out = {**sums.reduce(self._all_reduce, self.cfg.epochs, n_tokens, denom), **shaping_stats}
-        if targets is not None:            # PPO: the critic learns too; its KL (the reward's) is the step's
+        if targets is not None:  # PPO: the critic learns too; its KL (the reward's) is the step's
             out |= targets.stats | self.critic.train(micro, targets, n_tokens, self.cfg.epochs)
         t3 = time.perf_counter()
         finite = [g for g in grad_norms if math.isfinite(g)]
         out.update(nonfinite_skips=float(len(grad_norms) - len(finite)))
-        out.update(grad_norm=sum(finite) / len(finite) if finite else float("nan"), tokens=float(n_tokens),
-                   loss_denominator=float(denom), sequences=float(len(batch)), fetch_seconds=t1 - t0,
-                   logprob_seconds=t2 - t1, train_seconds=t3 - t2, step_seconds=time.perf_counter() - t0)
+        out.update(
+            grad_norm=sum(finite) / len(finite) if finite else float("nan"),
+            tokens=float(n_tokens),
+            loss_denominator=float(denom),
+            sequences=float(len(batch)),
+            fetch_seconds=t1 - t0,
+            logprob_seconds=t2 - t1,
+            train_seconds=t3 - t2,
+            step_seconds=time.perf_counter() - t0,
+        )
         return out
 
-    def _before_update(self, micro: list[MicroBatch], n_tokens: torch.Tensor) -> tuple[
-            list[torch.Tensor | None], list[torch.Tensor] | None, GaeTargets | None]:
+    def _before_update(
+        self, micro: list[MicroBatch], n_tokens: torch.Tensor
+    ) -> tuple[list[torch.Tensor | None], list[torch.Tensor] | None, GaeTargets | None]:
         """(old logprobs, reference logprobs for the loss, PPO's GAE targets): what the epochs need from
         before any update.
 
@@ -210,11 +245,13 @@ class TrainerActor:
 
     def _micro_batches(self, share: TrainBatch) -> list[MicroBatch]:
         c = self.cfg
-        return micro_batches(share, c.micro_batch_size, c.max_tokens_per_micro_batch, c.shared_prefix, self.device,
-                             self._all_reduce)
+        return micro_batches(
+            share, c.micro_batch_size, c.max_tokens_per_micro_batch, c.shared_prefix, self.device, self._all_reduce
+        )
 
-    def _all_reduce(self, value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM,
-                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def _all_reduce(
+        self, value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Reduce over the dp ranks only: the ranks of a tp group hold the same rows, so summing over all
         ranks would count every token tp_size times."""
         value = value.detach().to(self.device, dtype).clone()

@@ -42,5 +42,5 @@ def in_background(increment: int) -> Iterator[None]:
 
 def restore(nice: int) -> None:
     for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(ProcessLookupError):      # a thread that ended meanwhile
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.setpriority(os.PRIO_PROCESS, int(tid), nice)

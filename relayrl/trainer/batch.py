@@ -21,8 +21,8 @@ Trajectories whose reward failed (``traj.excluded``) are left out before anythin
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,22 +35,32 @@ from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 
 def _check_trajectory(traj: Trajectory) -> None:
     if not traj.prompt_token_ids:
-        raise ValueError(f"prompt {traj.prompt_id} sample {traj.sample_idx} has no prompt tokens; "
-                         "a completion needs at least one token to be conditioned on")
+        raise ValueError(
+            f"prompt {traj.prompt_id} sample {traj.sample_idx} has no prompt tokens; "
+            "a completion needs at least one token to be conditioned on"
+        )
     if len(traj.behaviour_logprobs) != len(traj.completion_token_ids):
-        raise ValueError(f"prompt {traj.prompt_id} sample {traj.sample_idx}: {len(traj.behaviour_logprobs)} "
-                         f"behaviour logprobs for {len(traj.completion_token_ids)} completion tokens; "
-                         "request logprobs=0 from the engine so every sampled token has one")
+        raise ValueError(
+            f"prompt {traj.prompt_id} sample {traj.sample_idx}: {len(traj.behaviour_logprobs)} "
+            f"behaviour logprobs for {len(traj.completion_token_ids)} completion tokens; "
+            "request logprobs=0 from the engine so every sampled token has one"
+        )
     mask = traj.completion_mask
     if mask is not None and (len(mask) != len(traj.completion_token_ids) or not set(mask) <= {0, 1}):
-        raise ValueError(f"prompt {traj.prompt_id} sample {traj.sample_idx}: completion_mask must hold one 0/1 "
-                         f"per completion token ({len(traj.completion_token_ids)}), got {len(mask)} values "
-                         f"{sorted(set(mask))}; 1 marks model tokens, 0 environment tokens")
+        raise ValueError(
+            f"prompt {traj.prompt_id} sample {traj.sample_idx}: completion_mask must hold one 0/1 "
+            f"per completion token ({len(traj.completion_token_ids)}), got {len(mask)} values "
+            f"{sorted(set(mask))}; 1 marks model tokens, 0 environment tokens"
+        )
 
 
-def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimator: str = "grpo",
-                      reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                      whiten: str = "token") -> TrainBatch:
+def build_train_batch(
+    groups: list[TrajectoryGroup],
+    pad_token_id: int,
+    estimator: str = "grpo",
+    reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    whiten: str = "token",
+) -> TrainBatch:
     """Concatenate prompt+completion, right-pad to the longest, and align masks/logprobs to next tokens.
 
     ``estimator`` names the advantage function in ``ADVANTAGES`` (or a ``CRITIC_ESTIMATORS`` one: zero
@@ -61,14 +71,17 @@ def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimato
     ``shaping.overlong_penalty``) before advantages are computed.
     """
     if estimator not in ADVANTAGES and estimator not in CRITIC_ESTIMATORS:
-        raise ValueError(f"advantage estimator {estimator!r} is not known; use one of "
-                         f"{', '.join((*ADVANTAGES, *CRITIC_ESTIMATORS))}")
+        raise ValueError(
+            f"advantage estimator {estimator!r} is not known; use one of {', '.join((*ADVANTAGES, *CRITIC_ESTIMATORS))}"
+        )
     n_given = sum(len(g.trajectories) for g in groups)
     groups = trainable_groups(groups)
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
-        raise ValueError(f"build_train_batch got no trajectories to train on ({n_given} given; excluded ones and "
-                         "groups left with < 2 are dropped); pass at least one group with scored trajectories")
+        raise ValueError(
+            f"build_train_batch got no trajectories to train on ({n_given} given; excluded ones and "
+            "groups left with < 2 are dropped); pass at least one group with scored trajectories"
+        )
     for t in trajs:
         _check_trajectory(t)
     seqs = [t.prompt_token_ids + t.completion_token_ids for t in trajs]
@@ -81,25 +94,40 @@ def build_train_batch(groups: list[TrajectoryGroup], pad_token_id: int, estimato
         P, T = len(t.prompt_token_ids), len(t.completion_token_ids)
         input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention_mask[b, : len(seq)] = 1
-        loss_mask[b, P - 1 : P - 1 + T] = 1.0 if t.completion_mask is None else torch.tensor(
-            t.completion_mask, dtype=torch.float32)
+        loss_mask[b, P - 1 : P - 1 + T] = (
+            1.0 if t.completion_mask is None else torch.tensor(t.completion_mask, dtype=torch.float32)
+        )
         behaviour[b, P - 1 : P - 1 + T] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
     group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
     if reward_shaping is not None:
         rewards = rewards + reward_shaping(torch.tensor([len(t.completion_token_ids) for t in trajs]))
-    advantages = (sequence_advantages(estimator, rewards, group_ids, loss_mask.sum(1), whiten)
-                  if estimator in ADVANTAGES else torch.zeros(B, dtype=torch.float32))
-    return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                      behaviour_logprobs=behaviour, advantages=advantages,
-                      prompt_ids=[t.prompt_id for t in trajs], rewards=rewards.to(torch.float32))
+    advantages = (
+        sequence_advantages(estimator, rewards, group_ids, loss_mask.sum(1), whiten)
+        if estimator in ADVANTAGES
+        else torch.zeros(B, dtype=torch.float32)
+    )
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        behaviour_logprobs=behaviour,
+        advantages=advantages,
+        prompt_ids=[t.prompt_id for t in trajs],
+        rewards=rewards.to(torch.float32),
+    )
 
 
 def _rows(batch: TrainBatch, index: torch.Tensor) -> TrainBatch:
-    return TrainBatch(input_ids=batch.input_ids[index], attention_mask=batch.attention_mask[index],
-                      loss_mask=batch.loss_mask[index], behaviour_logprobs=batch.behaviour_logprobs[index],
-                      advantages=batch.advantages[index], prompt_ids=[batch.prompt_ids[i] for i in index.tolist()],
-                      rewards=None if batch.rewards is None else batch.rewards[index])
+    return TrainBatch(
+        input_ids=batch.input_ids[index],
+        attention_mask=batch.attention_mask[index],
+        loss_mask=batch.loss_mask[index],
+        behaviour_logprobs=batch.behaviour_logprobs[index],
+        advantages=batch.advantages[index],
+        prompt_ids=[batch.prompt_ids[i] for i in index.tolist()],
+        rewards=None if batch.rewards is None else batch.rewards[index],
+    )
 
 
 def split_batch(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
@@ -117,11 +145,11 @@ def split_batch(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
     n_pad = per_rank - len(index)
     share = _rows(batch, torch.cat([index, torch.zeros(n_pad, dtype=torch.long)]))
     if n_pad:
-        share.loss_mask[len(index):] = 0.0
-        share.advantages[len(index):] = 0.0
+        share.loss_mask[len(index) :] = 0.0
+        share.advantages[len(index) :] = 0.0
         if share.rewards is not None:
-            share.rewards[len(index):] = 0.0
-        share.prompt_ids[len(index):] = [-1] * n_pad
+            share.rewards[len(index) :] = 0.0
+        share.prompt_ids[len(index) :] = [-1] * n_pad
     return share
 
 
@@ -145,11 +173,16 @@ def trimmed(share: TrainBatch, rows: list[int]) -> MicroBatch:
     part = _rows(share, torch.tensor(rows, dtype=torch.long))
     L = int(part.attention_mask.sum(1).max())
     first = _first_target(part.loss_mask[:, : L - 1])
-    return MicroBatch(input_ids=part.input_ids[:, :L], attention_mask=part.attention_mask[:, :L],
-                      loss_mask=part.loss_mask[:, first: L - 1],
-                      behaviour_logprobs=part.behaviour_logprobs[:, first: L - 1],
-                      advantages=part.advantages, prompt_ids=part.prompt_ids, target_start=first,
-                      rewards=part.rewards)
+    return MicroBatch(
+        input_ids=part.input_ids[:, :L],
+        attention_mask=part.attention_mask[:, :L],
+        loss_mask=part.loss_mask[:, first : L - 1],
+        behaviour_logprobs=part.behaviour_logprobs[:, first : L - 1],
+        advantages=part.advantages,
+        prompt_ids=part.prompt_ids,
+        target_start=first,
+        rewards=part.rewards,
+    )
 
 
 def row_micro_batches(share: TrainBatch, size: int) -> list[MicroBatch]:
@@ -159,10 +192,16 @@ def row_micro_batches(share: TrainBatch, size: int) -> list[MicroBatch]:
 
 def to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
     """``mb`` with every tensor on ``device``."""
-    move = {f: getattr(mb, f).to(device) for f in ("input_ids", "attention_mask", "loss_mask",
-                                                     "behaviour_logprobs", "advantages")}
-    return dataclasses.replace(mb, **move, rewards=None if mb.rewards is None else mb.rewards.to(device),
-                               packed=None if mb.packed is None else mb.packed.to(device))
+    move = {
+        f: getattr(mb, f).to(device)
+        for f in ("input_ids", "attention_mask", "loss_mask", "behaviour_logprobs", "advantages")
+    }
+    return dataclasses.replace(
+        mb,
+        **move,
+        rewards=None if mb.rewards is None else mb.rewards.to(device),
+        packed=None if mb.packed is None else mb.packed.to(device),
+    )
 
 
 def _sequences(share: TrainBatch) -> list[list[int]]:
@@ -182,16 +221,21 @@ def packing_units(share: TrainBatch, budget: int, share_prefix: bool) -> tuple[l
     units: list[list[int]] = []
     for r, pid in enumerate(share.prompt_ids):
         unit = units[-1] if units else None
-        if (unit and pid != -1 and share.prompt_ids[unit[0]] == pid
-                and segment_tokens([seqs[u] for u in unit + [r]], True) <= budget):
+        if (
+            unit
+            and pid != -1
+            and share.prompt_ids[unit[0]] == pid
+            and segment_tokens([seqs[u] for u in unit + [r]], True) <= budget
+        ):
             unit.append(r)
         else:
             units.append([r])
     return units, [segment_tokens([seqs[r] for r in u], True) for u in units]
 
 
-def packing_plan(share: TrainBatch, budget: int,
-                 share_prefix: bool) -> tuple[list[list[int]], list[int], list[list[int]]]:
+def packing_plan(
+    share: TrainBatch, budget: int, share_prefix: bool
+) -> tuple[list[list[int]], list[int], list[list[int]]]:
     """(units, their token costs, consecutive chunks of unit indexes of at most ``budget`` tokens)."""
     units, costs = packing_units(share, budget, share_prefix)
     return units, costs, plan_chunks(costs, budget)
@@ -203,8 +247,7 @@ def packed_micro_batch(share: TrainBatch, units: list[list[int]], share_prefix: 
     mb = trimmed(share, rows)
     seqs = _sequences(mb)
     index = {r: i for i, r in enumerate(rows)}
-    mb.packed = pack_rows(seqs, [[index[r] for r in u] for u in units], mb.loss_mask, mb.target_start,
-                          share_prefix)
+    mb.packed = pack_rows(seqs, [[index[r] for r in u] for u in units], mb.loss_mask, mb.target_start, share_prefix)
     return mb
 
 
@@ -230,8 +273,14 @@ def fetch_groups(group_refs: list) -> list[TrajectoryGroup]:
     return [g for part in parts for g in part]
 
 
-def micro_batches(share: TrainBatch, micro_batch_size: int, budget: int, share_prefix: bool,
-                  device: torch.device, all_reduce: Callable) -> list[MicroBatch]:
+def micro_batches(
+    share: TrainBatch,
+    micro_batch_size: int,
+    budget: int,
+    share_prefix: bool,
+    device: torch.device,
+    all_reduce: Callable,
+) -> list[MicroBatch]:
     """One rank's micro-batches on ``device``: chunks of ``micro_batch_size`` padded rows, or with a token
     ``budget`` (``max_tokens_per_micro_batch`` > 0) packed rows of at most that many tokens (``share_prefix``:
     each group's prompt once). Collective when packing (``all_reduce(value, op)`` over the dp ranks): every dp

@@ -56,8 +56,11 @@ def _modules(parts: Parts) -> dict[str, dict]:
 def _frozen(model: torch.nn.Module) -> set[str]:
     """State-dict keys of frozen parameters. ``ignore_frozen_params`` misses a tied alias (a LoRA model's
     ``lm_head.weight`` is the frozen embedding under a second name), so it is dropped by identity here."""
-    return {k for k, v in model.state_dict(keep_vars=True).items()
-            if isinstance(v, torch.nn.Parameter) and not v.requires_grad}
+    return {
+        k
+        for k, v in model.state_dict(keep_vars=True).items()
+        if isinstance(v, torch.nn.Parameter) and not v.requires_grad
+    }
 
 
 def init_optimizer_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
@@ -89,7 +92,7 @@ class Saver:
 
     def __init__(self) -> None:
         self._future: Future | None = None
-        self._group: dist.ProcessGroup | None = None   # gloo group for background collectives
+        self._group: dist.ProcessGroup | None = None  # gloo group for background collectives
 
     def save(self, path: Path, parts: Parts, rank: int, asynchronous: bool = True) -> float:
         """Collective: shards of every ``(model, optimizer)`` in ``parts`` under ``path/dcp``, RNG per
@@ -105,12 +108,12 @@ class Saver:
             self._future = dcp.async_save(state, checkpoint_id=target, process_group=self._pg())
         else:
             dcp.save(state, checkpoint_id=target)
-        _save_rng(path, rank)    # after DCP's collectives: a rank failing here leaves none waiting
+        _save_rng(path, rank)  # after DCP's collectives: a rank failing here leaves none waiting
         return time.perf_counter() - t0
 
     def _pg(self) -> dist.ProcessGroup | None:
         if self._group is None and dist.is_initialized():
-            self._group = dist.new_group(backend="gloo")    # collective: every rank is in save together
+            self._group = dist.new_group(backend="gloo")  # collective: every rank is in save together
         return self._group
 
     def done(self) -> bool:
@@ -140,8 +143,13 @@ def load(path: Path, parts: Parts, rank: int) -> None:
     state = _modules(parts)
     dcp.load(state, checkpoint_id=str(path / "dcp"))
     for name, (model, optim) in parts.items():
-        set_state_dict(model, optim, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"],
-                       options=LOAD_TRAINED)
+        set_state_dict(
+            model,
+            optim,
+            model_state_dict=state[name]["model"],
+            optim_state_dict=state[name]["optim"],
+            options=LOAD_TRAINED,
+        )
     rng = torch.load(path / f"rng-rank{rank}.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():

@@ -55,7 +55,7 @@ from relayrl.trainer.packing import attention_mask_4d, place
 from relayrl.trainer.step import AllReduce, TokenSums
 from relayrl.types import TrainBatch
 
-_HEAD_NAMES = ("score", "classifier")     # what HF *ForTokenClassification classes call their head
+_HEAD_NAMES = ("score", "classifier")  # what HF *ForTokenClassification classes call their head
 
 
 @contextlib.contextmanager
@@ -77,8 +77,10 @@ def value_head(model: torch.nn.Module) -> torch.nn.Linear:
         head = getattr(model, name, None)
         if isinstance(head, torch.nn.Linear) and head.out_features == 1:
             return head
-    raise ValueError(f"{type(model).__name__} has no 1-output head named one of {_HEAD_NAMES}; the critic needs "
-                     "a model family with an AutoModelForTokenClassification class (Llama, Qwen2, Mistral, ...)")
+    raise ValueError(
+        f"{type(model).__name__} has no 1-output head named one of {_HEAD_NAMES}; the critic needs "
+        "a model family with an AutoModelForTokenClassification class (Llama, Qwen2, Mistral, ...)"
+    )
 
 
 def load_value_model(model_path: str) -> torch.nn.Module:
@@ -89,8 +91,10 @@ def load_value_model(model_path: str) -> torch.nn.Module:
         with _quiet_transformers():
             model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
     except ValueError as exc:
-        raise ValueError(f"cannot build a critic from {model_path}: {str(exc).splitlines()[0]}; PPO "
-                         "(algorithm.name=gae) needs a model family with a token-classification class") from None
+        raise ValueError(
+            f"cannot build a critic from {model_path}: {str(exc).splitlines()[0]}; PPO "
+            "(algorithm.name=gae) needs a model family with a token-classification class"
+        ) from None
     head = value_head(model)
     with torch.no_grad():
         head.weight.zero_()
@@ -127,8 +131,18 @@ class Critic:
     together, like the policy's. ``all_reduce(value, op)`` reduces over the trainer's dp ranks.
     """
 
-    def __init__(self, model_path: str, mesh, device: torch.device, dtype: str, cfg: CriticConfig,
-                 world_size: int, algo: AlgorithmConfig, all_reduce: AllReduce, fused_adamw: bool):
+    def __init__(
+        self,
+        model_path: str,
+        mesh,
+        device: torch.device,
+        dtype: str,
+        cfg: CriticConfig,
+        world_size: int,
+        algo: AlgorithmConfig,
+        all_reduce: AllReduce,
+        fused_adamw: bool,
+    ):
         self.cfg, self.device, self.world_size = cfg, device, world_size
         self.algo, self.all_reduce = algo, all_reduce
         self.model = shard_model(load_value_model(model_path).to(device), mesh, dtype, trainable=True)
@@ -144,18 +158,23 @@ class Critic:
         row = getattr(mb, "packed", None)
         if row is None:
             out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # [B, L, 1]
-            return out[:, mb.target_start: mb.input_ids.shape[1] - 1, 0].float()
+            return out[:, mb.target_start : mb.input_ids.shape[1] - 1, 0].float()
         mask = attention_mask_4d(row, self.model.config._attn_implementation, torch.float32)
         out = self.model(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=mask).logits
-        return place(out[0, row.score_pos, 0].float(), row.gather)                              # [b, T]
+        return place(out[0, row.score_pos, 0].float(), row.gather)  # [b, T]
 
     @torch.no_grad()
     def values(self, mb: TrainBatch) -> torch.Tensor:
         """V_old for GAE and the value clip, before any update of this step: [B, T] aligned with loss_mask."""
         return self._forward(mb)
 
-    def advantages(self, micro: list[TrainBatch], n_tokens: torch.Tensor, old: list[torch.Tensor] | None = None,
-                   ref: list[torch.Tensor] | None = None) -> GaeTargets:
+    def advantages(
+        self,
+        micro: list[TrainBatch],
+        n_tokens: torch.Tensor,
+        old: list[torch.Tensor] | None = None,
+        ref: list[torch.Tensor] | None = None,
+    ) -> GaeTargets:
         """PPO: V_old, token rewards with the KL penalty, GAE, and advantages whitened with the whole step's
         mean/std (all ranks), written to each ``mb.advantages`` [b, T].
 
@@ -178,9 +197,13 @@ class Critic:
             mb.advantages = whiten_from_moments(adv, mb.loss_mask, adv_moments)
         (v_mean, _), (r_mean, r_var), (_, err_var) = (
             moments_mean_var(self._step_moments(xs, micro))
-            for xs in (values, returns, [r - v for v, r in zip(values, returns)]))
-        stats = {"explained_variance": float(1.0 - err_var / r_var.clamp(min=1e-8)),
-                 "value_mean": float(v_mean), "return_mean": float(r_mean)}
+            for xs in (values, returns, [r - v for v, r in zip(values, returns)])
+        )
+        stats = {
+            "explained_variance": float(1.0 - err_var / r_var.clamp(min=1e-8)),
+            "value_mean": float(v_mean),
+            "return_mean": float(r_mean),
+        }
         if ref is not None:
             stats["kl"] = float(self.all_reduce(kl_sum) / n_tokens)
         return GaeTargets(values, returns, stats)
@@ -190,8 +213,9 @@ class Critic:
         local = torch.stack([masked_moments(x, mb.loss_mask) for x, mb in zip(xs, micro)]).sum(0)
         return self.all_reduce(local, dtype=torch.float64)
 
-    def train(self, micro: list[TrainBatch], targets: GaeTargets, n_tokens: torch.Tensor,
-              epochs: int) -> dict[str, float]:
+    def train(
+        self, micro: list[TrainBatch], targets: GaeTargets, n_tokens: torch.Tensor, epochs: int
+    ) -> dict[str, float]:
         """``epochs`` passes of the value loss over the step's micro-batches, one AdamW step each; returns
         value_loss, value_clip_frac (token means over ranks and epochs) and critic_grad_norm (epoch mean)."""
         sums, norms = ValueStats.zeros(self.device), []
@@ -201,8 +225,9 @@ class Critic:
             norms.append(self.step())
         return sums.reduce(self.all_reduce, epochs, n_tokens) | {"critic_grad_norm": sum(norms) / len(norms)}
 
-    def train_micro(self, mb: TrainBatch, old_values: torch.Tensor, returns: torch.Tensor,
-                    n_tokens: torch.Tensor) -> ValueStats:
+    def train_micro(
+        self, mb: TrainBatch, old_values: torch.Tensor, returns: torch.Tensor, n_tokens: torch.Tensor
+    ) -> ValueStats:
         """Backward of this micro-batch's share of the step's token-mean clipped value loss.
 
         The loss is ``sum_tokens 0.5 max((V - R)^2, (V_clip - R)^2) / n_tokens`` (``losses.value_loss``),

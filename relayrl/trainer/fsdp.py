@@ -18,7 +18,7 @@ def shard_model(model: torch.nn.Module, mesh, dtype: str, trainable: bool) -> to
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     model.eval()
-    if not trainable:     # trainable: the flags the caller left (every weight, or with LoRA the adapters only)
+    if not trainable:  # trainable: the flags the caller left (every weight, or with LoRA the adapters only)
         model.requires_grad_(False)
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
@@ -83,7 +83,7 @@ def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad
     Returns the pre-clip norm; when it is NaN/inf the step is skipped (the caller counts it)."""
     groups = _params_by_mesh(model)
     norm = global_grad_norm(groups)
-    if torch.isfinite(norm):   # the global norm is the same on every rank, so all skip together
+    if torch.isfinite(norm):  # the global norm is the same on every rank, so all skip together
         if grad_clip > 0:
             clip_grads(groups, grad_clip, norm)
         adamw_step(optimizer)  # a NaN/inf gradient would poison AdamW's moments for good: skip the step

@@ -20,8 +20,14 @@ from relayrl.trainer.precision import keep_head_fp32
 from relayrl.trainer.tp import parallelize
 
 
-def load_sharded(model_path: str, device: torch.device, mesh: DeviceMesh, dtype: str,
-                 trainable: bool, lora_cfg: LoraConfig | None = None) -> torch.nn.Module:
+def load_sharded(
+    model_path: str,
+    device: torch.device,
+    mesh: DeviceMesh,
+    dtype: str,
+    trainable: bool,
+    lora_cfg: LoraConfig | None = None,
+) -> torch.nn.Module:
     """The HF causal LM with float32 master weights: decoder linears split over "tp" (``tp.parallelize``,
     when the mesh has a "tp" dimension: tp_size > 1), with ``lora_cfg.r > 0`` wrapped by PEFT (``lora.wrap``:
     only the adapters train), then sharded per decoder layer over "dp" (``fsdp.shard_model``);
@@ -29,7 +35,7 @@ def load_sharded(model_path: str, device: torch.device, mesh: DeviceMesh, dtype:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-    keep_head_fp32(model.get_output_embeddings())        # trainer.dtype=bf16: logits stay float32
+    keep_head_fp32(model.get_output_embeddings())  # trainer.dtype=bf16: logits stay float32
     if "tp" in mesh.mesh_dim_names:
         parallelize(model, mesh["tp"])
     if trainable and lora_cfg is not None and lora_cfg.r > 0:

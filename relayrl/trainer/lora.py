@@ -41,22 +41,29 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     from peft.tuners.lora import LoraLayer
     from peft.tuners.lora.layer import Linear
 
-    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                              target_modules=list(cfg.target_modules), bias="none")
+    peft_cfg = PeftLoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none"
+    )
     try:
         model = get_peft_model(model, peft_cfg)
     except ValueError as exc:
-        raise ConfigError(f"trainer.lora.target_modules={list(cfg.target_modules)} matches no layer of this model "
-                          f"({str(exc).splitlines()[0][:120]}); name its linears, e.g. [q_proj,v_proj]") from None
+        raise ConfigError(
+            f"trainer.lora.target_modules={list(cfg.target_modules)} matches no layer of this model "
+            f"({str(exc).splitlines()[0][:120]}); name its linears, e.g. [q_proj,v_proj]"
+        ) from None
     other = [n for n, m in model.named_modules() if isinstance(m, LoraLayer) and not isinstance(m, Linear)]
     if other:
-        raise ConfigError(f"trainer.lora.target_modules matches {other[0]!r}, not a linear layer; relayrl merges "
-                          "LoRA into linear weights only: name linears, e.g. [q_proj,v_proj]")
+        raise ConfigError(
+            f"trainer.lora.target_modules matches {other[0]!r}, not a linear layer; relayrl merges "
+            "LoRA into linear weights only: name linears, e.g. [q_proj,v_proj]"
+        )
     uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     tied = [n for n, m in model.named_modules() if isinstance(m, LoraLayer) and uses[id(m.base_layer.weight)] > 1]
     if tied:
-        raise ConfigError(f"trainer.lora.target_modules matches {hf_name(tied[0])!r}, whose weight is tied to "
-                          "another layer (the embeddings): a merge would change both; leave it out")
+        raise ConfigError(
+            f"trainer.lora.target_modules matches {hf_name(tied[0])!r}, whose weight is tied to "
+            "another layer (the embeddings): a merge would change both; leave it out"
+        )
     return model
 
 
@@ -79,8 +86,9 @@ def merge_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tenso
     return (weight.float() + scale * (lora_b.float() @ lora_a.float())).to(weight.dtype)
 
 
-def merge_stream(named: Iterable[tuple[str, torch.Tensor]],
-                 scale_of: dict[str, float]) -> Iterator[tuple[str, torch.Tensor]]:
+def merge_stream(
+    named: Iterable[tuple[str, torch.Tensor]], scale_of: dict[str, float]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """PEFT-named tensors in, HF-named tensors out: each adapted linear's W, A and B become one merged
     ``<module>.weight``, yielded once its last part has arrived (PEFT lists A and B right after the base
     layer, so at most one layer is held); every other tensor passes through renamed, in order.
@@ -89,8 +97,8 @@ def merge_stream(named: Iterable[tuple[str, torch.Tensor]],
     for peft_name, tensor in named:
         name = hf_name(peft_name)
         module, part = _adapter_part(name)
-        if part is None and name.endswith(".weight") and name[:-len(".weight")] in scale_of:
-            module, part = name[:-len(".weight")], "W"
+        if part is None and name.endswith(".weight") and name[: -len(".weight")] in scale_of:
+            module, part = name[: -len(".weight")], "W"
         if part is None:
             yield name, tensor
             continue
@@ -107,7 +115,7 @@ def _adapter_part(name: str) -> tuple[str, str | None]:
     """``x.q_proj.lora_A.default.weight`` -> (``x.q_proj``, ``A``); anything else -> (name, None)."""
     for suffix, part in _PARTS.items():
         if name.endswith(suffix):
-            return name[:-len(suffix)], part
+            return name[: -len(suffix)], part
     return name, None
 
 
@@ -125,8 +133,10 @@ def param_counts(model: torch.nn.Module) -> tuple[int, int]:
 def summary_line(model: torch.nn.Module, cfg: LoraConfig) -> str:
     """What a LoRA run trains, printed once by rank 0."""
     n_train, n_all = param_counts(model)
-    return (f"relayrl: LoRA r={cfg.r} alpha={cfg.alpha:g}: trainer trains {n_train:,} of {n_all:,} parameters "
-            f"({100 * n_train / n_all:.2f}%); AdamW state for those only")
+    return (
+        f"relayrl: LoRA r={cfg.r} alpha={cfg.alpha:g}: trainer trains {n_train:,} of {n_all:,} parameters "
+        f"({100 * n_train / n_all:.2f}%); AdamW state for those only"
+    )
 
 
 def is_peft(model: torch.nn.Module) -> bool:

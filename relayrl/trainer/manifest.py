@@ -50,11 +50,14 @@ def verify(root: Path) -> None:
         _refuse(root, f"{rel} is listed in {MANIFEST} but missing", "resume from an earlier checkpoint")
     for rel in sorted(found.keys() - listed.keys()):
         _refuse(root, f"{rel} is not listed in {MANIFEST}", "resume from an earlier checkpoint")
-    for key, measure in (("size", _size), ("sha256", _sha256)):      # every size before any digest
+    for key, measure in (("size", _size), ("sha256", _sha256)):  # every size before any digest
         for rel, path in found.items():
             if measure(path) != listed[rel][key]:
-                _refuse(root, f"{rel} does not match its {key} in {MANIFEST}: it was corrupted or changed "
-                              "after the save", "resume from an earlier checkpoint")
+                _refuse(
+                    root,
+                    f"{rel} does not match its {key} in {MANIFEST}: it was corrupted or changed after the save",
+                    "resume from an earlier checkpoint",
+                )
 
 
 def _files(root: Path) -> list[tuple[str, Path]]:
@@ -81,12 +84,18 @@ def _check_owned(root: Path, path: Path) -> None:
         kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
         _refuse(root, f"{rel} is {kind}", "a checkpoint holds only its own files; resume from another one")
     if st.st_uid != os.geteuid():
-        _refuse(root, f"{rel} is owned by uid {st.st_uid}, not this user (uid {os.geteuid()})",
-                "resume only from checkpoints you wrote (or copy this one and chmod -R go-w the copy, "
-                "if you trust whoever wrote it)")
+        _refuse(
+            root,
+            f"{rel} is owned by uid {st.st_uid}, not this user (uid {os.geteuid()})",
+            "resume only from checkpoints you wrote (or copy this one and chmod -R go-w the copy, "
+            "if you trust whoever wrote it)",
+        )
     if st.st_mode & OTHERS_WRITE:
-        _refuse(root, f"{rel} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o}), so others "
-                      "could have changed it", f"chmod -R go-w {root} if you trust its contents")
+        _refuse(
+            root,
+            f"{rel} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o}), so others could have changed it",
+            f"chmod -R go-w {root} if you trust its contents",
+        )
     if stat.S_ISDIR(st.st_mode):
         for child in sorted(path.iterdir()):
             _check_owned(root, child)
@@ -96,8 +105,12 @@ def _read_manifest(root: Path) -> dict[str, dict]:
     """The manifest's ``{path: {"size", "sha256"}}``; a missing or malformed manifest is refused."""
     path = root / MANIFEST
     if not path.exists():
-        _refuse(root, f"it has no {MANIFEST} (written last at save: the save did not finish, or a relayrl "
-                      "without manifests wrote it)", "resume from another checkpoint or start fresh")
+        _refuse(
+            root,
+            f"it has no {MANIFEST} (written last at save: the save did not finish, or a relayrl "
+            "without manifests wrote it)",
+            "resume from another checkpoint or start fresh",
+        )
     try:
         files = json.loads(path.read_text())["files"]
         if all(isinstance(e["size"], int) and isinstance(e["sha256"], str) for e in files.values()):

@@ -18,13 +18,14 @@ import torch
 def _optimizer_tensors(optimizer: torch.optim.Optimizer):
     for state in optimizer.state.values():
         for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":   # AdamW keeps `step` on the CPU already
+            if isinstance(value, torch.Tensor) and key != "step":  # AdamW keeps `step` on the CPU already
                 yield state, key, value
 
 
 @torch.no_grad()
-def move_training_state(modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
-                        device: torch.device) -> int:
+def move_training_state(
+    modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer], device: torch.device
+) -> int:
     """Move every module's parameters/buffers/grads and every optimizer state tensor to ``device``;
     returns the bytes moved (0 when already there). Frees the device cache after moving off a GPU."""
     moved = 0
@@ -32,7 +33,7 @@ def move_training_state(modules: list[torch.nn.Module], optimizers: list[torch.o
         for p in module.parameters():
             if p.device != device:
                 moved += p.numel() * p.element_size()
-        module.to(device)           # Module._apply moves each parameter's .grad too
+        module.to(device)  # Module._apply moves each parameter's .grad too
     for optimizer in optimizers:
         for state, key, value in _optimizer_tensors(optimizer):
             if value.device != device:

@@ -10,7 +10,9 @@ from torch.optim.adam import adam
 from relayrl.config import TrainerConfig
 
 
-def adamw(params: Iterable[torch.nn.Parameter], device: torch.device, fused: bool, **hyper: object) -> torch.optim.AdamW:
+def adamw(
+    params: Iterable[torch.nn.Parameter], device: torch.device, fused: bool, **hyper: object
+) -> torch.optim.AdamW:
     """AdamW over ``params`` with ``hyper`` (lr, betas, weight_decay). ``fused`` on a CPU rank: one kernel pass
     per tensor instead of torch's default loop of element-wise ops and their temporaries (the same update up
     to float rounding). GPU ranks keep torch's default (foreach) whatever ``fused`` says."""
@@ -19,8 +21,14 @@ def adamw(params: Iterable[torch.nn.Parameter], device: torch.device, fused: boo
 
 def policy_adamw(model: torch.nn.Module, device: torch.device, cfg: TrainerConfig) -> torch.optim.AdamW:
     """The policy's AdamW under ``trainer.*`` over its trainable parameters (LoRA: the adapters only)."""
-    return adamw([p for p in model.parameters() if p.requires_grad], device, cfg.fused_adamw, lr=cfg.lr,
-                 betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    return adamw(
+        [p for p in model.parameters() if p.requires_grad],
+        device,
+        cfg.fused_adamw,
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        weight_decay=cfg.weight_decay,
+    )
 
 
 def adamw_step(optimizer: torch.optim.Optimizer) -> None:
@@ -33,8 +41,9 @@ def adamw_step(optimizer: torch.optim.Optimizer) -> None:
     the kernel itself is the same either way. The moments stay DTensors
     in ``optimizer.state``, created as torch creates them, so checkpoints (DCP) see what ``step()`` would
     have left. Any other optimizer, or a layout this does not cover, takes ``optimizer.step()``."""
-    if type(optimizer) is not torch.optim.AdamW or not all(_local_update_ok(p) for g in optimizer.param_groups
-                                                         for p in g["params"] if p.grad is not None):
+    if type(optimizer) is not torch.optim.AdamW or not all(
+        _local_update_ok(p) for g in optimizer.param_groups for p in g["params"] if p.grad is not None
+    ):
         optimizer.step()
         return
     with torch.no_grad():
@@ -50,8 +59,11 @@ def _local_update_ok(p: torch.Tensor) -> bool:
     if mesh is None:
         return getattr(p.grad, "device_mesh", None) is None
     g = p.grad
-    return (getattr(g, "device_mesh", None) == mesh and tuple(g.placements) == tuple(p.placements)
-            and all(pl.is_shard() or pl.is_replicate() for pl in p.placements))
+    return (
+        getattr(g, "device_mesh", None) == mesh
+        and tuple(g.placements) == tuple(p.placements)
+        and all(pl.is_shard() or pl.is_replicate() for pl in p.placements)
+    )
 
 
 def _adamw_group(optimizer: torch.optim.AdamW, group: dict, params: list[torch.Tensor]) -> None:
@@ -67,12 +79,25 @@ def _adamw_group(optimizer: torch.optim.AdamW, group: dict, params: list[torch.T
     states = [optimizer.state[p] for p in params]
     beta1, beta2 = group["betas"]
     adam(
-        [local_tensor(p) for p in params], [local_tensor(p.grad) for p in params],
-        [local_tensor(s["exp_avg"]) for s in states], [local_tensor(s["exp_avg_sq"]) for s in states],
-        [local_tensor(s["max_exp_avg_sq"]) for s in states] if group["amsgrad"] else [], [s["step"] for s in states],
-        foreach=group["foreach"], capturable=group["capturable"], differentiable=group["differentiable"],
-        fused=group["fused"], decoupled_weight_decay=True, amsgrad=group["amsgrad"], beta1=beta1, beta2=beta2,
-        lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])
+        [local_tensor(p) for p in params],
+        [local_tensor(p.grad) for p in params],
+        [local_tensor(s["exp_avg"]) for s in states],
+        [local_tensor(s["exp_avg_sq"]) for s in states],
+        [local_tensor(s["max_exp_avg_sq"]) for s in states] if group["amsgrad"] else [],
+        [s["step"] for s in states],
+        foreach=group["foreach"],
+        capturable=group["capturable"],
+        differentiable=group["differentiable"],
+        fused=group["fused"],
+        decoupled_weight_decay=True,
+        amsgrad=group["amsgrad"],
+        beta1=beta1,
+        beta2=beta2,
+        lr=group["lr"],
+        weight_decay=group["weight_decay"],
+        eps=group["eps"],
+        maximize=group["maximize"],
+    )
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

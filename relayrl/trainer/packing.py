@@ -38,13 +38,13 @@ import torch
 class PackedRow:
     """One micro-batch as a single padding-free row (see the module docstring)."""
 
-    input_ids: torch.Tensor       # [1, N] the tokens of every sequence (shared prefixes once)
-    position_ids: torch.Tensor    # [1, N] positions within each sequence
-    segment: torch.Tensor         # [N] which sequence / group a token belongs to
-    branch: torch.Tensor          # [N] 0 = seen by the whole segment, i + 1 = sequence i's own suffix
-    score_pos: torch.Tensor       # [K] row position whose hidden state scores entry k
-    score_target: torch.Tensor    # [K] the token entry k scores
-    gather: torch.Tensor          # [b, T] entry of each loss column, -1 where nothing is scored
+    input_ids: torch.Tensor  # [1, N] the tokens of every sequence (shared prefixes once)
+    position_ids: torch.Tensor  # [1, N] positions within each sequence
+    segment: torch.Tensor  # [N] which sequence / group a token belongs to
+    branch: torch.Tensor  # [N] 0 = seen by the whole segment, i + 1 = sequence i's own suffix
+    score_pos: torch.Tensor  # [K] row position whose hidden state scores entry k
+    score_target: torch.Tensor  # [K] the token entry k scores
+    gather: torch.Tensor  # [b, T] entry of each loss column, -1 where nothing is scored
 
     @property
     def n_tokens(self) -> int:
@@ -58,7 +58,7 @@ def attention_allowed(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tens
     """The rule of the module docstring: [N], [N] -> [N, N] bool, ``allowed[q, k]``."""
     n = segment.shape[0]
     order = torch.arange(n, device=segment.device)
-    causal = order[None, :] <= order[:, None]                              # k <= q
+    causal = order[None, :] <= order[:, None]  # k <= q
     same = segment[None, :] == segment[:, None]
     visible = (branch[None, :] == 0) | (branch[None, :] == branch[:, None])
     return causal & same & visible
@@ -70,14 +70,16 @@ def attention_mask_4d(row: PackedRow, attn_implementation: str, dtype: torch.dty
     sdpa takes a bool mask (True = attend); eager *adds* the mask to the scores, so it gets 0 / the
     dtype's minimum (exp underflows to exactly 0). Every query sees at least itself, so no row is empty.
     """
-    allowed = attention_allowed(row.segment, row.branch)[None, None]        # [1, 1, N, N]
+    allowed = attention_allowed(row.segment, row.branch)[None, None]  # [1, 1, N, N]
     if attn_implementation == "sdpa":
         return allowed
     if attn_implementation == "eager":
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(dtype).min)
-    raise ValueError(f"packed rows need attn_implementation sdpa or eager, the model uses "
-                     f"{attn_implementation!r}; load it with attn_implementation='sdpa'")
+    raise ValueError(
+        f"packed rows need attn_implementation sdpa or eager, the model uses "
+        f"{attn_implementation!r}; load it with attn_implementation='sdpa'"
+    )
 
 
 def place(values: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
@@ -85,7 +87,7 @@ def place(values: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
 
     A gather (differentiable): an entry used by several sequences gets the sum of their gradients.
     """
-    out = values[gather.clamp(min=0)]                                      # [b, T, ...]
+    out = values[gather.clamp(min=0)]  # [b, T, ...]
     valid = (gather >= 0).view(*gather.shape, *([1] * (values.ndim - 1)))
     return torch.where(valid, out, torch.zeros((), dtype=values.dtype, device=values.device))
 
@@ -110,8 +112,9 @@ def _span(mask_row: torch.Tensor) -> tuple[int, int] | None:
     return (int(cols[0]), int(cols[-1])) if len(cols) else None
 
 
-def pack_rows(seqs: list[list[int]], segments: list[list[int]], loss_mask: torch.Tensor, target_start: int,
-              share_prefix: bool) -> PackedRow:
+def pack_rows(
+    seqs: list[list[int]], segments: list[list[int]], loss_mask: torch.Tensor, target_start: int, share_prefix: bool
+) -> PackedRow:
     """Pack sequences ``seqs`` (row r of the micro-batch is ``seqs[r]``) into one row.
 
     ``segments`` partitions the row indexes into consecutive runs; with ``share_prefix`` a run of 2 or
@@ -134,23 +137,28 @@ def pack_rows(seqs: list[list[int]], segments: list[list[int]], loss_mask: torch
         seg += [s] * c
         br += [0] * c
         for i, r in enumerate(run):
-            start = len(ids)                                   # row position of x_r[c]
+            start = len(ids)  # row position of x_r[c]
             ids += seqs[r][c:]
             pos += range(c, len(seqs[r]))
             seg += [s] * (len(seqs[r]) - c)
             br += [i + 1] * (len(seqs[r]) - c)
             span = _span(loss_mask[r])
             for t in range(span[0], span[1] + 1) if span else ():
-                j = target_start + t                           # hidden position scoring x_r[j + 1]
+                j = target_start + t  # hidden position scoring x_r[j + 1]
                 at = base + j if j < c else start + j - c
                 gather[r, t] = entries.setdefault((at, seqs[r][j + 1]), len(entries))
     if not entries:
         entries[(0, ids[0])] = 0
-    keys = list(entries)                                       # dicts keep insertion order = entry index
-    return PackedRow(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]),
-                     segment=torch.tensor(seg), branch=torch.tensor(br),
-                     score_pos=torch.tensor([k[0] for k in keys]),
-                     score_target=torch.tensor([k[1] for k in keys]), gather=gather)
+    keys = list(entries)  # dicts keep insertion order = entry index
+    return PackedRow(
+        input_ids=torch.tensor([ids]),
+        position_ids=torch.tensor([pos]),
+        segment=torch.tensor(seg),
+        branch=torch.tensor(br),
+        score_pos=torch.tensor([k[0] for k in keys]),
+        score_target=torch.tensor([k[1] for k in keys]),
+        gather=gather,
+    )
 
 
 def plan_chunks(costs: list[int], budget: int) -> list[list[int]]:
@@ -185,5 +193,5 @@ def split_to_count(chunks: list[list[int]], costs: list[int], count: int) -> lis
             cut = k + 1
             if acc >= half:
                 break
-        chunks[i: i + 1] = [chunk[:cut], chunk[cut:]]
+        chunks[i : i + 1] = [chunk[:cut], chunk[cut:]]
     return chunks

@@ -37,6 +37,7 @@ def keep_head_fp32(head: torch.nn.Module) -> None:
     sync and ``save_hf`` use) stay exactly the HF ones. Outside autocast both hooks do nothing. Autocast
     only changes forward kernels, so switching it off for this one call leaves backward untouched.
     """
+
     def before(module: torch.nn.Module, args: tuple) -> tuple:
         device = args[0].device.type
         module._autocast_was = torch.is_autocast_enabled(device)

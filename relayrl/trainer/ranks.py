@@ -10,8 +10,15 @@ from typing import Any
 
 import ray
 
-from relayrl.config import (AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig, malloc_env,
-                            with_env)
+from relayrl.config import (
+    AlgorithmConfig,
+    CriticConfig,
+    ModelConfig,
+    TrainerConfig,
+    WeightSyncConfig,
+    malloc_env,
+    with_env,
+)
 from relayrl.trainer.actor import TrainerActor, resolve_backend
 
 
@@ -42,32 +49,56 @@ class TrainerGroup:
     start); ``ready()`` waits, and every other method calls it first.
     """
 
-    def __init__(self, world_size: int, model_path: str, model_cfg: ModelConfig, trainer_cfg: TrainerConfig,
-                 algo_cfg: AlgorithmConfig, temperature: float = 1.0, seed: int = 0,
-                 actor_options: dict[str, Any] | list[dict[str, Any]] | None = None, timeout_s: float = 600.0,
-                 critic_cfg: CriticConfig | None = None):
+    def __init__(
+        self,
+        world_size: int,
+        model_path: str,
+        model_cfg: ModelConfig,
+        trainer_cfg: TrainerConfig,
+        algo_cfg: AlgorithmConfig,
+        temperature: float = 1.0,
+        seed: int = 0,
+        actor_options: dict[str, Any] | list[dict[str, Any]] | None = None,
+        timeout_s: float = 600.0,
+        critic_cfg: CriticConfig | None = None,
+    ):
         per_rank = self._options(world_size, trainer_cfg, actor_options)
         host = rendezvous_host(per_rank[0], world_size)
         remote_cls = ray.remote(TrainerActor)
         self.actors = [
-            remote_cls.options(**per_rank[rank]).remote(rank, world_size, host, 0, model_path,
-                                                        model_cfg, trainer_cfg, algo_cfg, temperature, seed,
-                                                        timeout_s, critic_cfg)
-            for rank in range(world_size)]
+            remote_cls.options(**per_rank[rank]).remote(
+                rank,
+                world_size,
+                host,
+                0,
+                model_path,
+                model_cfg,
+                trainer_cfg,
+                algo_cfg,
+                temperature,
+                seed,
+                timeout_s,
+                critic_cfg,
+            )
+            for rank in range(world_size)
+        ]
         port = self.actors[0].listen.remote()
         self._setup_refs: list | None = [a.setup.remote(port) for a in self.actors]
 
     @staticmethod
-    def _options(world_size: int, cfg: TrainerConfig,
-                 actor_options: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    def _options(
+        world_size: int, cfg: TrainerConfig, actor_options: dict[str, Any] | list[dict[str, Any]] | None
+    ) -> list[dict[str, Any]]:
         defaults: dict[str, Any] = {"num_cpus": cfg.num_cpus}
         if resolve_backend(cfg.backend) == "nccl":
             defaults["num_gpus"] = 1
         if actor_options is None or isinstance(actor_options, dict):
             actor_options = [actor_options or {}] * world_size
         if len(actor_options) != world_size:
-            raise ValueError(f"actor_options has {len(actor_options)} entries for world_size={world_size}; "
-                             "pass one dict per rank or a single dict for all")
+            raise ValueError(
+                f"actor_options has {len(actor_options)} entries for world_size={world_size}; "
+                "pass one dict per rank or a single dict for all"
+            )
         return [with_env({**defaults, **opts}, malloc_env()) for opts in actor_options]
 
     def ready(self) -> None:

@@ -35,8 +35,8 @@ from relayrl.trainer.fsdp import clip_and_step
 from relayrl.trainer.packing import attention_mask_4d, place
 from relayrl.trainer.precision import autocast
 
-PER_TOKEN, PER_DENOMINATOR, MAX = "tokens", "denominator", "max"      # how a ``TokenSums`` field is reduced
-AllReduce = Callable[..., torch.Tensor]     # (value, op) -> value reduced over the dp ranks
+PER_TOKEN, PER_DENOMINATOR, MAX = "tokens", "denominator", "max"  # how a ``TokenSums`` field is reduced
+AllReduce = Callable[..., torch.Tensor]  # (value, op) -> value reduced over the dp ranks
 Forward = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
 
@@ -58,17 +58,21 @@ class TokenSums:
                 getattr(self, f.name).add_(getattr(other, f.name))
         return self
 
-    def reduce(self, all_reduce: AllReduce, epochs: int, tokens: torch.Tensor,
-               denominator: torch.Tensor | None = None) -> dict[str, float]:
+    def reduce(
+        self, all_reduce: AllReduce, epochs: int, tokens: torch.Tensor, denominator: torch.Tensor | None = None
+    ) -> dict[str, float]:
         """The step's values on every rank: sums over dp ranks / epochs / tokens (or the denominator);
         ``MAX`` fields the max over ranks. One all-reduce for all sums."""
         fields = dataclasses.fields(self)
         sums = [f for f in fields if _reduction(f) != MAX]
         total = all_reduce(torch.stack([getattr(self, f.name) for f in sums]), dist.ReduceOp.SUM) / epochs
-        out = {f.name: float(v / (denominator if _reduction(f) == PER_DENOMINATOR else tokens))
-               for f, v in zip(sums, total)}
-        return out | {f.name: float(all_reduce(getattr(self, f.name), dist.ReduceOp.MAX))
-                      for f in fields if _reduction(f) == MAX}
+        out = {
+            f.name: float(v / (denominator if _reduction(f) == PER_DENOMINATOR else tokens))
+            for f, v in zip(sums, total)
+        }
+        return out | {
+            f.name: float(all_reduce(getattr(self, f.name), dist.ReduceOp.MAX)) for f in fields if _reduction(f) == MAX
+        }
 
 
 def reduced(how: str) -> Any:
@@ -128,13 +132,19 @@ class PolicyStep:
         with autocast(device.type, self.dtype):
             if mb.packed is None:
                 keep = torch.arange(mb.target_start, mb.input_ids.shape[1], device=device)
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
-                               logits_to_keep=keep).logits
-                return logits[:, :-1], mb.input_ids[:, mb.target_start + 1:], lambda v: v
+                logits = model(
+                    input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep
+                ).logits
+                return logits[:, :-1], mb.input_ids[:, mb.target_start + 1 :], lambda v: v
             row = mb.packed
             mask = attention_mask_4d(row, model.config._attn_implementation, torch.float32)
-            logits = model(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=mask,
-                           use_cache=False, logits_to_keep=row.score_pos).logits
+            logits = model(
+                input_ids=row.input_ids,
+                position_ids=row.position_ids,
+                attention_mask=mask,
+                use_cache=False,
+                logits_to_keep=row.score_pos,
+            ).logits
             return logits, row.score_target[None], lambda v: place(v[0], row.gather)
 
     @torch.no_grad()
@@ -143,8 +153,9 @@ class PolicyStep:
         logits, targets, to_batch = self.forward(model, mb)
         return to_batch(target_logprobs(logits, targets, self.temperature))
 
-    def reference_logprobs(self, model: torch.nn.Module, ref_model: torch.nn.Module | None,
-                           micro: list[MicroBatch]) -> list[torch.Tensor]:
+    def reference_logprobs(
+        self, model: torch.nn.Module, ref_model: torch.nn.Module | None, micro: list[MicroBatch]
+    ) -> list[torch.Tensor]:
         """Reference logprobs: the frozen copy's (``ref_model``), or with LoRA (no copy) the policy's own with
         its adapters bypassed: the base model, which is the reference, as the adapters are all that trains."""
         from relayrl.trainer import lora
@@ -154,9 +165,15 @@ class PolicyStep:
         with lora.adapters_off(model):
             return [self.logprobs(model, mb) for mb in micro]
 
-    def train_micro(self, model: torch.nn.Module, mb: MicroBatch, old: torch.Tensor | None,
-                    ref: torch.Tensor | None, denom: torch.Tensor,
-                    dp_size: int) -> tuple[StepStats, torch.Tensor]:
+    def train_micro(
+        self,
+        model: torch.nn.Module,
+        mb: MicroBatch,
+        old: torch.Tensor | None,
+        ref: torch.Tensor | None,
+        denom: torch.Tensor,
+        dp_size: int,
+    ) -> tuple[StepStats, torch.Tensor]:
         """Forward/backward one micro-batch; returns its stat sums and the old logprobs (``old`` if given,
         else this forward's detached logprobs: valid before any update).
 
@@ -171,8 +188,9 @@ class PolicyStep:
         per_token, stats = self.objective.policy(logprobs, old, mb)
         kl_sum = mb.loss_mask.new_zeros(())
         if ref is not None:
-            kl_term, kl_stats = kl_loss(logprobs, ref, mb.loss_mask, self.objective.kl_coef,
-                                        self.objective.kl_estimator)
+            kl_term, kl_stats = kl_loss(
+                logprobs, ref, mb.loss_mask, self.objective.kl_coef, self.objective.kl_estimator
+            )
             per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mb.loss_mask.sum()
         entropy_term, entropy_sum = self._entropy(logits, to_batch, mb)
         if entropy_term is not None:
@@ -181,9 +199,18 @@ class PolicyStep:
         (numerator * dp_size / denom).backward()
         return self._stats(stats, numerator, kl_sum, entropy_sum, old, mb), old
 
-    def epochs(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro: list[MicroBatch],
-               old: list[torch.Tensor | None], ref: list[torch.Tensor] | None, denom: torch.Tensor, dp_size: int,
-               epochs: int, grad_clip: float) -> tuple[StepStats, list[float]]:
+    def epochs(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        micro: list[MicroBatch],
+        old: list[torch.Tensor | None],
+        ref: list[torch.Tensor] | None,
+        denom: torch.Tensor,
+        dp_size: int,
+        epochs: int,
+        grad_clip: float,
+    ) -> tuple[StepStats, list[float]]:
         """``epochs`` passes over the micro-batches, each ending in a clipped AdamW step; returns the summed
         stats and each epoch's pre-clip gradient norm. Fills ``old`` in the first epoch."""
         sums, grad_norms = StepStats.zeros(denom.device), []
@@ -196,32 +223,45 @@ class PolicyStep:
 
     @staticmethod
     @torch.no_grad()
-    def _stats(stats: dict[str, torch.Tensor], numerator: torch.Tensor, kl_sum: torch.Tensor,
-               entropy_sum: torch.Tensor, old: torch.Tensor, mb: MicroBatch) -> StepStats:
+    def _stats(
+        stats: dict[str, torch.Tensor],
+        numerator: torch.Tensor,
+        kl_sum: torch.Tensor,
+        entropy_sum: torch.Tensor,
+        old: torch.Tensor,
+        mb: MicroBatch,
+    ) -> StepStats:
         """The policy loss's means (``stats``) weighted back into token sums, with the step's other terms."""
         ntok = mb.loss_mask.sum()
         return StepStats(
-            loss=numerator.detach(), clip_frac=stats["clip_frac"] * ntok, approx_kl=stats["approx_kl"] * ntok,
-            ratio_mean=stats["ratio_mean"] * ntok, kl=kl_sum.detach(), entropy=entropy_sum,
+            loss=numerator.detach(),
+            clip_frac=stats["clip_frac"] * ntok,
+            approx_kl=stats["approx_kl"] * ntok,
+            ratio_mean=stats["ratio_mean"] * ntok,
+            kl=kl_sum.detach(),
+            entropy=entropy_sum,
             behaviour_kl=masked_token_sum(kl_k3(mb.behaviour_logprobs, old), mb.loss_mask),
             is_weight=stats.get("is_weight_mean", ntok.new_ones((), dtype=torch.float32)) * ntok,
             is_trunc_frac=stats.get("is_trunc_frac", ntok.new_zeros((), dtype=torch.float32)) * ntok,
-            ratio_max=stats["ratio_max"])
+            ratio_max=stats["ratio_max"],
+        )
 
-    def _entropy(self, logits: torch.Tensor, to_batch: Callable[[torch.Tensor], torch.Tensor],
-                 mb: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _entropy(
+        self, logits: torch.Tensor, to_batch: Callable[[torch.Tensor], torch.Tensor], mb: MicroBatch
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(entropy-bonus loss term [b, T] or None when entropy_coef is 0, token-summed entropy for stats);
         ``logits`` [R, K, V] and ``to_batch`` as ``forward`` returns them."""
         if self.objective.entropy_coef <= 0:
             entropy = to_batch(logits_entropy(logits.detach(), self.temperature))
             return None, masked_token_sum(entropy, mb.loss_mask)
-        scaled = to_batch(logits.float() / self.temperature)          # [b, T, V] aligned with loss_mask
+        scaled = to_batch(logits.float() / self.temperature)  # [b, T, V] aligned with loss_mask
         term, stats = entropy_bonus(scaled, mb.loss_mask, self.objective.entropy_coef)
         return term, stats["entropy"] * mb.loss_mask.sum()
 
 
-def step_totals(micro: list[MicroBatch], objective: Objective,
-                all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def step_totals(
+    micro: list[MicroBatch], objective: Objective, all_reduce: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(completion tokens, ``LOSS_AGG`` denominator) of the whole step on all ranks, each >= 1.
 
     Denominators depend only on the masks, so they are known before any forward pass; one all-reduce

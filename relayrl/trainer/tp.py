@@ -45,12 +45,15 @@ def layer_plan(config) -> dict[str, str]:
     full = getattr(config, "base_model_tp_plan", None) or {}
     plan = {k: v for k, v in full.items() if k.startswith("layers.")}
     if not plan:
-        raise ValueError(f"{type(config).__name__} ships no base_model_tp_plan; trainer.tp_size>1 supports "
-                         "Llama/Qwen2-style decoders only; set trainer.tp_size=1")
+        raise ValueError(
+            f"{type(config).__name__} ships no base_model_tp_plan; trainer.tp_size>1 supports "
+            "Llama/Qwen2-style decoders only; set trainer.tp_size=1"
+        )
     odd = {k: v for k, v in plan.items() if v not in _STYLES}
     if odd:
-        raise ValueError(f"{type(config).__name__}'s TP plan has styles relayrl does not apply ({odd}); "
-                         "set trainer.tp_size=1")
+        raise ValueError(
+            f"{type(config).__name__}'s TP plan has styles relayrl does not apply ({odd}); set trainer.tp_size=1"
+        )
     return plan
 
 
@@ -60,8 +63,10 @@ def check_heads(config: dict, tp_size: int) -> None:
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     if heads % tp_size or kv_heads % tp_size:
-        raise ValueError(f"trainer.tp_size={tp_size} must divide the model's attention heads ({heads}) and "
-                         f"KV heads ({kv_heads}); pick a tp_size that divides both (or trainer.tp_size=1)")
+        raise ValueError(
+            f"trainer.tp_size={tp_size} must divide the model's attention heads ({heads}) and "
+            f"KV heads ({kv_heads}); pick a tp_size that divides both (or trainer.tp_size=1)"
+        )
 
 
 def parallelize(model: torch.nn.Module, tp_mesh) -> torch.nn.Module:

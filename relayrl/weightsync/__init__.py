@@ -28,23 +28,27 @@ from relayrl.weightsync.names import TRAINER_ENGINES, WORKER_ENGINES
 
 @dataclass(frozen=True)
 class Backend:
-    engine: Callable[[WeightSyncConfig], str]                       # vLLM engine name for this config
-    trainer_info: Callable[[WeightSyncConfig, int, int, str | None], Any]   # (cfg, rank, workers, wire dtype)
+    engine: Callable[[WeightSyncConfig], str]  # vLLM engine name for this config
+    trainer_info: Callable[[WeightSyncConfig, int, int, str | None], Any]  # (cfg, rank, workers, wire dtype)
 
 
 def _shm_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
     from relayrl.weightsync.shm import ShmTrainerInitInfo
 
-    return ShmTrainerInitInfo(rank=rank, shm_dir=cfg.shm_dir, bucket_bytes=cfg.bucket_mb << 20,
-                              wire_dtype=wire_dtype)
+    return ShmTrainerInitInfo(rank=rank, shm_dir=cfg.shm_dir, bucket_bytes=cfg.bucket_mb << 20, wire_dtype=wire_dtype)
 
 
 def _broadcast_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
     from relayrl.weightsync.broadcast import BroadcastTrainerInitInfo
 
-    return BroadcastTrainerInitInfo(rank=rank, world_size=1 + workers, host=cfg.host,
-                                    bucket_bytes=cfg.bucket_mb << 20, wire_dtype=wire_dtype,
-                                    timeout_s=cfg.timeout_s)
+    return BroadcastTrainerInitInfo(
+        rank=rank,
+        world_size=1 + workers,
+        host=cfg.host,
+        bucket_bytes=cfg.bucket_mb << 20,
+        wire_dtype=wire_dtype,
+        timeout_s=cfg.timeout_s,
+    )
 
 
 def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
@@ -55,10 +59,16 @@ def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str
         return IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-    from relayrl.rendezvous import free_port    # imports torch, which the rollout actor never loads
+    from relayrl.rendezvous import free_port  # imports torch, which the rollout actor never loads
 
-    return NCCLTrainerInitInfo(rank=rank, master_address=cfg.host, master_port=free_port(cfg.host),
-                               world_size=1 + workers, packed=True, packed_buffer_size_bytes=cfg.bucket_mb << 20)
+    return NCCLTrainerInitInfo(
+        rank=rank,
+        master_address=cfg.host,
+        master_port=free_port(cfg.host),
+        world_size=1 + workers,
+        packed=True,
+        packed_buffer_size_bytes=cfg.bucket_mb << 20,
+    )
 
 
 BACKENDS: dict[str, Backend] = {
@@ -72,12 +82,14 @@ def register_with_vllm() -> None:
     """Add relayrl's engines to vLLM's two factories (idempotent; lazy imports, like vLLM's own)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
-    for factory, engines in ((WeightTransferEngineFactory, WORKER_ENGINES),
-                             (WeightTransferTrainerFactory, TRAINER_ENGINES)):
+    for factory, engines in (
+        (WeightTransferEngineFactory, WORKER_ENGINES),
+        (WeightTransferTrainerFactory, TRAINER_ENGINES),
+    ):
         for name, (module, cls_name) in engines.items():
             try:
                 factory.register_engine(name, module, cls_name)
-            except ValueError:   # already registered in this process
+            except ValueError:  # already registered in this process
                 pass
 
 

@@ -19,7 +19,7 @@ reads it without torch."""
 # is one engine for both transports (the trainer picks the transport at init); the trainer side is
 # one engine per transport.
 WORKER_ENGINES = {"relayrl": ("relayrl.weightsync.base", "RelayWeightEngine")}
-RECEIVERS = {   # transport -> engine-side receiver, chosen by the trainer in the init payload
+RECEIVERS = {  # transport -> engine-side receiver, chosen by the trainer in the init payload
     "shm": ("relayrl.weightsync.shm", "ShmReceiver"),
     "broadcast": ("relayrl.weightsync.broadcast", "BroadcastReceiver"),
 }

@@ -60,8 +60,9 @@ def test_registry_and_bad_shapes():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.floats(-10, 10, allow_nan=False)), min_size=1, max_size=40),
-       st.booleans())
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.floats(-10, 10, allow_nan=False)), min_size=1, max_size=40), st.booleans()
+)
 def test_zero_mean_and_unit_std_per_group(samples, norm_std):
     groups = torch.tensor([g for g, _ in samples])
     rewards = torch.tensor([r for _, r in samples], dtype=torch.float64)
@@ -77,9 +78,13 @@ def test_zero_mean_and_unit_std_per_group(samples, norm_std):
 
 # ------------------------------------------------------------------------- Dr.GRPO, RLOO, REINFORCE++
 def test_registry_holds_every_sequence_estimator():
-    assert ADVANTAGES == {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages,
-                          "reinforce_pp": reinforce_pp_advantages,
-                          "reinforce_pp_baseline": reinforce_pp_baseline_advantages}
+    assert {
+        "grpo": grpo_advantages,
+        "dr_grpo": dr_grpo_advantages,
+        "rloo": rloo_advantages,
+        "reinforce_pp": reinforce_pp_advantages,
+        "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
+    } == ADVANTAGES
     for fn in ADVANTAGES.values():  # one common signature, one common error
         with pytest.raises(ValueError, match="same length"):
             fn(torch.zeros(3), torch.zeros(2, dtype=torch.long))
@@ -102,10 +107,12 @@ def test_rloo_hand_numbers():
 def test_reinforce_pp_sequence_whitening_weighs_each_completion_once():
     # rewards 1,0,0,0,3: mean .8, deviations .2,-.8,-.8,-.8,2.2, sum of squares 6.8, sample var 6.8/4 = 1.7,
     # std 1.303840 -> .2/1.30384 = .153393, -.8/1.30384 = -.613572, 2.2/1.30384 = 1.687323. Groups are ignored.
-    adv = reinforce_pp_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0]), torch.tensor([0, 0, 1, 1, 2]),
-                                  whiten="sequence")
-    torch.testing.assert_close(adv, torch.tensor([0.153393, -0.613572, -0.613572, -0.613572, 1.687323]),
-                               atol=1e-5, rtol=0)
+    adv = reinforce_pp_advantages(
+        torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0]), torch.tensor([0, 0, 1, 1, 2]), whiten="sequence"
+    )
+    torch.testing.assert_close(
+        adv, torch.tensor([0.153393, -0.613572, -0.613572, -0.613572, 1.687323]), atol=1e-5, rtol=0
+    )
     # a batch of one or of equal rewards carries no signal
     assert reinforce_pp_advantages(torch.tensor([3.0]), torch.tensor([0]), whiten="sequence").tolist() == [0.0]
     assert reinforce_pp_advantages(torch.full((4,), 2.0), torch.arange(4), whiten="sequence").abs().max() < 1e-6
@@ -117,10 +124,15 @@ def test_reinforce_pp_token_whitening_hand_numbers():
     # -> A_1 = (1 - 1/4) / (1/2) = 1.5, A_2 = (0 - 1/4) / (1/2) = -0.5 (token mean of A: (1.5 - 3 * .5) / 4 = 0)
     # per sequence it would be +-0.707107 (mean 1/2, std sqrt(1/2)): the long answer weighs 3x here.
     rewards, groups, counts = torch.tensor([1.0, 0.0]), torch.tensor([0, 1]), torch.tensor([1, 3])
-    torch.testing.assert_close(reinforce_pp_advantages(rewards, groups, counts), torch.tensor([1.5, -0.5]),
-                               atol=1e-5, rtol=0)
-    torch.testing.assert_close(reinforce_pp_advantages(rewards, groups, counts, whiten="sequence"),
-                               torch.tensor([0.707107, -0.707107]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        reinforce_pp_advantages(rewards, groups, counts), torch.tensor([1.5, -0.5]), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        reinforce_pp_advantages(rewards, groups, counts, whiten="sequence"),
+        torch.tensor([0.707107, -0.707107]),
+        atol=1e-5,
+        rtol=0,
+    )
     # a sequence with no trained token gets 0 and does not move the statistics
     adv = reinforce_pp_advantages(torch.tensor([1.0, 0.0, 9.0]), torch.tensor([0, 1, 2]), torch.tensor([1, 3, 0]))
     torch.testing.assert_close(adv, torch.tensor([1.5, -0.5, 0.0]), atol=1e-5, rtol=0)
@@ -140,21 +152,26 @@ def test_reinforce_pp_baseline_token_whitening_hand_numbers():
     # tokens: .5 | -.5 x3 | 0 x4 -> n = 8, mean = (.5 - 1.5) / 8 = -.125;
     # squares: (.625)^2 + 3 (-.375)^2 + 4 (.125)^2 = .390625 + .421875 + .0625 = .875, var .875/7 = .125,
     # std .353553 -> (.5 + .125)/.353553 = 1.767767, (-.5 + .125)/.353553 = -1.060660, .125/.353553 = .353553
-    adv = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]),
-                                           torch.tensor([1, 3, 2, 2]))
+    adv = reinforce_pp_baseline_advantages(
+        torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]), torch.tensor([1, 3, 2, 2])
+    )
     torch.testing.assert_close(adv, torch.tensor([1.767767, -1.060660, 0.353553, 0.353553]), atol=1e-5, rtol=0)
 
 
 def test_sequence_advantages_hands_counts_only_to_whitened_estimators():
     rewards, groups, counts = torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.tensor([1, 3])
     assert WHITENED == ("reinforce_pp", "reinforce_pp_baseline")
-    torch.testing.assert_close(sequence_advantages("reinforce_pp", rewards, groups, counts),
-                               torch.tensor([1.5, -0.5]), atol=1e-5, rtol=0)
-    torch.testing.assert_close(sequence_advantages("reinforce_pp", rewards, groups, counts, "sequence"),
-                               torch.tensor([0.707107, -0.707107]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        sequence_advantages("reinforce_pp", rewards, groups, counts), torch.tensor([1.5, -0.5]), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        sequence_advantages("reinforce_pp", rewards, groups, counts, "sequence"),
+        torch.tensor([0.707107, -0.707107]),
+        atol=1e-5,
+        rtol=0,
+    )
     # GRPO is per group, each completion once, whatever the lengths
-    torch.testing.assert_close(sequence_advantages("grpo", rewards, groups, counts),
-                               grpo_advantages(rewards, groups))
+    torch.testing.assert_close(sequence_advantages("grpo", rewards, groups, counts), grpo_advantages(rewards, groups))
 
 
 def test_token_whitening_equals_whitening_the_broadcast_advantages():
@@ -170,14 +187,14 @@ def test_reinforce_pp_baseline_centres_per_group_scales_per_batch():
     # centred per group: [.5,-.5,.5,-.5] and [1,-1]; batch mean 0, sum of squares 4*.25 + 2*1 = 3,
     # sample var 3/5 = .6, std .774597 -> .5/.774597 = .645497, 1/.774597 = 1.290994
     # (GRPO would give +-.866025 and +-.707107: per-group std)
-    adv = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0, 4.0, 2.0]),
-                                           torch.tensor([0, 0, 0, 0, 1, 1]), whiten="sequence")
+    adv = reinforce_pp_baseline_advantages(
+        torch.tensor([1.0, 0.0, 1.0, 0.0, 4.0, 2.0]), torch.tensor([0, 0, 0, 0, 1, 1]), whiten="sequence"
+    )
     a, b = 0.645497, 1.290994
     torch.testing.assert_close(adv, torch.tensor([a, -a, a, -a, b, -b]), atol=1e-5, rtol=0)
 
 
-grouped_samples = st.lists(st.tuples(st.integers(0, 4), st.floats(-10, 10, allow_nan=False)), min_size=1,
-                           max_size=40)
+grouped_samples = st.lists(st.tuples(st.integers(0, 4), st.floats(-10, 10, allow_nan=False)), min_size=1, max_size=40)
 
 
 @settings(max_examples=150, deadline=None)
@@ -279,7 +296,8 @@ def _right_padded(draw_rows):
 
 token = st.tuples(st.floats(-3, 3, allow_nan=False), st.floats(-3, 3, allow_nan=False))
 padded_batch = st.lists(st.lists(token, min_size=0, max_size=8), min_size=1, max_size=5).map(
-    lambda rows: (rows, max(1, max(len(r) for r in rows))))
+    lambda rows: (rows, max(1, max(len(r) for r in rows)))
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -288,7 +306,7 @@ def test_gae_lam1_gamma1_is_reward_to_go_minus_value(rows):
     rewards, values, mask = _right_padded(rows)
     adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
     on = mask.bool()
-    to_go = torch.where(on, rewards, 0).flip(1).cumsum(1).flip(1)          # sum_{k >= t} r_k over real tokens
+    to_go = torch.where(on, rewards, 0).flip(1).cumsum(1).flip(1)  # sum_{k >= t} r_k over real tokens
     torch.testing.assert_close(adv.double(), torch.where(on, to_go - values, 0), atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(ret.double(), torch.where(on, to_go, 0), atol=1e-4, rtol=1e-5)
 
@@ -302,7 +320,7 @@ def test_gae_is_discounted_sum_of_td_errors(rows, gamma, lam):
         n = int(mask[b].sum())
         v_next = torch.cat([values[b, 1:n], torch.zeros(1, dtype=torch.float64)])
         delta = rewards[b, :n] + gamma * v_next - values[b, :n]
-        for t in range(n):                                                  # A_t = sum_k (gamma lam)^k delta_{t+k}
+        for t in range(n):  # A_t = sum_k (gamma lam)^k delta_{t+k}
             expected = sum((gamma * lam) ** k * delta[t + k].item() for k in range(n - t))
             assert adv[b, t].item() == pytest.approx(expected, abs=1e-4)
         assert torch.all(adv[b, n:] == 0)

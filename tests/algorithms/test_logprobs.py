@@ -14,7 +14,7 @@ def _logits():
 
 
 def test_token_logprobs_hand_numbers():
-    ids = torch.tensor([[0, 1, 1]])         # next tokens: 1 at position 0, 1 at position 1
+    ids = torch.tensor([[0, 1, 1]])  # next tokens: 1 at position 0, 1 at position 1
     lp = token_logprobs(_logits(), ids)
     torch.testing.assert_close(lp, torch.tensor([[math.log(0.75), math.log(0.25)]]))
 

@@ -97,8 +97,7 @@ finite = st.floats(-3, 3, allow_nan=False, width=32)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(finite, finite, finite, st.booleans()), min_size=1, max_size=16),
-       st.floats(0.05, 0.5))
+@given(st.lists(st.tuples(finite, finite, finite, st.booleans()), min_size=1, max_size=16), st.floats(0.05, 0.5))
 def test_clipped_tokens_get_zero_gradient(rows, clip_eps):
     lp = torch.tensor([[r[0]] for r in rows], requires_grad=True)
     old = torch.tensor([[r[1]] for r in rows])
@@ -124,8 +123,12 @@ def test_k3_is_never_negative(pairs):
 
 # ------------------------------------------------------------------------- registry, advantage shapes
 def test_policy_loss_registry():
-    assert POLICY_LOSSES == {"ppo_clip": ppo_clip_loss, "dual_clip": dual_clip_ppo_loss,
-                             "clip_higher": clip_higher_loss, "gspo": gspo_loss}
+    assert {
+        "ppo_clip": ppo_clip_loss,
+        "dual_clip": dual_clip_ppo_loss,
+        "clip_higher": clip_higher_loss,
+        "gspo": gspo_loss,
+    } == POLICY_LOSSES
     lp = torch.tensor([[-1.0, -2.0]])
     for fn in POLICY_LOSSES.values():  # common call, common stats; on-policy ratio 1 -> loss -A per token
         loss, stats = fn(lp, lp, torch.tensor([0.5]), torch.ones(1, 2))
@@ -151,8 +154,9 @@ def test_clip_higher_hand_numbers():
     #   A=-1, r=.5  : -min(-.5, -.8) = .8      clipped (grad 0)
     #   A=-1, r=.9  : -min(-.9, -.9) = .9      grad -A r = .9
     lp = torch.tensor([[LN(1.5)], [LN(1.25)], [LN(0.5)], [LN(0.9)]], requires_grad=True)
-    loss, stats = clip_higher_loss(lp, torch.zeros(4, 1), torch.tensor([1.0, 1.0, -1.0, -1.0]), torch.ones(4, 1),
-                                   clip_eps=0.2, clip_eps_high=0.28)
+    loss, stats = clip_higher_loss(
+        lp, torch.zeros(4, 1), torch.tensor([1.0, 1.0, -1.0, -1.0]), torch.ones(4, 1), clip_eps=0.2, clip_eps_high=0.28
+    )
     torch.testing.assert_close(loss[:, 0], torch.tensor([-1.28, -1.25, 0.8, 0.9]))
     loss.sum().backward()
     torch.testing.assert_close(lp.grad[:, 0], torch.tensor([0.0, -1.25, 0.0, 0.9]))
@@ -188,12 +192,14 @@ def test_gspo_hand_numbers():
     lp = torch.tensor([[0.2, -0.1, 100.0], [0.0002, -0.0002, 0.0003]], dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     loss, stats = gspo_loss(lp, old.double(), torch.tensor([1.0, -2.0]), mask)
-    torch.testing.assert_close(loss, torch.tensor([[-1.0004, -1.0004, 0.0], [2.0002, 2.0002, 2.0002]],
-                                                  dtype=torch.float64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        loss, torch.tensor([[-1.0004, -1.0004, 0.0], [2.0002, 2.0002, 2.0002]], dtype=torch.float64), atol=1e-6, rtol=0
+    )
     loss.sum().backward()
-    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, 0.0, 0.0], [2.0002] * 3], dtype=torch.float64),
-                               atol=1e-6, rtol=0)
-    assert stats["clip_frac"].item() == pytest.approx(0.4)        # 2 of 5 masked tokens (row 0's)
+    torch.testing.assert_close(
+        lp.grad, torch.tensor([[0.0, 0.0, 0.0], [2.0002] * 3], dtype=torch.float64), atol=1e-6, rtol=0
+    )
+    assert stats["clip_frac"].item() == pytest.approx(0.4)  # 2 of 5 masked tokens (row 0's)
     assert stats["ratio_max"].item() == pytest.approx(1.051271, abs=1e-6)
 
 
@@ -205,8 +211,7 @@ def _gspo_reference(lp, old, adv, mask, eps_low, eps_high):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.floats(-0.01, 0.01), min_size=1, max_size=5), finite), min_size=1,
-                max_size=6))
+@given(st.lists(st.tuples(st.lists(st.floats(-0.01, 0.01), min_size=1, max_size=5), finite), min_size=1, max_size=6))
 def test_gspo_gradient_is_the_sequence_objectives(rows):
     T = max(len(r) for r, _ in rows)
     lr = torch.tensor([r + [0.0] * (T - len(r)) for r, _ in rows], dtype=torch.float64)
@@ -228,10 +233,12 @@ def test_truncated_is_weights_token_and_sequence():
     beh = -torch.tensor([[LN(0.5), LN(3.0), LN(1.5), 50.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
     torch.testing.assert_close(truncated_is_weights(old, beh, mask, 2.0), torch.tensor([[0.5, 2.0, 1.5, 0.0]]))
-    torch.testing.assert_close(truncated_is_weights(old, beh, mask, 2.0, "sequence"),
-                               torch.tensor([[2.0, 2.0, 2.0, 0.0]]))
-    torch.testing.assert_close(truncated_is_weights(old, beh, mask, 3.0, "sequence"),
-                               torch.tensor([[2.25, 2.25, 2.25, 0.0]]))
+    torch.testing.assert_close(
+        truncated_is_weights(old, beh, mask, 2.0, "sequence"), torch.tensor([[2.0, 2.0, 2.0, 0.0]])
+    )
+    torch.testing.assert_close(
+        truncated_is_weights(old, beh, mask, 3.0, "sequence"), torch.tensor([[2.25, 2.25, 2.25, 0.0]])
+    )
     with pytest.raises(ValueError, match="is_level"):
         truncated_is_weights(old, beh, mask, 2.0, "tokens")
 
@@ -266,7 +273,7 @@ def test_kl_abs_hand_numbers_and_gradient():
 
 
 def test_kl_registry_and_k1_k2_hand_numbers():
-    assert KL_ESTIMATORS == {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "abs": kl_abs}
+    assert {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "abs": kl_abs} == KL_ESTIMATORS
     # log pi = ln .5, log pi_ref = ln .25: k1 = ln 2 = .693147 ; k2 = (ln 2)^2 / 2 = .240227
     lp, ref = torch.tensor([LN(0.5)]), torch.tensor([LN(0.25)])
     assert kl_k1(lp, ref).item() == pytest.approx(0.693147, abs=1e-6)
@@ -287,8 +294,7 @@ def test_k2_loss_gradient_is_the_kl_gradient_k1_is_zero():
     expected = {}
     for name in ("k1", "k2"):
         logp = torch.log_softmax(theta, 0)
-        (expected[name],) = torch.autograd.grad((logp.exp().detach() * KL_ESTIMATORS[name](logp, q.log())).sum(),
-                                                theta)
+        (expected[name],) = torch.autograd.grad((logp.exp().detach() * KL_ESTIMATORS[name](logp, q.log())).sum(), theta)
     torch.testing.assert_close(expected["k2"], true_grad)
     torch.testing.assert_close(expected["k1"], torch.zeros(3), atol=1e-7, rtol=0)
     assert true_grad.abs().max() > 0.05
@@ -300,7 +306,7 @@ def test_kl_loss_and_reward_penalty():
     ref = torch.tensor([[LN(0.25), LN(0.5), -9.0]])
     mask = torch.tensor([[1, 1, 0]])
     rewards, kl = kl_penalized_rewards(torch.tensor([[0.0, 1.0, 5.0]]), lp, ref, mask, coef=0.1)
-    torch.testing.assert_close(rewards, torch.tensor([[-0.0693147, 1.0, 0.0]]))   # r - .1 * ln 2 ; 1 - 0
+    torch.testing.assert_close(rewards, torch.tensor([[-0.0693147, 1.0, 0.0]]))  # r - .1 * ln 2 ; 1 - 0
     torch.testing.assert_close(kl, torch.tensor([[0.693147, 0.0, 0.0]]))
     # as a loss (k3 default): .1 * .193147 on token 0 (see test_kl_k3_hand_numbers), mean kl .193147 / 2
     loss, stats = kl_loss(lp, ref, mask, coef=0.1)
@@ -355,8 +361,8 @@ def test_aggregation_modes_hand_numbers():
     # row 0: 3 tokens 1,2,3 ; row 1: 1 token 4 ; row 2: padding (no tokens, garbage 9 ignored)
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [9.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
-    assert aggregate_loss(loss, mask, "token-mean").item() == pytest.approx(2.5)           # 10 / 4 tokens
-    assert aggregate_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(5.0)   # (6 + 4) / 2 seqs
+    assert aggregate_loss(loss, mask, "token-mean").item() == pytest.approx(2.5)  # 10 / 4 tokens
+    assert aggregate_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(5.0)  # (6 + 4) / 2 seqs
     assert aggregate_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)  # (2 + 4) / 2
     assert aggregate_loss(loss, mask, "seq-mean-token-sum-norm", max_len=5).item() == pytest.approx(1.0)  # 10/(2*5)
     assert set(LOSS_AGG) == {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
@@ -366,8 +372,10 @@ def test_aggregation_modes_hand_numbers():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.lists(finite, min_size=0, max_size=6), st.integers(1, 3)), min_size=1, max_size=8),
-       st.sampled_from(sorted(LOSS_AGG)))
+@given(
+    st.lists(st.tuples(st.lists(finite, min_size=0, max_size=6), st.integers(1, 3)), min_size=1, max_size=8),
+    st.sampled_from(sorted(LOSS_AGG)),
+)
 def test_aggregation_is_invariant_to_micro_batching(rows, mode):
     """Summing numerators and denominators over any row split gives the whole batch's loss."""
     T = max(1, max(len(r) for r, _ in rows))
@@ -377,7 +385,7 @@ def test_aggregation_is_invariant_to_micro_batching(rows, mode):
     parts, start = [], 0
     for _, size in rows:  # micro-batches of the drawn sizes
         if start < len(rows):
-            parts.append(LOSS_AGG[mode](loss[start:start + size], mask[start:start + size], **kw))
+            parts.append(LOSS_AGG[mode](loss[start : start + size], mask[start : start + size], **kw))
             start += size
     num, den = sum(p[0] for p in parts), sum(p[1] for p in parts)
     whole = aggregate_loss(loss, mask, mode, **kw)
@@ -386,16 +394,19 @@ def test_aggregation_is_invariant_to_micro_batching(rows, mode):
 
 # ------------------------------------------------------------------------- clip properties for every variant
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(finite, finite, finite), min_size=1, max_size=16), st.floats(0.05, 0.4),
-       st.floats(0.05, 0.4), st.floats(1.5, 5.0))
+@given(
+    st.lists(st.tuples(finite, finite, finite), min_size=1, max_size=16),
+    st.floats(0.05, 0.4),
+    st.floats(0.05, 0.4),
+    st.floats(1.5, 5.0),
+)
 def test_asymmetric_and_dual_clip_zero_gradient_and_bound(rows, eps_low, eps_high, c):
     old = torch.tensor([[r[1]] for r in rows])
     adv = torch.tensor([r[2] for r in rows])
     ratio = torch.exp(torch.tensor([r[0] for r in rows]) - old[:, 0])
     clipped = ((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - eps_low))
     dual = (adv < 0) & (ratio > c)
-    for fn, kw, frozen in ((clip_higher_loss, {}, clipped),
-                           (dual_clip_ppo_loss, {"dual_clip_c": c}, clipped | dual)):
+    for fn, kw, frozen in ((clip_higher_loss, {}, clipped), (dual_clip_ppo_loss, {"dual_clip_c": c}, clipped | dual)):
         lp = torch.tensor([[r[0]] for r in rows], requires_grad=True)
         loss, _ = fn(lp, old, adv, torch.ones(len(rows), 1), clip_eps=eps_low, clip_eps_high=eps_high, **kw)
         loss.sum().backward()

@@ -13,20 +13,32 @@ from relayrl.config import AlgorithmConfig
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
 
-@pytest.mark.parametrize("algo,keywords", [
-    (AlgorithmConfig(policy_loss="ppo_clip", clip_eps=0.1), {"clip_eps": 0.1}),
-    (AlgorithmConfig(policy_loss="clip_higher", clip_eps_high=0.28), {"clip_eps": 0.2, "clip_eps_high": 0.28}),
-    (AlgorithmConfig(policy_loss="dual_clip", dual_clip_c=3.0), {"clip_eps": 0.2, "clip_eps_high": 0.2,
-                                                                  "dual_clip_c": 3.0}),
-])
+@pytest.mark.parametrize(
+    "algo,keywords",
+    [
+        (AlgorithmConfig(policy_loss="ppo_clip", clip_eps=0.1), {"clip_eps": 0.1}),
+        (AlgorithmConfig(policy_loss="clip_higher", clip_eps_high=0.28), {"clip_eps": 0.2, "clip_eps_high": 0.28}),
+        (
+            AlgorithmConfig(policy_loss="dual_clip", dual_clip_c=3.0),
+            {"clip_eps": 0.2, "clip_eps_high": 0.2, "dual_clip_c": 3.0},
+        ),
+    ],
+)
 def test_policy_loss_gets_its_clip(algo, keywords):
     loss = build_loss(algo).policy_loss
     assert loss.func is POLICY_LOSSES[algo.policy_loss] and loss.keywords == keywords
 
 
-@pytest.mark.parametrize("off_policy,expected", [
-    ("tis", {"is_level": "token", "is_cap": 2.0}), ("tis_sequence", {"is_level": "sequence", "is_cap": 2.0}),
-    ("decoupled", {"is_level": "token", "is_cap": math.inf}), ("none", None), ("auto", None)])
+@pytest.mark.parametrize(
+    "off_policy,expected",
+    [
+        ("tis", {"is_level": "token", "is_cap": 2.0}),
+        ("tis_sequence", {"is_level": "sequence", "is_cap": 2.0}),
+        ("decoupled", {"is_level": "token", "is_cap": math.inf}),
+        ("none", None),
+        ("auto", None),
+    ],
+)
 def test_off_policy_keywords(off_policy, expected):
     assert build_loss(AlgorithmConfig(off_policy=off_policy, is_cap=2.0)).off_policy == expected
 
@@ -41,19 +53,30 @@ def test_loss_agg_binds_norm_len_and_needs_it():
 
 
 def _group(index: int, rewards: list[float], lengths: list[int]) -> TrajectoryGroup:
-    return TrajectoryGroup(index, "p", {}, [Trajectory(index, s, [1, 2], [3] * n, [-1.0] * n, "", "stop",
-                                                       [VersionSpan(0, 0, n)], reward=r)
-                                            for s, (r, n) in enumerate(zip(rewards, lengths))])
+    return TrajectoryGroup(
+        index,
+        "p",
+        {},
+        [
+            Trajectory(index, s, [1, 2], [3] * n, [-1.0] * n, "", "stop", [VersionSpan(0, 0, n)], reward=r)
+            for s, (r, n) in enumerate(zip(rewards, lengths))
+        ],
+    )
 
 
 def test_select_groups_drops_flat_groups_and_reports_the_overlong_penalty():
     # max_len 8, buffer 4: length 4 -> 0, 6 -> (4 - 6) / 4 = -.5, 10 -> -1 (factor 1); flat group dropped
     algo = AlgorithmConfig(dynamic_sampling=True, overlong_buffer=4, overlong_max_len=8)
-    groups, stats = build_loss(algo).select_groups([_group(0, [1.0, 0.0], [4, 6]), _group(1, [.5, .5], [2, 2]),
-                                                    _group(2, [0.0, 1.0], [10, 4])])
+    groups, stats = build_loss(algo).select_groups(
+        [_group(0, [1.0, 0.0], [4, 6]), _group(1, [0.5, 0.5], [2, 2]), _group(2, [0.0, 1.0], [10, 4])]
+    )
     assert [g.prompt_id for g in groups] == [0, 2]
-    assert stats == {"dapo/dropped_groups": 1.0, "dapo/kept_groups": 2.0,
-                     "dapo/overlong_penalty": pytest.approx(-1.5 / 4), "dapo/overlong_frac": 0.5}
+    assert stats == {
+        "dapo/dropped_groups": 1.0,
+        "dapo/kept_groups": 2.0,
+        "dapo/overlong_penalty": pytest.approx(-1.5 / 4),
+        "dapo/overlong_frac": 0.5,
+    }
 
 
 def test_overlong_buffer_needs_its_max_len():

@@ -6,8 +6,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayrl.algorithms.advantages import (gae_advantages, last_token_rewards, masked_moments, masked_whiten,
-                                        moments_mean_var, outcome_gae, whiten_from_moments)
+from relayrl.algorithms.advantages import (
+    gae_advantages,
+    last_token_rewards,
+    masked_moments,
+    masked_whiten,
+    moments_mean_var,
+    outcome_gae,
+    whiten_from_moments,
+)
 from relayrl.algorithms.losses import kl_penalized_rewards
 
 
@@ -28,8 +35,14 @@ def test_outcome_gae_with_kl_penalty_hand_numbers():
     #   t=1: delta = .8 + 0 - .4 = .4                       A1 = .4
     #   t=0: delta = -.1 + .9*.4 - .2 = .06                 A0 = .06 + .45*.4 = .24
     #   returns = A + V = .44, .8
-    adv, ret = outcome_gae(torch.tensor([1.0]), torch.tensor([[0.2, 0.4]]), torch.ones(1, 2), gamma=0.9, lam=0.5,
-                           kl_penalty=torch.tensor([[0.1, 0.2]]))
+    adv, ret = outcome_gae(
+        torch.tensor([1.0]),
+        torch.tensor([[0.2, 0.4]]),
+        torch.ones(1, 2),
+        gamma=0.9,
+        lam=0.5,
+        kl_penalty=torch.tensor([[0.1, 0.2]]),
+    )
     torch.testing.assert_close(adv, torch.tensor([[0.24, 0.4]]))
     torch.testing.assert_close(ret, torch.tensor([[0.44, 0.8]]))
 
@@ -64,7 +77,7 @@ def test_whitening_with_step_moments_equals_whitening_the_whole_step(rows, parts
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows * parts, 4, generator=g)
     mask = (torch.rand(rows * parts, 4, generator=g) < 0.7).long()
-    mask[0, :2] = 1                                           # at least two tokens
+    mask[0, :2] = 1  # at least two tokens
     chunks = list(zip(x.split(rows), mask.split(rows)))
     total = sum(masked_moments(xc, mc) for xc, mc in chunks)
     pieces = torch.cat([whiten_from_moments(xc, mc, total) for xc, mc in chunks])

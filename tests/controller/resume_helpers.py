@@ -19,9 +19,21 @@ STEPS = 4
 
 
 def command(tiny_llama: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "relayrl.cli", "train", "--config-name", "grpo_tiny", f"model.path={tiny_llama}",
-            f"run.output_dir={out}", f"run.steps={STEPS}", "run.checkpoint_every=2", "logging.wandb=disabled",
-            "run.save_final=false", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "relayrl.cli",
+        "train",
+        "--config-name",
+        "grpo_tiny",
+        f"model.path={tiny_llama}",
+        f"run.output_dir={out}",
+        f"run.steps={STEPS}",
+        "run.checkpoint_every=2",
+        "logging.wandb=disabled",
+        "run.save_final=false",
+        *extra,
+    ]
 
 
 def prompt_log(out: Path) -> list[list[int]]:
@@ -69,10 +81,12 @@ def kill_after_step(cmd: list[str], out: Path, step: int) -> None:
     """SIGKILL the run's whole process group once ``step`` is logged and a checkpoint is committed. With
     asynchronous checkpoints, step 2's is committed by the first step that finds its write done: step 3's log
     on a fast box, step 4's save (which waits for it) on a slow one."""
+
     def ready() -> bool:
         metrics = list(out.glob("grpo_tiny-*/metrics.jsonl"))
-        return (bool(metrics) and len(metrics[0].read_text().splitlines()) >= step
-                and latest(metrics[0].parent) is not None)
+        return (
+            bool(metrics) and len(metrics[0].read_text().splitlines()) >= step and latest(metrics[0].parent) is not None
+        )
 
     kill_group(start_until(cmd, ready, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
@@ -92,7 +106,7 @@ def crash_and_resume(tiny_llama: Path, tmp_path: Path, *extra: str) -> tuple[Pat
     expected, got = prompt_log(reference), prompt_log(crashed)
     assert got == expected and len(got) == STEPS
     flat = [p for ids in got for p in ids]
-    assert len(flat) == len(set(flat))                       # no prompt trained twice
+    assert len(flat) == len(set(flat))  # no prompt trained twice
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     return run, rows

@@ -12,25 +12,33 @@ from relayrl.monitor.schema import schema_gaps
 
 
 def run_rows(ray_session, tiny_llama, out, overrides):
-    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", f"run.output_dir={out}", "run.steps=4",
-                                    "rollout.num_cpus=0.5", "trainer.num_cpus=0.5", *overrides])
+    cfg = load_config(
+        "grpo_tiny",
+        [
+            f"model.path={tiny_llama}",
+            f"run.output_dir={out}",
+            "run.steps=4",
+            "rollout.num_cpus=0.5",
+            "trainer.num_cpus=0.5",
+            *overrides,
+        ],
+    )
     result = train(cfg)
     return cfg, [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
 def async_rows(ray_session, tiny_llama, tmp_path_factory):
-    return run_rows(ray_session, tiny_llama, tmp_path_factory.mktemp("async"),
-                    ["mode=async", "buffer.max_staleness=1"])
+    return run_rows(ray_session, tiny_llama, tmp_path_factory.mktemp("async"), ["mode=async", "buffer.max_staleness=1"])
 
 
 def test_async_runs_one_version_ahead_within_the_bound(async_rows):
     cfg, rows = async_rows
-    assert cfg.algorithm.off_policy == "tis"             # auto resolves to a correction when k >= 1
+    assert cfg.algorithm.off_policy == "tis"  # auto resolves to a correction when k >= 1
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
         assert r["staleness/max"] <= 1 and r["weightsync/version"] == r["step"]
-        assert r["rollout/min_version"] >= r["step"] - 2           # trained at v = step - 1, k = 1
+        assert r["rollout/min_version"] >= r["step"] - 2  # trained at v = step - 1, k = 1
         assert 0 < r["policy/is_weight"] < 2.0 and 0.0 <= r["idle/rollout"] <= 1.0
     # batch 2 was generated while step 1 trained: its oldest tokens are one version old
     assert rows[1]["staleness/1"] > 0 and rows[1]["rollout/min_version"] == 0
@@ -38,18 +46,21 @@ def test_async_runs_one_version_ahead_within_the_bound(async_rows):
 
 
 def test_async_logs_every_schema_metric_and_nothing_else(async_rows):
-    _, rows = async_rows                       # verify_every=10 > 4 steps: no mismatch probe in this run
+    _, rows = async_rows  # verify_every=10 > 4 steps: no mismatch probe in this run
     undocumented, missing = schema_gaps({k for r in rows for k in r}, {"async", "first_sync", "first_step"})
     assert undocumented == [] and missing == []
-    assert any(k == "staleness/1" for r in rows for k in r)           # the family's async member appears
+    assert any(k == "staleness/1" for r in rows for k in r)  # the family's async member appears
 
 
 def test_colocated_switches_the_bundle_every_step(ray_session, tiny_llama, tmp_path):
-    cfg, rows = run_rows(ray_session, tiny_llama, tmp_path, ["placement=colocated", "run.steps=2",
-                                                             "weightsync.verify_every=1"])
-    assert [r["colocated/switches"] for r in rows] == [2.0, 2.0]     # engines asleep to train, awake to sync
+    cfg, rows = run_rows(
+        ray_session, tiny_llama, tmp_path, ["placement=colocated", "run.steps=2", "weightsync.verify_every=1"]
+    )
+    assert [r["colocated/switches"] for r in rows] == [2.0, 2.0]  # engines asleep to train, awake to sync
     assert all(r["staleness/max"] == 0 and r["weightsync/version"] == r["step"] for r in rows)
-    assert all(r["mismatch/max_abs"] < 1e-3 for r in rows)   # the probe split around the hand-over still agrees
-    assert all(r["colocated/offload_bytes"] == 0.0 for r in rows)    # CPU trainer: nothing to move off a GPU
-    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"colocated", "first_sync", "verify", "first_step"})
+    assert all(r["mismatch/max_abs"] < 1e-3 for r in rows)  # the probe split around the hand-over still agrees
+    assert all(r["colocated/offload_bytes"] == 0.0 for r in rows)  # CPU trainer: nothing to move off a GPU
+    undocumented, missing = schema_gaps(
+        {k for r in rows for k in r}, {"colocated", "first_sync", "verify", "first_step"}
+    )
     assert undocumented == [] and missing == []

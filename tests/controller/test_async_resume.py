@@ -20,5 +20,5 @@ ASYNC = ("mode=async", "buffer.max_staleness=1")
 
 def test_async_sigkill_then_resume_auto_trains_what_an_uninterrupted_run_trains(tiny_llama, tmp_path):
     run, rows = crash_and_resume(tiny_llama, tmp_path, *ASYNC)
-    assert all(r["rollout/min_version"] >= r["step"] - 2 for r in rows)   # trainer at step-1, k = 1
+    assert all(r["rollout/min_version"] >= r["step"] - 2 for r in rows)  # trainer at step-1, k = 1
     assert json.loads((run / "status.json").read_text())["status"] == "finished"

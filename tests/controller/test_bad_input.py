@@ -12,11 +12,14 @@ from relayrl.controller import driver
 from relayrl.controller.driver import train
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("rewards=[{fn: no_such_pkg.rewards:f}]", "rewards: reward 'no_such_pkg.rewards:f': cannot import module"),
-    ("rewards=[{fn: relayrl.rewards.builtin:nope}]", "has no attribute 'nope'"),
-    ("model.path=/no/such/model", "model.path"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("rewards=[{fn: no_such_pkg.rewards:f}]", "rewards: reward 'no_such_pkg.rewards:f': cannot import module"),
+        ("rewards=[{fn: relayrl.rewards.builtin:nope}]", "has no attribute 'nope'"),
+        ("model.path=/no/such/model", "model.path"),
+    ],
+)
 def test_bad_input_fails_before_ray_starts(override, expected, tmp_path, monkeypatch):
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started before the bad input was reported")
@@ -29,13 +32,16 @@ def test_bad_input_fails_before_ray_starts(override, expected, tmp_path, monkeyp
     assert not any(tmp_path.iterdir()), "no run directory should be created for a config error"
 
 
-@pytest.mark.parametrize("make_override, expected", [
-    (lambda d, m: [f"model.path={m}", "model.max_model_len=100000"], "exceeds the model's context"),
-    (lambda d, m: [f"model.path={m}", "rollout.max_tokens=256"], "leaves no room for the prompt"),
-    (lambda d, m: [f"model.path={m}", "rollout.kv_cache_gb=0.000001"], "is less than one model.max_model_len"),
-    (lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'empty.jsonl'}"], "has no rows"),
-    (lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'bad.jsonl'}"], "bad.jsonl:2"),
-])
+@pytest.mark.parametrize(
+    "make_override, expected",
+    [
+        (lambda d, m: [f"model.path={m}", "model.max_model_len=100000"], "exceeds the model's context"),
+        (lambda d, m: [f"model.path={m}", "rollout.max_tokens=256"], "leaves no room for the prompt"),
+        (lambda d, m: [f"model.path={m}", "rollout.kv_cache_gb=0.000001"], "is less than one model.max_model_len"),
+        (lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'empty.jsonl'}"], "has no rows"),
+        (lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'bad.jsonl'}"], "bad.jsonl:2"),
+    ],
+)
 def test_context_and_dataset_are_checked_before_ray(make_override, expected, tmp_path, tiny_llama, monkeypatch):
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started before the bad input was reported")
@@ -67,18 +73,16 @@ def test_a_prompt_too_long_for_the_context_names_its_row_before_ray(tmp_path, ti
     rows[3]["question"] = "What is " + " + ".join(["1"] * 80) + "?"
     data = tmp_path / "long.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = [f"model.path={tiny_llama}", "data.task=jsonl", f"data.path={data}",
-            f"run.output_dir={tmp_path / 'runs'}"]
+    base = [f"model.path={tiny_llama}", "data.task=jsonl", f"data.path={data}", f"run.output_dir={tmp_path / 'runs'}"]
     with pytest.raises(ConfigError) as err:
         train(load_config("grpo_tiny", [*base, "model.max_model_len=128", "rollout.max_tokens=16"]))
     message = str(err.value)
     assert f"{data} row 3 " in message and "\n" not in message
     tokens = int(re.search(r"\.\.\.\) is (\d+) prompt tokens", message).group(1))
-    assert 128 - 16 < tokens and f"needs model.max_model_len>={tokens + 16} (now 128)" in message
+    assert tokens > 128 - 16 and f"needs model.max_model_len>={tokens + 16} (now 128)" in message
     assert not (tmp_path / "runs").exists()
-    with pytest.raises(AssertionError, match="Ray was started"):          # every row fits: the check passes
-        train(load_config("grpo_tiny", [*base, f"model.max_model_len={tokens + 16}",
-                                        "rollout.max_tokens=16"]))
+    with pytest.raises(AssertionError, match="Ray was started"):  # every row fits: the check passes
+        train(load_config("grpo_tiny", [*base, f"model.max_model_len={tokens + 16}", "rollout.max_tokens=16"]))
 
 
 def test_generated_prompts_are_checked_with_the_chat_template(tmp_path, tiny_llama, monkeypatch):
@@ -93,19 +97,29 @@ def test_generated_prompts_are_checked_with_the_chat_template(tmp_path, tiny_lla
     questions = [r["question"] for r in make_arith_rows(64, 99, 0)]
     bare = max(len(ids) for ids in tokenizer(questions)["input_ids"])
     formatted = tokenizer([chat_formatter(tokenizer, True)(q) for q in questions])["input_ids"]
-    assert min(map(len, formatted)) > bare                  # the context holds every bare question
-    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", "data.num_prompts=64", "data.max_operand=99",
-                                    "rollout.max_tokens=8", f"model.max_model_len={bare + 8}",
-                                    f"run.output_dir={tmp_path / 'runs'}"])
+    assert min(map(len, formatted)) > bare  # the context holds every bare question
+    cfg = load_config(
+        "grpo_tiny",
+        [
+            f"model.path={tiny_llama}",
+            "data.num_prompts=64",
+            "data.max_operand=99",
+            "rollout.max_tokens=8",
+            f"model.max_model_len={bare + 8}",
+            f"run.output_dir={tmp_path / 'runs'}",
+        ],
+    )
     with pytest.raises(ConfigError, match=r"arith row \d+ .* tokens; with rollout.max_tokens=8"):
         train(cfg)
 
 
-@pytest.mark.parametrize("raised, status", [(KeyboardInterrupt(), "interrupted"),
-                                            (RuntimeError("the raylet did not start"), "failed")])
+@pytest.mark.parametrize(
+    "raised, status", [(KeyboardInterrupt(), "interrupted"), (RuntimeError("the raylet did not start"), "failed")]
+)
 def test_a_run_stopped_while_ray_starts_says_so_in_status_json(raised, status, tmp_path, tiny_llama, monkeypatch):
     """Ctrl-C or an error inside ray.init (the run directory exists by then) ends the run's status.json as
     interrupted or failed, never left at running."""
+
     def stopped(*args, **kwargs):
         raise raised
 

@@ -53,8 +53,14 @@ def steps_logged(out: Path) -> int:
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def wait_until(proc: subprocess.Popen, ready, deadline_s: float = 900) -> bool:
@@ -84,8 +90,10 @@ def report(fault: str, injected: int, proc: subprocess.Popen, out: Path, referen
     expected = {p for ids in reference[: len(got)] for p in ids}
     lost = len(expected - {p for ids in got for p in ids})
     twice = sum(n - 1 for n in Counter(r["step"] for r in rows).values())
-    print(f"\nCHAOS | {fault} | injected {injected} | finished {proc.returncode == 0} | prompts lost {lost} "
-          f"| steps logged twice {twice}")
+    print(
+        f"\nCHAOS | {fault} | injected {injected} | finished {proc.returncode == 0} | prompts lost {lost} "
+        f"| steps logged twice {twice}"
+    )
     return rows
 
 
@@ -95,20 +103,26 @@ def test_engine_killed_three_times_and_the_run_trains_the_same_prompts(tiny_llam
     the chunk and drew fresh prompts would differ)."""
     proc = start(command(tiny_llama, tmp_path, f"run.steps={STEPS}", "rollout.start_timeout_s=300"))
     killed = 0
-    while killed < KILLS and wait_until(proc, lambda: steps_logged(tmp_path) >= killed + 1
-                                        and processes(proc.pid, "EngineCore")):
+    while killed < KILLS and wait_until(
+        proc, lambda: steps_logged(tmp_path) >= killed + 1 and processes(proc.pid, "EngineCore")
+    ):
         engine = processes(proc.pid, "EngineCore")[0]
         os.kill(engine.pid, signal.SIGKILL)
         killed += 1
-        wait_until(proc, lambda: engine.pid not in [p.pid for p in processes(proc.pid, "EngineCore")]
-                   and processes(proc.pid, "EngineCore"))       # the replacement's engine is up
+        wait_until(
+            proc,
+            lambda: (
+                engine.pid not in [p.pid for p in processes(proc.pid, "EngineCore")]
+                and processes(proc.pid, "EngineCore")
+            ),
+        )  # the replacement's engine is up
     output = finish(proc)
     rows = report("kill -9 EngineCore after steps 1-3", killed, proc, tmp_path, reference)
     assert killed == KILLS and proc.returncode == 0, output[-4000:]
-    assert prompt_log(tmp_path) == reference                       # same prompts, same order, none lost
+    assert prompt_log(tmp_path) == reference  # same prompts, same order, none lost
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    assert rows[-1]["rollout/restarts"] >= KILLS     # + any replacement that died or hung while starting
-    assert rows[-1]["accounting/trained"] == STEPS * 2             # grpo_tiny: 2 prompts per step
+    assert rows[-1]["rollout/restarts"] >= KILLS  # + any replacement that died or hung while starting
+    assert rows[-1]["accounting/trained"] == STEPS * 2  # grpo_tiny: 2 prompts per step
 
 
 def test_replacement_killed_while_it_starts_is_another_attempt(tiny_llama, tmp_path, reference):
@@ -126,7 +140,7 @@ def test_replacement_killed_while_it_starts_is_another_attempt(tiny_llama, tmp_p
     rows = report("kill -9 EngineCore, then the replacement in __init__", injected, proc, tmp_path, reference)
     assert injected == 2 and proc.returncode == 0, output[-4000:]
     assert "died or hung while starting (" in output
-    assert rows[-1]["rollout/restarts"] == 2                        # the failed attempt counts
+    assert rows[-1]["rollout/restarts"] == 2  # the failed attempt counts
     assert prompt_log(tmp_path) == reference[:3]
     assert [r["step"] for r in rows] == [1, 2, 3]
 
@@ -145,8 +159,9 @@ def test_replacement_hung_while_it_starts_is_killed_and_another_attempt(tiny_lla
                 stopped.append(next(p.pid for p in processes(proc.pid, "EngineCore") if p.pid != first))
                 os.kill(stopped[0], signal.SIGSTOP)
         output = finish(proc)
-        alive = [pid for pid in stopped if psutil.pid_exists(pid)
-                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            pid for pid in stopped if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        ]
     finally:
         for pid in stopped:
             try:
@@ -156,8 +171,8 @@ def test_replacement_hung_while_it_starts_is_killed_and_another_attempt(tiny_lla
     rows = report("kill -9 EngineCore, then SIGSTOP the replacement's", 1 + len(stopped), proc, tmp_path, reference)
     assert stopped and proc.returncode == 0, output[-4000:]
     assert "hung while starting (TimeoutError)" in output, output[-4000:]
-    assert alive == []                                              # the hung engine was killed with its actor
-    assert rows[-1]["rollout/restarts"] >= 2                        # the hung attempt counts
+    assert alive == []  # the hung engine was killed with its actor
+    assert rows[-1]["rollout/restarts"] >= 2  # the hung attempt counts
     assert prompt_log(tmp_path) == reference[:3]
     assert [r["step"] for r in rows] == [1, 2, 3]
 
@@ -173,14 +188,14 @@ def test_hung_engine_passes_the_generate_deadline_and_is_replaced(tiny_llama, tm
             os.kill(stopped[0], signal.SIGSTOP)
         output = finish(proc)
     finally:
-        for pid in stopped:                  # the hung engine outlives its killed actor: end it here
+        for pid in stopped:  # the hung engine outlives its killed actor: end it here
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
     rows = report("SIGSTOP EngineCore (hung generate)", len(stopped), proc, tmp_path, reference)
     assert stopped and proc.returncode == 0, output[-4000:]
-    assert rows[-1]["rollout/restarts"] == 1, output[-4000:]     # no other fault: the deadline fired
+    assert rows[-1]["rollout/restarts"] == 1, output[-4000:]  # no other fault: the deadline fired
     assert prompt_log(tmp_path) == reference[:3]
     assert [r["step"] for r in rows] == [1, 2, 3]
 
@@ -189,13 +204,19 @@ def test_killed_trainer_rank_restarts_from_the_checkpoint(tiny_llama, tmp_path, 
     """kill -9 one of two trainer ranks at a fixed boundary the run signals: step 3 logged and the step-2
     checkpoint committed. The run restarts from step_000002 and ends with the uninterrupted run's
     prompts, every step logged once, in order."""
-    cmd = command(tiny_llama, tmp_path, "run.steps=5", "run.checkpoint_every=2", "trainer.world_size=2",
-                  "trainer.num_cpus=0.5", "rollout.num_cpus=0.5")
+    cmd = command(
+        tiny_llama,
+        tmp_path,
+        "run.steps=5",
+        "run.checkpoint_every=2",
+        "trainer.world_size=2",
+        "trainer.num_cpus=0.5",
+        "rollout.num_cpus=0.5",
+    )
     proc = start(cmd)
     checkpoint = lambda: list(tmp_path.glob("grpo_tiny-*/checkpoints/step_000002/COMPLETE"))  # noqa: E731
     injected = 0
-    if wait_until(proc, lambda: steps_logged(tmp_path) >= 3 and checkpoint()
-                  and processes(proc.pid, "TrainerActor")):
+    if wait_until(proc, lambda: steps_logged(tmp_path) >= 3 and checkpoint() and processes(proc.pid, "TrainerActor")):
         os.kill(processes(proc.pid, "TrainerActor")[-1].pid, signal.SIGKILL)
         injected += 1
     output = finish(proc)

@@ -51,12 +51,12 @@ def _state(trained: int) -> dict:
 def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up(tmp_path, capsys):
     ckpt = Checkpointer(tmp_path, keep=2)
     ckpt.save(2, FakeTrainer(), _state(8))
-    ckpt.save(4, FakeTrainer(fail_after_first_file=True), _state(16))           # reported, not raised
+    ckpt.save(4, FakeTrainer(fail_after_first_file=True), _state(16))  # reported, not raised
     assert "step 4 was not written (RuntimeError: killed mid-write)" in capsys.readouterr().out
-    assert (tmp_path / "checkpoints" / ".step_000004.tmp" / "dcp").is_dir()     # the torn write is there
-    assert latest(tmp_path) == checkpoint.step_dir(tmp_path, 2)                 # ... and ignored
+    assert (tmp_path / "checkpoints" / ".step_000004.tmp" / "dcp").is_dir()  # the torn write is there
+    assert latest(tmp_path) == checkpoint.step_dir(tmp_path, 2)  # ... and ignored
     assert find_resume(str(tmp_path), "x", str(tmp_path))[1].name == "step_000002"
-    ckpt = Checkpointer(tmp_path, keep=2)                                        # the resumed run saves
+    ckpt = Checkpointer(tmp_path, keep=2)  # the resumed run saves
     ckpt.save(4, FakeTrainer(), _state(16))
     ckpt.finish()
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
@@ -86,16 +86,16 @@ def test_async_write_commits_only_when_on_disk_with_the_state_of_its_step(tmp_pa
     state = _state(8)
     trainer.written = False
     ckpt.save(2, trainer, state)
-    state["counts"]["trained"] = 99                  # the loop goes on: later counts must not leak in
+    state["counts"]["trained"] = 99  # the loop goes on: later counts must not leak in
     ckpt.poll()
-    assert latest(tmp_path) is None                  # the shards are not on disk yet: no COMPLETE
+    assert latest(tmp_path) is None  # the shards are not on disk yet: no COMPLETE
     trainer.written = True
     ckpt.poll()
     assert checkpoint.driver_state(latest(tmp_path))["counts"]["trained"] == 8
     trainer.written = False
     ckpt.save(4, trainer, _state(16))
-    ckpt.finish()                                    # end of run: waits for the write, then commits
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000004"]   # keep=1
+    ckpt.finish()  # end of run: waits for the write, then commits
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000004"]  # keep=1
     assert ckpt.take_stall() >= 0.0 and ckpt.take_stall() == 0.0
 
 
@@ -104,7 +104,7 @@ def test_next_save_waits_for_the_previous_write(tmp_path):
     trainer.written = False
     ckpt.save(2, trainer, _state(8))
     trainer.written = False
-    ckpt.save(4, trainer, _state(16))                # commits step 2 first (its write is waited for)
+    ckpt.save(4, trainer, _state(16))  # commits step 2 first (its write is waited for)
     assert latest(tmp_path).name == "step_000002"
 
 
@@ -119,14 +119,13 @@ def test_final_is_published_only_when_complete(tmp_path):
         checkpoint.durable_dir(final, half_then_crash)
     assert not final.exists()
     checkpoint.durable_dir(final, lambda tmp: (tmp / "model.safetensors").write_bytes(b"w"))
-    assert sorted(p.name for p in final.parent.iterdir()) == ["final"]   # the torn .final.tmp is gone
+    assert sorted(p.name for p in final.parent.iterdir()) == ["final"]  # the torn .final.tmp is gone
     assert (final / "model.safetensors").read_bytes() == b"w"
 
 
 # ---- torn lines and the prompt log on resume ---------------------------------------------------------
 def _config(tmp_path: Path):
-    return load_config("grpo_tiny", [f"run.output_dir={tmp_path}", "logging.wandb=disabled",
-                                     "logging.console=false"])
+    return load_config("grpo_tiny", [f"run.output_dir={tmp_path}", "logging.wandb=disabled", "logging.console=false"])
 
 
 def _lines(step_ids: list[list[int]]) -> str:
@@ -148,20 +147,26 @@ def test_reopen_truncates_torn_last_lines_then_appends_cleanly(tmp_path):
     run.logger.close()
     (run.path / "prompts.jsonl").write_text(_lines([[0, 1], [2, 3], [4, 5]]) + '{"step": 4, "prompt_i')
     (run.path / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": s, "reward/mean": 0.5}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "rew')
+        "".join(json.dumps({"step": s, "reward/mean": 0.5}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "rew'
+    )
     reopened = RunDir.reopen(cfg, run.path, {"step": 2, **_state(4)})
     reopened.logger.close()
     assert (run.path / "prompts.jsonl").read_text() == _lines([[0, 1], [2, 3]])
     assert [r["step"] for _, r in read_jsonl(run.path / "metrics.jsonl")] == [1, 2]
     assert reopened.rewards == [0.5, 0.5]
-    with open(run.path / "prompts.jsonl", "a") as f:           # the scheduler's next append
+    with open(run.path / "prompts.jsonl", "a") as f:  # the scheduler's next append
         f.write(json.dumps({"step": 3, "prompt_ids": [6, 7]}) + "\n")
     assert [r["step"] for _, r in read_jsonl(run.path / "prompts.jsonl")] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("log, trained", [([[0, 1]], 4),              # a step missing
-                                          ([[0, 1], [2]], 4),         # ids lost from a step
-                                          ([[0, 1], [2, 3]], 6)])     # counts disagree
+@pytest.mark.parametrize(
+    "log, trained",
+    [
+        ([[0, 1]], 4),  # a step missing
+        ([[0, 1], [2]], 4),  # ids lost from a step
+        ([[0, 1], [2, 3]], 6),
+    ],
+)  # counts disagree
 def test_resume_refuses_a_prompt_log_that_disagrees_with_the_checkpoint(tmp_path, log, trained):
     cfg = _config(tmp_path)
     run = RunDir.create(cfg)
@@ -170,7 +175,7 @@ def test_resume_refuses_a_prompt_log_that_disagrees_with_the_checkpoint(tmp_path
     with pytest.raises(ConfigError, match=r"prompts\.jsonl.*step 2.*run\.resume=") as err:
         RunDir.reopen(cfg, run.path, {"step": 2, **_state(trained)})
     assert "\n" not in str(err.value)
-    assert (run.path / "prompts.jsonl").read_text() == _lines(log)     # refused: nothing was cut
+    assert (run.path / "prompts.jsonl").read_text() == _lines(log)  # refused: nothing was cut
 
 
 # ---- run directories ---------------------------------------------------------------------------------
@@ -189,21 +194,22 @@ def test_two_runs_started_in_the_same_second_get_their_own_dirs(tmp_path, monkey
 def _run_with_checkpoint(root: Path, name: str, pid: int, status: str = "running") -> Path:
     run = root / name
     Checkpointer(run, keep=1, asynchronous=False).save(2, FakeTrainer(), _state(8))
-    (run / "status.json").write_text(json.dumps({"status": status, "pid": pid,
-                                                 "host": __import__("socket").gethostname()}))
+    (run / "status.json").write_text(
+        json.dumps({"status": status, "pid": pid, "host": __import__("socket").gethostname()})
+    )
     return run
 
 
 def test_resume_auto_skips_a_run_whose_driver_is_alive(tmp_path):
-    older = _run_with_checkpoint(tmp_path, "grpo-20260101-120000", pid=2 ** 22 + 12345, status="running")
+    older = _run_with_checkpoint(tmp_path, "grpo-20260101-120000", pid=2**22 + 12345, status="running")
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         newer = _run_with_checkpoint(tmp_path, "grpo-20260101-120001", pid=live.pid)
-        assert find_resume(str(tmp_path), "grpo", "auto")[0] == older     # the live one is left alone
+        assert find_resume(str(tmp_path), "grpo", "auto")[0] == older  # the live one is left alone
     finally:
         live.kill()
         live.wait()
-    assert find_resume(str(tmp_path), "grpo", "auto")[0] == newer         # its driver is gone: resumable
+    assert find_resume(str(tmp_path), "grpo", "auto")[0] == newer  # its driver is gone: resumable
 
 
 def test_a_failed_background_write_costs_the_checkpoint_not_the_run(tmp_path, capsys):
@@ -217,7 +223,7 @@ def test_a_failed_background_write_costs_the_checkpoint_not_the_run(tmp_path, ca
     ckpt.poll()
     assert "step 4 was not written (OSError: No space left" in capsys.readouterr().out
     assert latest(tmp_path).name == "step_000002" and ckpt.pending is None
-    ckpt.save(6, FakeTrainer(), _state(24))          # goes on; the failed write's dir is deleted
+    ckpt.save(6, FakeTrainer(), _state(24))  # goes on; the failed write's dir is deleted
     ckpt.finish()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002", "step_000006"]
 
@@ -250,25 +256,26 @@ def _fail_at(monkeypatch, name: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["shards", "driver.json", MANIFEST])
-def test_a_failed_write_in_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
-                                                                              capsys, where):
+def test_a_failed_write_in_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys, where):
     ckpt = Checkpointer(tmp_path, keep=1, asynchronous=False)
     ckpt.save(2, FakeTrainer(), _state(8))
     capsys.readouterr()
     if where != "shards":
         _fail_at(monkeypatch, where)
-    ckpt.save(4, FullDisk() if where == "shards" else FakeTrainer(), _state(16))    # does not raise
+    ckpt.save(4, FullDisk() if where == "shards" else FakeTrainer(), _state(16))  # does not raise
     lines = capsys.readouterr().out.splitlines()
-    assert lines == ["relayrl: checkpoint step 4 was not written (OSError: [Errno 28] No space left on "
-                     "device); the earlier checkpoints stay as they were"]
+    assert lines == [
+        "relayrl: checkpoint step 4 was not written (OSError: [Errno 28] No space left on "
+        "device); the earlier checkpoints stay as they were"
+    ]
     assert latest(tmp_path).name == "step_000002" and ckpt.pending is None
-    manifest.verify(latest(tmp_path))                                     # still loadable, untouched
+    manifest.verify(latest(tmp_path))  # still loadable, untouched
     torn = tmp_path / "checkpoints" / ".step_000004.tmp"
     assert torn.is_dir() and not checkpoint.step_dir(tmp_path, 4).exists()
     if where != MANIFEST:
-        assert not (torn / MANIFEST).exists()                             # a torn write gets no manifest
+        assert not (torn / MANIFEST).exists()  # a torn write gets no manifest
     monkeypatch.undo()
-    ckpt.save(6, FakeTrainer(), _state(24))                               # the run goes on
+    ckpt.save(6, FakeTrainer(), _state(24))  # the run goes on
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000006"]
 
 
@@ -281,11 +288,12 @@ def test_a_failed_write_found_by_finish_is_one_line(tmp_path, capsys):
 
     ckpt = Checkpointer(tmp_path, keep=2)
     ckpt.save(2, FakeTrainer(), _state(8))
-    ckpt.save(4, Failing(), _state(16))              # commits step 2; step 4's write is in flight
-    ckpt.finish()                                    # does not raise
+    ckpt.save(4, Failing(), _state(16))  # commits step 2; step 4's write is in flight
+    ckpt.finish()  # does not raise
     assert capsys.readouterr().out.splitlines() == [
         "relayrl: checkpoint step 4 was not written (PermissionError: [Errno 13] Permission denied); "
-        "the earlier checkpoints stay as they were"]
+        "the earlier checkpoints stay as they were"
+    ]
     assert latest(tmp_path).name == "step_000002"
     manifest.verify(latest(tmp_path))
 
@@ -312,20 +320,20 @@ def test_a_committed_checkpoint_lists_every_file_in_its_manifest(tmp_path):
 
 def test_resume_skips_a_checkpoint_that_fails_verification_and_takes_the_previous_one(tmp_path, capsys):
     run, step2, step4 = _two_checkpoints(tmp_path)
-    (step4 / "dcp" / "shard0.distcp").write_bytes(b"y" * 64)            # same size, other bytes
+    (step4 / "dcp" / "shard0.distcp").write_bytes(b"y" * 64)  # same size, other bytes
     capsys.readouterr()
     assert find_resume(str(tmp_path), "grpo", "auto") == (run, step2)
     assert find_resume(str(tmp_path), "grpo", str(run)) == (run, step2)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(x.startswith("relayrl: skipping step_000004: checkpoint ") for x in lines)
     assert "dcp/shard0.distcp does not match its sha256" in lines[0]
-    with pytest.raises(UntrustedCheckpoint, match="step_000004 refused"):   # named explicitly: refused
+    with pytest.raises(UntrustedCheckpoint, match="step_000004 refused"):  # named explicitly: refused
         find_resume(str(tmp_path), "grpo", str(step4))
     cfg = load_config("grpo_tiny", [f"run.output_dir={tmp_path}", f"run.resume={step4}"])
     with pytest.raises(ConfigError, match=r"step_000004 refused: dcp/shard0\.distcp") as err:
         resolve_resume(cfg)
     assert "\n" not in str(err.value)
-    (step2 / "driver.json").unlink()                                    # now neither verifies
+    (step2 / "driver.json").unlink()  # now neither verifies
     assert find_resume(str(tmp_path), "grpo", "auto") is None
     with pytest.raises(FileNotFoundError, match="no complete, verified checkpoint"):
         find_resume(str(tmp_path), "grpo", str(run))

@@ -14,14 +14,17 @@ def threads(overrides: list[str], cores: int) -> tuple[int, int]:
     return cfg.rollout.num_threads, cfg.trainer.num_threads
 
 
-@pytest.mark.parametrize("overrides, cores, expected", [
-    (["mode=async"], 2, (1, 1)),                                              # 2 cores // (1 + 1)
-    (["mode=async", "rollout.num_replicas=2", "trainer.world_size=2"], 16, (4, 4)),   # 16 // 4
-    (["mode=async", "trainer.world_size=2"], 2, (1, 1)),                     # 2 // 3 = 0 -> at least 1
-    (["mode=async", "trainer.num_threads=2"], 16, (8, 2)),                   # an explicit count is kept
-    (["mode=sync"], 2, (0, 0)),                                              # one phase at a time: every core
-    (["mode=async", "placement=colocated"], 2, (0, 0)),                      # colocated never overlaps
-])
+@pytest.mark.parametrize(
+    "overrides, cores, expected",
+    [
+        (["mode=async"], 2, (1, 1)),  # 2 cores // (1 + 1)
+        (["mode=async", "rollout.num_replicas=2", "trainer.world_size=2"], 16, (4, 4)),  # 16 // 4
+        (["mode=async", "trainer.world_size=2"], 2, (1, 1)),  # 2 // 3 = 0 -> at least 1
+        (["mode=async", "trainer.num_threads=2"], 16, (8, 2)),  # an explicit count is kept
+        (["mode=sync"], 2, (0, 0)),  # one phase at a time: every core
+        (["mode=async", "placement=colocated"], 2, (0, 0)),  # colocated never overlaps
+    ],
+)
 def test_split_cores(overrides, cores, expected):
     assert threads(overrides, cores) == expected
 
@@ -31,11 +34,14 @@ def test_split_cores_leaves_gpu_runs_alone(monkeypatch):
     assert threads(["mode=async"], 2) == (0, 0)
 
 
-@pytest.mark.parametrize("overrides, sharing", [
-    ([], True),                                            # sync: every commit finds no request running
-    (["mode=async"], False),                               # async commits mid-generation: no prefix cache
-    (["rollout.prefix_sharing=false"], False),
-])
+@pytest.mark.parametrize(
+    "overrides, sharing",
+    [
+        ([], True),  # sync: every commit finds no request running
+        (["mode=async"], False),  # async commits mid-generation: no prefix cache
+        (["rollout.prefix_sharing=false"], False),
+    ],
+)
 def test_rollout_config_shares_prompts_only_in_sync_runs(overrides, sharing):
     cfg = load_config("grpo_tiny", overrides)
     assert cluster.rollout_config(cfg).prefix_sharing is sharing

@@ -17,10 +17,19 @@ from relayrl.monitor.schema import schema_gaps
 @pytest.fixture(scope="module")
 def tiny_run(ray_session, tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", f"run.output_dir={out}",
-                                    "trainer.world_size=2", "trainer.num_cpus=0.5", "rollout.num_cpus=0.5",
-                                    "run.steps=3", "logging.wandb=offline",
-                                    "weightsync.verify_every=2"])
+    cfg = load_config(
+        "grpo_tiny",
+        [
+            f"model.path={tiny_llama}",
+            f"run.output_dir={out}",
+            "trainer.world_size=2",
+            "trainer.num_cpus=0.5",
+            "rollout.num_cpus=0.5",
+            "run.steps=3",
+            "logging.wandb=offline",
+            "weightsync.verify_every=2",
+        ],
+    )
     return cfg, train(cfg)
 
 
@@ -40,13 +49,13 @@ def test_metrics_per_step_and_versions_follow_steps(tiny_run):
     for r in rows:
         assert r["weightsync/version"] == r["step"]
         assert r["weightsync/bytes"] > 0 and r["weightsync/stall_s"] > 0
-        assert r["rollout/min_version"] == r["step"] - 1   # sync mode: strictly on-policy
+        assert r["rollout/min_version"] == r["step"] - 1  # sync mode: strictly on-policy
         for key in ("reward/mean", "policy/loss", "policy/grad_norm", "timing/generate", "timing/train", "timing/sync"):
-            value = r.get(key)                 # a NaN is logged as null, an inf as Infinity
+            value = r.get(key)  # a NaN is logged as null, an inf as Infinity
             assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
     verified = [r for r in rows if "mismatch/mean_abs" in r]
     assert [r["step"] for r in verified] == [2] and verified[0]["mismatch/tokens"] > 0
-    assert verified[0]["mismatch/max_abs"] < 1e-3      # the engine runs exactly the trainer's weights
+    assert verified[0]["mismatch/max_abs"] < 1e-3  # the engine runs exactly the trainer's weights
     assert (result.run_dir / "samples.jsonl").exists()
     assert list((result.run_dir / "wandb").glob("offline-run-*")), "wandb offline files missing"
 
@@ -60,20 +69,25 @@ def test_every_schema_metric_is_logged_and_nothing_else(tiny_run):
     assert undocumented == [] and missing == []
     first = rows[0]
     assert not [k for r in rows[1:] for k in r if k.startswith("startup/")], "startup/* only with the first step"
-    assert first["startup/engines_up_s"] <= first["startup/actors_s"]    # stages of one clock, in order
+    assert first["startup/engines_up_s"] <= first["startup/actors_s"]  # stages of one clock, in order
     assert first["startup/to_first_step_s"] >= first["startup/actors_s"] + first["startup/first_step_s"]
     assert first["perf/tokens_per_s"] == first["rollout/tokens"] / first["timing/step"]
-    assert first["policy/lr"] == 1e-3                                 # grpo_tiny's trainer.lr
+    assert first["policy/lr"] == 1e-3  # grpo_tiny's trainer.lr
 
 
 def test_run_dir_status_plots_and_wandb_samples_table(tiny_run):
     cfg, result = tiny_run
     assert json.loads((result.run_dir / "status.json").read_text())["status"] == "finished"
     assert sorted(p.name for p in (result.run_dir / "plots").glob("*.png")) == [
-        "kl.png", "reward.png", "staleness.png", "throughput.png", "timing.png"]
+        "kl.png",
+        "reward.png",
+        "staleness.png",
+        "throughput.png",
+        "timing.png",
+    ]
     run = next((result.run_dir / "wandb").glob("offline-run-*"))
     tables = sorted((run / "files" / "media" / "table").glob("samples_*.table.json"))
-    assert len(tables) == cfg.run.steps                               # one wandb.Table of completions per step
+    assert len(tables) == cfg.run.steps  # one wandb.Table of completions per step
     table = json.loads(tables[0].read_text())
     assert table["columns"][:4] == ["prompt_id", "prompt", "completion", "reward"] and len(table["data"]) == 2
 

@@ -25,12 +25,14 @@ def like_a_terminal() -> None:
 
 
 def test_ctrl_c_exits_130_with_one_line_and_marks_the_run_interrupted(tiny_llama, tmp_path):
-    cmd = [*command(tiny_llama, tmp_path), "run.steps=40"]      # Hydra: the last value of a key wins
+    cmd = [*command(tiny_llama, tmp_path), "run.steps=40"]  # Hydra: the last value of a key wins
+
     def committed() -> bool:
         return any(latest(run) for run in tmp_path.glob("grpo_tiny-*"))
 
-    proc = start_until(cmd, committed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       preexec_fn=like_a_terminal)
+    proc = start_until(
+        cmd, committed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=like_a_terminal
+    )
     try:
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=300)

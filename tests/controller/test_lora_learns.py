@@ -23,10 +23,22 @@ def test_grpo_tiny_with_lora_raises_reward(ray_session, tiny_qwen2, tmp_path):
     from transformers import AutoModelForCausalLM
 
     targets = ",".join((*LLAMA_LINEARS, "lm_head"))
-    cfg = load_config("grpo_tiny", [f"model.path={tiny_qwen2}", f"run.output_dir={tmp_path}", f"run.steps={STEPS}",
-                                    "run.prompts_per_step=4", "run.checkpoint_every=10", "logging.wandb=disabled",
-                                    "logging.console=false", "trainer.lora.r=8", "trainer.lr=1e-2",
-                                    f"trainer.lora.target_modules=[{targets}]", "algorithm.kl_coef=0.01"])
+    cfg = load_config(
+        "grpo_tiny",
+        [
+            f"model.path={tiny_qwen2}",
+            f"run.output_dir={tmp_path}",
+            f"run.steps={STEPS}",
+            "run.prompts_per_step=4",
+            "run.checkpoint_every=10",
+            "logging.wandb=disabled",
+            "logging.console=false",
+            "trainer.lora.r=8",
+            "trainer.lr=1e-2",
+            f"trainer.lora.target_modules=[{targets}]",
+            "algorithm.kl_coef=0.01",
+        ],
+    )
     result = train(cfg)
     first, last = result.window_means(5)
     print(f"grpo_tiny + LoRA r=8 (tiny Qwen2): reward first-5 mean {first:.3f} -> last-5 mean {last:.3f}")

@@ -23,8 +23,14 @@ ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
 
 
 def _ray(*args: str) -> str:
-    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), *args], check=True,
-                         capture_output=True, text=True, timeout=120, env=ENV)
+    out = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     return out.stdout + out.stderr
 
 
@@ -33,8 +39,13 @@ def _kill_cluster(port: int) -> None:
     (``ray stop`` would take every Ray on the machine with it, other test sessions' included)."""
     procs = list(psutil.process_iter(["pid", "cmdline"]))
     cmds = {p.info["pid"]: " ".join(p.info["cmdline"] or []) for p in procs}
-    sessions = {part.split("/")[3] for cmd in cmds.values() if f"--gcs_server_port={port}" in cmd
-                for part in cmd.split() if part.startswith("--log_dir=/tmp/ray/session_")}
+    sessions = {
+        part.split("/")[3]
+        for cmd in cmds.values()
+        if f"--gcs_server_port={port}" in cmd
+        for part in cmd.split()
+        if part.startswith("--log_dir=/tmp/ray/session_")
+    }
     for pid, cmd in cmds.items():
         if f":{port}" in cmd or f"--gcs_server_port={port}" in cmd or any(s in cmd for s in sessions):
             try:
@@ -48,24 +59,39 @@ def two_nodes():
     """Head and worker with 2 logical CPUs each, on this machine's node IP."""
     port = free_port()
     try:
-        head = _ray("start", "--head", f"--port={port}", "--include-dashboard=false", "--num-cpus=2",
-                    "--disable-usage-stats")
-        address = next(line.split("--address=")[1].strip(" '\"") for line in head.splitlines()
-                       if "ray start --address=" in line)
+        head = _ray(
+            "start", "--head", f"--port={port}", "--include-dashboard=false", "--num-cpus=2", "--disable-usage-stats"
+        )
+        address = next(
+            line.split("--address=")[1].strip(" '\"") for line in head.splitlines() if "ray start --address=" in line
+        )
         _ray("start", f"--address={address}", "--num-cpus=2", "--disable-usage-stats")
         yield address
     finally:
         _kill_cluster(port)
-        current = Path("/tmp/ray/ray_current_cluster")   # `ray start` records itself as the default address
+        current = Path("/tmp/ray/ray_current_cluster")  # `ray start` records itself as the default address
         if current.exists() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
 
 
 def test_run_spans_two_nodes_and_syncs_by_broadcast(two_nodes, tiny_llama, tmp_path):
     # rollout needs a node's 2 CPUs, trainer 1 + scoring 1 fit the other: the bundles cannot share a node
-    cmd = [sys.executable, "-m", "relayrl.cli", "train", "--config-name", "grpo_tiny", f"model.path={tiny_llama}",
-           f"run.ray_address={two_nodes}", f"run.output_dir={tmp_path}", "run.steps=2", "rollout.num_cpus=2",
-           "trainer.num_cpus=1", "logging.wandb=disabled", "run.save_final=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "relayrl.cli",
+        "train",
+        "--config-name",
+        "grpo_tiny",
+        f"model.path={tiny_llama}",
+        f"run.ray_address={two_nodes}",
+        f"run.output_dir={tmp_path}",
+        "run.steps=2",
+        "rollout.num_cpus=2",
+        "trainer.num_cpus=1",
+        "logging.wandb=disabled",
+        "run.save_final=false",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "weightsync.backend=shm -> broadcast" in out.stdout

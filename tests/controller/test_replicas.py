@@ -16,15 +16,27 @@ from relayrl.controller.scheduler import Scheduler
 from relayrl.controller.system import System
 from relayrl.preflight import resolve_model_path, resolve_rewards
 
-pytestmark = pytest.mark.slow        # ~3.5 min on a loaded 2-core CPU box
+pytestmark = pytest.mark.slow  # ~3.5 min on a loaded 2-core CPU box
 STEPS = 3
 
 
 def test_two_replicas_both_generate_and_both_get_every_sync(ray_session, tiny_llama, tmp_path):
-    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", f"run.output_dir={tmp_path}", f"run.steps={STEPS}",
-                                    "rollout.num_replicas=2", "run.prompts_per_step=2", "mode=async",
-                                    "buffer.max_staleness=1", "rollout.num_cpus=0.5", "trainer.num_cpus=0.5",
-                                    "logging.wandb=disabled", "run.save_final=false"])
+    cfg = load_config(
+        "grpo_tiny",
+        [
+            f"model.path={tiny_llama}",
+            f"run.output_dir={tmp_path}",
+            f"run.steps={STEPS}",
+            "rollout.num_replicas=2",
+            "run.prompts_per_step=2",
+            "mode=async",
+            "buffer.max_staleness=1",
+            "rollout.num_cpus=0.5",
+            "trainer.num_cpus=0.5",
+            "logging.wandb=disabled",
+            "run.save_final=false",
+        ],
+    )
     run = RunDir.create(cfg)
     placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
     system = System.start(cfg, resolve_model_path(cfg), placement, resolve_rewards(cfg, None), run)
@@ -37,7 +49,7 @@ def test_two_replicas_both_generate_and_both_get_every_sync(ray_session, tiny_ll
         run.logger.close()
         ray.util.remove_placement_group(placement.group)
     assert scheduler.policy.version == STEPS
-    assert versions == [STEPS, STEPS]                       # the last sync reached both engines
+    assert versions == [STEPS, STEPS]  # the last sync reached both engines
     assert min(scheduler.calls) >= 1 and sum(scheduler.calls) >= 2 * STEPS, scheduler.calls  # both generated
     rows = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]

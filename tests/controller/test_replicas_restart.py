@@ -63,6 +63,7 @@ def fake_system(max_restarts: int, failures: int, monkeypatch) -> tuple[System, 
     def recreate(i: int, version: int) -> None:
         if next(attempts) < failures:
             raise ray.exceptions.ActorDiedError()
+
     monkeypatch.setattr(system, "_recreate_rollout", recreate)
     return system, sleeps
 
@@ -70,7 +71,7 @@ def fake_system(max_restarts: int, failures: int, monkeypatch) -> tuple[System, 
 def test_a_replacement_that_dies_while_starting_is_another_attempt_with_backoff(monkeypatch):
     system, sleeps = fake_system(max_restarts=5, failures=3, monkeypatch=monkeypatch)
     system.restart_rollout(0, version=2, error=RuntimeError("EngineDeadError"))
-    assert system.restarts == 4 and sleeps == [1.0, 2.0, 4.0]          # every attempt counts
+    assert system.restarts == 4 and sleeps == [1.0, 2.0, 4.0]  # every attempt counts
 
 
 def test_restarts_stop_at_max_restarts_naming_the_last_error(monkeypatch):
@@ -125,13 +126,14 @@ def probe_system(rollouts: list, monkeypatch) -> tuple[System, list[tuple[int, i
     def recreate(i: int, version: int) -> None:
         recreated.append((i, version))
         system.rollouts[i] = scorer()
+
     monkeypatch.setattr(system, "_recreate_rollout", recreate)
     return system, recreated
 
 
-SEQS = [[5, 7, 9], [4, 6, 8], [1, 2, 3]]        # replica i % 2 scores sequence i
+SEQS = [[5, 7, 9], [4, 6, 8], [1, 2, 3]]  # replica i % 2 scores sequence i
 TRAINER = [[-0.07, -0.09], [-0.06, -0.08], [-0.02, -0.03]]
-STARTS = [0, 1, 0]                               # completion logprobs: 2 + 1 + 2 tokens
+STARTS = [0, 1, 0]  # completion logprobs: 2 + 1 + 2 tokens
 
 
 def test_a_replica_that_dies_during_the_probe_is_replaced_at_the_version_and_asked_again(ray_session, monkeypatch):
@@ -148,7 +150,7 @@ def test_a_probe_error_or_mismatch_on_live_replicas_stops_the_run_without_restar
 
     system, recreated = probe_system([scorer(), scorer(shift=0.5)], monkeypatch)
     with pytest.raises(WeightSyncError, match=r"after sync v10 engine and trainer logprobs differ by 0\.1 "):
-        system.check_mismatch(10, (SEQS, STARTS, TRAINER))      # replica 1's one token 0.5 off: 0.5 / 5 tokens
+        system.check_mismatch(10, (SEQS, STARTS, TRAINER))  # replica 1's one token 0.5 off: 0.5 / 5 tokens
     with pytest.raises(ray.exceptions.RayTaskError, match="empty prompt"):
         system.check_mismatch(10, ([[5, 7, 9], []], [0, 0], [[-0.07, -0.09], []]))
     assert recreated == [] and system.restarts == 0

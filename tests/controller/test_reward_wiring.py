@@ -14,7 +14,7 @@ CODE = "rewards=[{fn: code_exec, weight: 1.0}]"
 def test_reward_sandbox_setting_reaches_code_exec(mode, level, monkeypatch):
     from relayrl.rewards import sandbox
 
-    monkeypatch.setattr(sandbox, "namespaces_available", lambda: True)      # wiring only: no probe
+    monkeypatch.setattr(sandbox, "namespaces_available", lambda: True)  # wiring only: no probe
     cfg = load_config("grpo_tiny", [CODE, f"reward.sandbox={mode}"])
-    (_, fn, _), = resolve_rewards(cfg, None)
+    ((_, fn, _),) = resolve_rewards(cfg, None)
     assert fn.level == level

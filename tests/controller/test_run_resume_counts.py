@@ -15,16 +15,25 @@ class _Sampler:
 
 
 def test_dropped_count_is_kept_across_a_resume():
-    cfg = load_config("grpo_tiny", ["mode=async", "buffer.max_staleness=1", "buffer.drop_stale=true",
-                                    "run.prompts_per_step=2", "logging.wandb=disabled"])
-    policy = StepPolicy(PolicyConfig.from_config(cfg, replicas=1), lambda: [], _Sampler())
+    cfg = load_config(
+        "grpo_tiny",
+        [
+            "mode=async",
+            "buffer.max_staleness=1",
+            "buffer.drop_stale=true",
+            "run.prompts_per_step=2",
+            "logging.wandb=disabled",
+        ],
+    )
+    policy = StepPolicy(PolicyConfig.from_config(cfg, replicas=1), list, _Sampler())
     # the checkpoint at step 5: 14 issued, 10 trained, 4 dropped before the crash; 2 seqs a step
-    policy.load_state_dict({"step": 5, "sampler": {}, "pending": [], "seq": 10,
-                            "counts": {"issued": 14, "trained": 10, "dropped": 4}})
+    policy.load_state_dict(
+        {"step": 5, "sampler": {}, "pending": [], "seq": 10, "counts": {"issued": 14, "trained": 10, "dropped": 4}}
+    )
     policy.outstanding = {10: [{"prompt_id": 20}, {"prompt_id": 21}], 11: [{"prompt_id": 22}, {"prompt_id": 23}]}
-    policy.on_scored(Entry(10, None, [20, 21], min_version=2, max_version=2))   # too stale at v5 (k=1)
+    policy.on_scored(Entry(10, None, [20, 21], min_version=2, max_version=2))  # too stale at v5 (k=1)
     policy.on_scored(Entry(11, None, [22, 23], min_version=5, max_version=5))
     assert [e.seq for e in policy.take_step().entries] == [11]
     assert policy.on_trained() == [22, 23]
-    assert policy.buffer.stats()["buffer/dropped/stale>1"] == 2                  # the buffer counts from zero
+    assert policy.buffer.stats()["buffer/dropped/stale>1"] == 2  # the buffer counts from zero
     assert policy.counts == {"issued": 14, "trained": 12, "dropped": 6}

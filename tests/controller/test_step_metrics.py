@@ -6,16 +6,34 @@ import pytest
 
 from relayrl.controller.buffer import Entry
 from relayrl.controller.steplog import age_s, mean_metrics, seconds_since_launch
-from relayrl.monitor.schema import SCHEMA, REDUCTIONS, reduction
+from relayrl.monitor.schema import REDUCTIONS, SCHEMA, reduction
 
 
 def test_calls_combine_by_their_schema_reduction():
-    a = Entry(0, None, [0, 1], 2, 3, {"reward/mean": 1.0, "rollout/tokens": 30, "reward/errors/timeout": 1,
-                                      "rollout/min_version": 2, "rollout/max_version": 3})
-    b = Entry(1, None, [2, 3, 4, 5], 1, 2, {"reward/mean": 0.25, "rollout/tokens": 50,
-                                            "rollout/min_version": 1, "rollout/max_version": 2})
+    a = Entry(
+        0,
+        None,
+        [0, 1],
+        2,
+        3,
+        {
+            "reward/mean": 1.0,
+            "rollout/tokens": 30,
+            "reward/errors/timeout": 1,
+            "rollout/min_version": 2,
+            "rollout/max_version": 3,
+        },
+    )
+    b = Entry(
+        1,
+        None,
+        [2, 3, 4, 5],
+        1,
+        2,
+        {"reward/mean": 0.25, "rollout/tokens": 50, "rollout/min_version": 1, "rollout/max_version": 2},
+    )
     out = mean_metrics([a, b])
-    assert out["reward/mean"] == pytest.approx((1.0 * 2 + 0.25 * 4) / 6)      # group-weighted: 0.5
+    assert out["reward/mean"] == pytest.approx((1.0 * 2 + 0.25 * 4) / 6)  # group-weighted: 0.5
     assert out["rollout/tokens"] == 80 and out["reward/errors/timeout"] == 1
     assert out["rollout/min_version"] == 1 and out["rollout/max_version"] == 3
 
@@ -29,8 +47,8 @@ def test_every_schema_reduction_is_known_and_counts_are_summed():
 def test_the_policy_entry_reads_the_typed_fields_not_the_metric_keys():
     """scored_entry takes versions and useful groups from Scored's fields; metrics ride along for logs."""
     from relayrl.controller.policy import Flight
-    from relayrl.data import Prompt
     from relayrl.controller.scheduler import scored_entry
+    from relayrl.data import Prompt
     from relayrl.rewards.scoring import Scored
 
     metrics = {"rollout/min_version": 9.0, "rollout/max_version": 9.0, "reward/spread_groups": 9.0}

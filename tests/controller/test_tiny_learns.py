@@ -16,9 +16,18 @@ STEPS = 30
 
 
 def _run(recipe: str, tiny_llama, tmp_path):
-    cfg = load_config(recipe, [f"model.path={tiny_llama}", f"run.output_dir={tmp_path}", f"run.steps={STEPS}",
-                               "run.prompts_per_step=4", "run.save_final=false", "logging.wandb=disabled",
-                               "logging.console=false"])
+    cfg = load_config(
+        recipe,
+        [
+            f"model.path={tiny_llama}",
+            f"run.output_dir={tmp_path}",
+            f"run.steps={STEPS}",
+            "run.prompts_per_step=4",
+            "run.save_final=false",
+            "logging.wandb=disabled",
+            "logging.console=false",
+        ],
+    )
     result = train(cfg)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     first, last = result.window_means(5)
@@ -45,7 +54,9 @@ def test_grpo_tiny_raises_reward(ray_session, tiny_llama, tmp_path):
 def test_ppo_tiny_raises_reward_and_lowers_value_loss(ray_session, tiny_llama, tmp_path):
     first, last, rows = _run("ppo_tiny", tiny_llama, tmp_path)
     value_loss, ev = _series(rows, "value_loss"), _series(rows, "explained_variance")
-    print(f"ppo_tiny: value loss first-5 {_mean(value_loss[:5]):.4f} -> last-5 {_mean(value_loss[-5:]):.4f}; "
-          f"explained variance first-5 {_mean(ev[:5]):.3f} -> last-5 {_mean(ev[-5:]):.3f}")
+    print(
+        f"ppo_tiny: value loss first-5 {_mean(value_loss[:5]):.4f} -> last-5 {_mean(value_loss[-5:]):.4f}; "
+        f"explained variance first-5 {_mean(ev[:5]):.3f} -> last-5 {_mean(ev[-5:]):.3f}"
+    )
     assert last - first >= 0.1
     assert _mean(value_loss[-5:]) < 0.5 * _mean(value_loss[:5])

@@ -23,8 +23,7 @@ def engine_and_trainer(ray_session, model, shm_dir, overrides: list[str]):
     yields (cfg, rollout, trainer), then shuts both down (``yield from`` it in a fixture)."""
     cfg = load_config("grpo_tiny", [f"model.path={model}", f"weightsync.shm_dir={shm_dir}", *overrides])
     rollout = start_rollout_actor(str(model), cfg.model, cfg.rollout, 0, sync_cfg=cfg.weightsync)
-    trainer = TrainerGroup(1, str(model), cfg.model, cfg.trainer, cfg.algorithm,
-                           temperature=cfg.rollout.temperature)
+    trainer = TrainerGroup(1, str(model), cfg.model, cfg.trainer, cfg.algorithm, temperature=cfg.rollout.temperature)
     trainer.connect_rollouts(cfg.weightsync, [rollout])
     yield cfg, rollout, trainer
     trainer.shutdown()

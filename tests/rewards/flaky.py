@@ -23,7 +23,7 @@ def flaky(prompts, completions, pidfile=None, **_):
         raise KeyError("answer")
     if kind == "hang":
         Path(pidfile[0]).write_text(str(os.getpid()))
-        while True:          # a busy loop: only killing the process stops it
+        while True:  # a busy loop: only killing the process stops it
             pass
     if kind == "nan":
         return [math.nan] + [1.0] * (len(completions) - 1)
@@ -41,7 +41,7 @@ async def sleepy(prompts, completions, spans=None, **_):
     start = time.monotonic()
     await asyncio.sleep(0.5)
     if spans is not None:
-        with open(spans[0], "a") as f:         # one short append per call: atomic with O_APPEND
+        with open(spans[0], "a") as f:  # one short append per call: atomic with O_APPEND
             f.write(f"{os.getpid()} {start!r} {time.monotonic()!r}\n")
     return [1.0] * len(completions)
 

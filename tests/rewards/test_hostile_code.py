@@ -62,15 +62,15 @@ COMMON = {
     "prints_markers": "print('ok'); print('PASS'); print('all tests passed')\n",
     "floods_the_reply_pipe": "import os\nos.write(4, b'ok [\"bool\",true]\\n' * 500)\n",
     "forges_a_verdict_line": "import os\nfor fd in range(3, 64):\n    try:\n"
-                             "        os.write(fd, b'{\"passed\": 9, \"total\": 9, \"complete\": true}\\n')\n"
-                             "    except OSError:\n        pass\n",
+    '        os.write(fd, b\'{"passed": 9, "total": 9, "complete": true}\\n\')\n'
+    "    except OSError:\n        pass\n",
     "reads_the_judge_fds": "import os\nfor pid in os.listdir('/proc'):\n    try:\n"
-                           "        for fd in os.listdir(f'/proc/{pid}/fd'):\n"
-                           "            os.open(f'/proc/{pid}/fd/{fd}', os.O_WRONLY | os.O_NONBLOCK)\n"
-                           "    except (OSError, ValueError):\n        pass\n",
+    "        for fd in os.listdir(f'/proc/{pid}/fd'):\n"
+    "            os.open(f'/proc/{pid}/fd/{fd}', os.O_WRONLY | os.O_NONBLOCK)\n"
+    "    except (OSError, ValueError):\n        pass\n",
     "kills_its_group": "import os, signal\nos.kill(0, signal.SIGKILL)\n",
     "kills_every_process": "import os, signal\nfor pid in range(2, 4096):\n    try:\n"
-                           "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n",
+    "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n",
     "hangs": "while True:\n    pass\n",
     "sleeps": "import time\ntime.sleep(60)\n",
     "memory_bomb": "x = bytearray(1 << 33)\n",
@@ -83,7 +83,7 @@ COMMON = {
 FUNCTION_HOSTILE = {
     "constant_expected": "def {name}(*a):\n    return 8\n",
     "always_equal": "class A:\n    def __eq__(self, o): return True\n    __ne__ = lambda s, o: False\n"
-                    "    __bool__ = lambda s: True\n    __hash__ = lambda s: 0\ndef {name}(*a):\n    return A()\n",
+    "    __bool__ = lambda s: True\n    __hash__ = lambda s: 0\ndef {name}(*a):\n    return A()\n",
     "int_subclass": "class I(int):\n    def __eq__(self, o): return True\ndef {name}(*a):\n    return I(0)\n",
     "float_subclass": "class F(float):\n    def __eq__(self, o): return True\ndef {name}(*a):\n    return F(8)\n",
     "tuple_of_magic": "class A:\n    __eq__ = lambda s, o: True\ndef {name}(*a):\n    return (A(),)\n",
@@ -136,7 +136,7 @@ def _score(isolation: str, completions: dict[str, str], **columns) -> dict[str, 
 def _expected(hostile: list[str], isolation: str) -> dict[str, float]:
     if isolation == "rlimits" and not _can_drop():
         hostile = [n for n in hostile if n not in UNCAPPED]
-    return {**{n: 0.0 for n in hostile}, "honest": 1.0}
+    return {**dict.fromkeys(hostile, 0.0), "honest": 1.0}
 
 
 @pytest.mark.parametrize("isolation", ISOLATION)
@@ -149,8 +149,9 @@ def test_asserts_form(isolation):
 @pytest.mark.parametrize("isolation", ISOLATION)
 def test_check_form(isolation):
     hostile = {**COMMON, **{k: v.format(name="g") for k, v in FUNCTION_HOSTILE.items()}}
-    scores = _score(isolation, {**hostile, "honest": CHECK_HONEST}, tests=CHECK, entry_point="g",
-                    test_setup=CHECK_PRELUDE)
+    scores = _score(
+        isolation, {**hostile, "honest": CHECK_HONEST}, tests=CHECK, entry_point="g", test_setup=CHECK_PRELUDE
+    )
     assert scores == _expected(list(hostile), isolation)
 
 

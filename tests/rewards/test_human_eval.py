@@ -15,11 +15,14 @@ import pytest
 from relayrl.data.files import load_hf
 from relayrl.rewards.builtin import CodeExec
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="sandbox=auto needs root (test_root_has_full_isolation)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="sandbox=auto needs root (test_root_has_full_isolation)"),
+]
 COLUMNS = {"tests": "test", "test_setup": "prompt", "code_prefix": "prompt", "entry_point": "entry_point"}
-FORGED = ("class A:\n    __eq__ = lambda s, o: True\n    __bool__ = lambda s: True\n"
-          "def {name}(*a, **k):\n    return A()\n")
+FORGED = (
+    "class A:\n    __eq__ = lambda s, o: True\n    __bool__ = lambda s: True\ndef {name}(*a, **k):\n    return A()\n"
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,20 +12,35 @@ from relayrl.rewards.pool import RewardPool
 from relayrl.types import Trajectory, TrajectoryGroup
 from tests.rewards.flaky import flaky, read_spans, sleepy
 
-TIMEOUT_S = 8.0   # kills the hung reward; far above what a 0.5 s call takes on a loaded box
+TIMEOUT_S = 8.0  # kills the hung reward; far above what a 0.5 s call takes on a loaded box
 
 
 def group(pid: int, prompt: str, n: int = 3, **columns) -> TrajectoryGroup:
-    trajs = [Trajectory(prompt_id=pid, sample_idx=i, prompt_token_ids=[1], completion_token_ids=[2],
-                        behaviour_logprobs=[-0.5], completion_text="x" * (i + 1), finish_reason="stop", versions=[])
-             for i in range(n)]
+    trajs = [
+        Trajectory(
+            prompt_id=pid,
+            sample_idx=i,
+            prompt_token_ids=[1],
+            completion_token_ids=[2],
+            behaviour_logprobs=[-0.5],
+            completion_text="x" * (i + 1),
+            finish_reason="stop",
+            versions=[],
+        )
+        for i in range(n)
+    ]
     return TrajectoryGroup(pid, prompt, dict(columns), trajs)
 
 
 @pytest.fixture(scope="module")
 def pool(ray_session):
-    pool = RewardPool.start([("flaky", flaky, 1.0), ("sleepy", sleepy, 0.5)], timeout_s=TIMEOUT_S, num_workers=2,
-                            max_error_rate=0.6, cpus=1.0)
+    pool = RewardPool.start(
+        [("flaky", flaky, 1.0), ("sleepy", sleepy, 0.5)],
+        timeout_s=TIMEOUT_S,
+        num_workers=2,
+        max_error_rate=0.6,
+        cpus=1.0,
+    )
     yield pool
     pool.shutdown()
 
@@ -34,13 +49,21 @@ def test_raising_hanging_nan_and_wrong_length_rewards_leave_scoring_alive(pool, 
     pidfile = str(tmp_path / "hang.pid")
     prompts = ["ok", "raise", "hang", "nan", "short", "text", "none", "ok"]
     groups = [group(i, p, pidfile=pidfile) for i, p in enumerate(prompts)]
-    refs, scored = pool.score([ray_session.put(groups[:4]), ray_session.put(groups[4:])],
-                              summarize=lambda gs: {"summary/groups": float(len(gs))})
+    refs, scored = pool.score(
+        [ray_session.put(groups[:4]), ray_session.put(groups[4:])],
+        summarize=lambda gs: {"summary/groups": float(len(gs))},
+    )
     m = scored.metrics
     assert m["reward/errors"] == 13 and m["reward/error_rate"] == pytest.approx(13 / 24)
     assert {k.split("/")[-1]: v for k, v in m.items() if k.startswith("reward/errors/")} == {
-        "raised": 3, "timeout": 3, "worker_died": 0, "not_a_list": 3, "wrong_length": 3, "non_finite": 1,
-        "not_a_number": 0}
+        "raised": 3,
+        "timeout": 3,
+        "worker_died": 0,
+        "not_a_list": 3,
+        "wrong_length": 3,
+        "non_finite": 1,
+        "not_a_number": 0,
+    }
     assert m["reward/dropped_groups"] == 4 and m["summary/groups"] == 8
     scored = [g for ref in refs for g in ray_session.get(ref)]
     reasons = [[t.excluded.reason if t.excluded else None for t in g.trajectories] for g in scored]
@@ -50,7 +73,7 @@ def test_raising_hanging_nan_and_wrong_length_rewards_leave_scoring_alive(pool, 
     assert [t.reward for t in scored[6].trajectories] == [0.5, 0.5, 0.5]
     _assert_dead(int(open(pidfile).read()))
 
-    refs, scored = pool.score([[group(i, "ok") for i in range(4)]])     # the pool still works afterwards
+    refs, scored = pool.score([[group(i, "ok") for i in range(4)]])  # the pool still works afterwards
     errors = {k: v for k, v in scored.metrics.items() if k.startswith("reward/errors/") and v}
     assert scored.metrics["reward/errors"] == 0, errors
     assert scored.metrics["reward/mean"] == pytest.approx(2.5)
@@ -94,11 +117,13 @@ def test_async_rewards_overlap_in_the_pool(patient_pool, tmp_path):
 
 
 def test_error_rate_above_limit_aborts_the_step_in_one_line(pool):
-    groups = [group(0, "raise"), group(1, "raise"), group(2, "ok")]       # 6 of 9 = 67% > 60%
+    groups = [group(0, "raise"), group(1, "raise"), group(2, "ok")]  # 6 of 9 = 67% > 60%
     with pytest.raises(RewardError) as info:
         pool.score([groups])
-    assert str(info.value).startswith("rewards failed on 6 of 9 completions (67% > reward.max_error_rate=0.6); "
-                                      "first: reward 'flaky' raised: raised KeyError: 'answer'")
+    assert str(info.value).startswith(
+        "rewards failed on 6 of 9 completions (67% > reward.max_error_rate=0.6); "
+        "first: reward 'flaky' raised: raised KeyError: 'answer'"
+    )
     assert "\n" not in str(info.value)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.rewards.builtin import CodeExec, extract_code
 from relayrl.rewards import sandbox
+from relayrl.rewards.builtin import CodeExec, extract_code
 from relayrl.rewards.sandbox import UID_BASE, namespaces_available, resolve_isolation, run_sandboxed, start_sandboxed
 
 NS = pytest.mark.skipif(os.geteuid() != 0, reason="full isolation needs root (test_root_has_full_isolation)")
@@ -44,12 +44,15 @@ def _procs_with(token: str) -> list[int]:
 def _detached_sleeper(token: str, then: str) -> str:
     """A program that double-forks a ``setsid`` sleeper (``token`` in its argv), waits until the sleeper
     said so from its exec'd process (a pipe: no race with the program's exit or the exec), then ``then``."""
-    sleeper = ("import os, sys, time; print('sleeper started', flush=True); "
-               "os.write(int(sys.argv[1]), b'x'); time.sleep(600)")
-    return (f"import os\nr, w = os.pipe()\nos.set_inheritable(w, True)\nif os.fork() == 0:\n    os.setsid()\n"
-            f"    if os.fork() == 0:\n        os.execv(os.readlink('/proc/self/exe'), "
-            f"['python', '-c', {sleeper!r}, str(w), '{token}'])\n    os._exit(0)\n"
-            f"os.wait()\nos.read(r, 1)\n{then}\n")
+    sleeper = (
+        "import os, sys, time; print('sleeper started', flush=True); os.write(int(sys.argv[1]), b'x'); time.sleep(600)"
+    )
+    return (
+        f"import os\nr, w = os.pipe()\nos.set_inheritable(w, True)\nif os.fork() == 0:\n    os.setsid()\n"
+        f"    if os.fork() == 0:\n        os.execv(os.readlink('/proc/self/exe'), "
+        f"['python', '-c', {sleeper!r}, str(w), '{token}'])\n    os._exit(0)\n"
+        f"os.wait()\nos.read(r, 1)\n{then}\n"
+    )
 
 
 @NS
@@ -58,8 +61,11 @@ def test_setsid_children_die_with_the_namespace(then):
     """Killed at the time limit, or exiting normally: no process of the program survives the return."""
     token = uuid.uuid4().hex
     loops = then != "print('exit')"
-    result = run_sandboxed(_detached_sleeper(token, then), timeout_s=2.0 if loops else 30.0,   # the exiting one
-                           isolation="auto")                                              # must never time out
+    result = run_sandboxed(
+        _detached_sleeper(token, then),
+        timeout_s=2.0 if loops else 30.0,  # the exiting one
+        isolation="auto",
+    )  # must never time out
 
     assert "sleeper started" in result.stdout and result.timed_out == loops
     assert _procs_with(token) == []
@@ -95,10 +101,10 @@ def test_network_to_a_loopback_server_fails_but_works_unsandboxed(isolation):
         server.settimeout(30)
         code = _connect(server.getsockname()[1])
         control = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
-        server.accept()[0].close()                     # the control's connection arrived
+        server.accept()[0].close()  # the control's connection arrived
         result = run_sandboxed(code, isolation=isolation)
         server.setblocking(False)
-        with pytest.raises(BlockingIOError):           # the sandboxed program's never did
+        with pytest.raises(BlockingIOError):  # the sandboxed program's never did
             server.accept()
     assert control.stdout == "connected\n"
     assert result.returncode != 0 and "connected" not in result.stdout
@@ -112,10 +118,12 @@ def test_writes_outside_the_temp_dir_fail(tmp_path):
     shared.mkdir(mode=0o777)
     os.chmod(shared, 0o777)
     targets = [str(shared / "x"), "/usr/x", "/etc/x", "/tmp/x", "/root/x", "/x", os.path.join(os.getcwd(), "x")]
-    code = ("import os\nopen('mine', 'w').write('ok')\nprint(open('mine').read())\n"
-            f"for p in {targets!r}:\n    try:\n        open(p, 'w').write('x'); print('wrote', p)\n"
-            "    except OSError as e:\n        print('blocked', p)\n"
-            f"print('visible' if os.path.exists({str(tmp_path)!r}) else 'hidden')\nprint(os.getuid())")
+    code = (
+        "import os\nopen('mine', 'w').write('ok')\nprint(open('mine').read())\n"
+        f"for p in {targets!r}:\n    try:\n        open(p, 'w').write('x'); print('wrote', p)\n"
+        "    except OSError as e:\n        print('blocked', p)\n"
+        f"print('visible' if os.path.exists({str(tmp_path)!r}) else 'hidden')\nprint(os.getuid())"
+    )
     result = run_sandboxed(code, isolation="auto")
     assert result.ok and result.isolation == "namespaces" and result.level == 2
     lines = result.stdout.splitlines()
@@ -129,19 +137,25 @@ def test_the_root_is_an_allowlist():
     """Only the interpreter, system libraries, four devices, /proc and the working dir exist: no venv,
     no dataset, no repository, no site-packages, no /home; the working dir is a capped tmpfs."""
     venv_site = next(p for p in sys.path if p.endswith("site-packages"))
-    code = ("import os, sys\n"
-            f"print(sorted(os.listdir('/dev')), os.listdir('/tmp'), os.path.exists({venv_site!r}),\n"
-            f"      os.path.exists({os.getcwd()!r}), os.path.exists('/home'), os.path.exists('/work'))\n"
-            "site = [p for p in os.listdir(sys.prefix + '/lib') if p.startswith('python3')]\n"
-            "print(os.listdir(f'{sys.prefix}/lib/{site[0]}/site-packages'))\n"
-            "try:\n    open('big', 'wb').write(b'x' * (3 << 20)); print('wrote 3 MiB')\n"
-            "except OSError as e:\n    print('full', e.errno)\n")
+    code = (
+        "import os, sys\n"
+        f"print(sorted(os.listdir('/dev')), os.listdir('/tmp'), os.path.exists({venv_site!r}),\n"
+        f"      os.path.exists({os.getcwd()!r}), os.path.exists('/home'), os.path.exists('/work'))\n"
+        "site = [p for p in os.listdir(sys.prefix + '/lib') if p.startswith('python3')]\n"
+        "print(os.listdir(f'{sys.prefix}/lib/{site[0]}/site-packages'))\n"
+        "try:\n    open('big', 'wb').write(b'x' * (3 << 20)); print('wrote 3 MiB')\n"
+        "except OSError as e:\n    print('full', e.errno)\n"
+    )
     result = run_sandboxed(code, isolation="auto", disk_mb=2, output_limit=8 << 20)
     assert result.ok, result.stderr
-    assert result.stdout.splitlines() == ["['null', 'random', 'urandom', 'zero'] ['box'] False False False False",
-                                          "[]", "full 28"]
-    control = subprocess.run([sys.executable, "-c", f"import os; print(os.path.exists({venv_site!r}))"],
-                             capture_output=True, text=True)
+    assert result.stdout.splitlines() == [
+        "['null', 'random', 'urandom', 'zero'] ['box'] False False False False",
+        "[]",
+        "full 28",
+    ]
+    control = subprocess.run(
+        [sys.executable, "-c", f"import os; print(os.path.exists({venv_site!r}))"], capture_output=True, text=True
+    )
     assert control.stdout == "True\n"
 
 
@@ -160,12 +174,19 @@ def test_a_killed_worker_leaves_no_sandbox_and_no_files():
     """The reward worker that started a sandbox is SIGKILLed mid-call (as the pool does on a timeout):
     the sandbox's processes die with it, and the next sandbox sweeps its staging dir."""
     token = uuid.uuid4().hex
-    worker = subprocess.Popen([sys.executable, "-c", (
-        "from relayrl.rewards.sandbox import run_sandboxed\n"
-        f"run_sandboxed({_detached_sleeper(token, 'import time; time.sleep(600)')!r}, timeout_s=600)")],
-        stdout=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "from relayrl.rewards.sandbox import run_sandboxed\n"
+                f"run_sandboxed({_detached_sleeper(token, 'import time; time.sleep(600)')!r}, timeout_s=600)"
+            ),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
-        while set(_procs_with(token)) <= {worker.pid}:      # the worker's own command line holds it too
+        while set(_procs_with(token)) <= {worker.pid}:  # the worker's own command line holds it too
             assert worker.poll() is None, "the worker died before its sandbox started"
             time.sleep(0.1)
         staged = list(Path(tempfile.gettempdir()).glob(f"relayrl-sandbox-{worker.pid}-*"))
@@ -188,9 +209,11 @@ def _wait_until(done, limit_s: float = 120.0) -> None:
 
 @NS
 def test_fork_bomb_is_limited():
-    code = ("import os, time\nn = 0\nfor _ in range(1000):\n    try:\n        pid = os.fork()\n"
-            "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(600)\n        os._exit(0)\n"
-            "    n += 1\nprint(n)")
+    code = (
+        "import os, time\nn = 0\nfor _ in range(1000):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(600)\n        os._exit(0)\n"
+        "    n += 1\nprint(n)"
+    )
     result = run_sandboxed(code, isolation="auto", max_procs=16)
     assert result.ok and 1 <= int(result.stdout) < 16
 
@@ -220,7 +243,7 @@ def test_code_exec_reward_and_its_metric():
     good = "Here you go:\n```python\ndef f(x):\n    return 2 * x\n```"
     completions = [good, "def f(x):\n    return x + 1", "```python\ndef f(x):\n    while True: pass\n```", good]
     tests = ["assert f(2) == 4 and f(5) == 10"] * 3 + [None]
-    reward = CodeExec(timeout_s=15.0)      # room for a loaded box: the honest program must never time out
+    reward = CodeExec(timeout_s=15.0)  # room for a loaded box: the honest program must never time out
     assert reward([""] * 4, completions, tests=tests) == [1.0, 0.0, 0.0, None]
     assert reward.metrics() == {"reward/sandbox_isolation": 2.0}
     assert CodeExec(sandbox="rlimits").metrics() == {"reward/sandbox_isolation": 1.0}

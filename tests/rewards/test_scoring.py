@@ -13,18 +13,29 @@ from tests.rewards.flaky import flaky, read_spans, sleepy
 
 
 def traj(text: str, i: int = 0) -> Trajectory:
-    return Trajectory(prompt_id=0, sample_idx=i, prompt_token_ids=[1], completion_token_ids=[2],
-                      behaviour_logprobs=[-0.5], completion_text=text, finish_reason="stop", versions=[])
+    return Trajectory(
+        prompt_id=0,
+        sample_idx=i,
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        behaviour_logprobs=[-0.5],
+        completion_text=text,
+        finish_reason="stop",
+        versions=[],
+    )
 
 
 def group(pid: int, answer: str, *texts: str, prompt: str | None = None) -> TrajectoryGroup:
-    return TrajectoryGroup(prompt_id=pid, prompt=prompt or f"prompt{pid}", columns={"answer": answer, "question": f"q{pid}"},
-                           trajectories=[traj(t, i) for i, t in enumerate(texts)])
+    return TrajectoryGroup(
+        prompt_id=pid,
+        prompt=prompt or f"prompt{pid}",
+        columns={"answer": answer, "question": f"q{pid}"},
+        trajectories=[traj(t, i) for i, t in enumerate(texts)],
+    )
 
 
 def batch() -> list[TrajectoryGroup]:
-    return [group(0, "12", "Answer: 12", "Answer: 13", "twelve"),
-            group(1, "-4", "Answer: -4", "Answer: -4.")]
+    return [group(0, "12", "Answer: 12", "Answer: 13", "twelve"), group(1, "-4", "Answer: -4", "Answer: -4.")]
 
 
 FNS = [("arith_correct", arith_correct, 1.0), ("answer_format", answer_format, 0.5)]
@@ -52,11 +63,16 @@ def test_one_call_per_chunk_of_groups_with_columns_broadcast(groups_per_call, ex
 
     score_groups(batch(), [("spy", spy, 1.0)], groups_per_call=groups_per_call)
     assert len(calls) == expected_calls
-    merged = ([p for c in calls for p in c[0]], [x for c in calls for x in c[1]],
-              {k: [v for c in calls for v in c[2][k]] for k in ("answer", "question")})
-    assert merged == (["prompt0"] * 3 + ["prompt1"] * 2,
-                      ["Answer: 12", "Answer: 13", "twelve", "Answer: -4", "Answer: -4."],
-                      {"answer": ["12"] * 3 + ["-4"] * 2, "question": ["q0"] * 3 + ["q1"] * 2})
+    merged = (
+        [p for c in calls for p in c[0]],
+        [x for c in calls for x in c[1]],
+        {k: [v for c in calls for v in c[2][k]] for k in ("answer", "question")},
+    )
+    assert merged == (
+        ["prompt0"] * 3 + ["prompt1"] * 2,
+        ["Answer: 12", "Answer: 13", "twelve", "Answer: -4", "Answer: -4."],
+        {"answer": ["12"] * 3 + ["-4"] * 2, "question": ["q0"] * 3 + ["q1"] * 2},
+    )
 
 
 def test_rescoring_replaces_previous_rewards():
@@ -68,6 +84,7 @@ def test_rescoring_replaces_previous_rewards():
 
 def test_none_means_not_applicable_like_trl():
     """None adds nothing to the total (TRL's nansum), all-None totals 0.0, per-function means skip None."""
+
     def half(prompts, completions, **_):
         return [1.0 if c.startswith("Answer") else None for c in completions]
 
@@ -76,37 +93,44 @@ def test_none_means_not_applicable_like_trl():
     assert [t.reward for g in groups for t in g.trajectories] == [3.0, 3.0, 0.0, 3.0, 3.0]
     assert all(t.excluded is None for g in groups for t in g.trajectories)
     m = reward_metrics(groups)
-    assert m["reward/half"] == 1.0                     # mean over the 4 where it applied, not 4/5
+    assert m["reward/half"] == 1.0  # mean over the 4 where it applied, not 4/5
     assert m["reward/errors"] == 0.0
 
 
-@pytest.mark.parametrize("raw, values, reasons", [
-    ([1, 0.5, None], [1.0, 0.5, None], [None, None, None]),
-    ([1.0, math.nan, math.inf], [1.0, None, None], [None, "non_finite", "non_finite"]),
-    ([1.0, "2", object()], [1.0, None, None], [None, "not_a_number", "not_a_number"]),
-    ([1.0, 1.0], [None] * 3, ["wrong_length"] * 3),
-    (1.0, [None] * 3, ["not_a_list"] * 3),
-    ({"a": 1, "b": 2, "c": 3}, [None] * 3, ["not_a_list"] * 3),
-])
+@pytest.mark.parametrize(
+    "raw, values, reasons",
+    [
+        ([1, 0.5, None], [1.0, 0.5, None], [None, None, None]),
+        ([1.0, math.nan, math.inf], [1.0, None, None], [None, "non_finite", "non_finite"]),
+        ([1.0, "2", object()], [1.0, None, None], [None, "not_a_number", "not_a_number"]),
+        ([1.0, 1.0], [None] * 3, ["wrong_length"] * 3),
+        (1.0, [None] * 3, ["not_a_list"] * 3),
+        ({"a": 1, "b": 2, "c": 3}, [None] * 3, ["not_a_list"] * 3),
+    ],
+)
 def test_check_values(raw, values, reasons):
     result = check_values(raw, 3)
     assert (result.values, result.reasons) == (values, reasons)
 
 
-@pytest.mark.parametrize("prompt, excluded, reason, detail", [
-    ("raise", [0, 1, 2], "raised", "raised KeyError: 'answer'"),
-    ("nan", [0], "non_finite", "returned nan at index 0"),
-    ("short", [0, 1, 2], "wrong_length", "returned 2 values for 3 completions"),
-    ("text", [0, 1, 2], "not_a_list", "returned str, not a list of floats"),
-])
+@pytest.mark.parametrize(
+    "prompt, excluded, reason, detail",
+    [
+        ("raise", [0, 1, 2], "raised", "raised KeyError: 'answer'"),
+        ("nan", [0], "non_finite", "returned nan at index 0"),
+        ("short", [0, 1, 2], "wrong_length", "returned 2 values for 3 completions"),
+        ("text", [0, 1, 2], "not_a_list", "returned str, not a list of floats"),
+    ],
+)
 def test_a_failing_call_excludes_only_its_samples(prompt, excluded, reason, detail):
     groups = [group(0, "1", "a", "bb", "ccc", prompt=prompt), group(1, "1", "dd", "e", "fff")]
     score_groups(groups, [("flaky", flaky, 1.0), ("fmt", answer_format, 1.0)])
     first, second = groups
     assert [i for i, t in enumerate(first.trajectories) if t.excluded] == excluded
-    assert all(t.excluded == Exclusion("flaky", reason, detail) and t.reward == 0.0
-               for t in first.trajectories if t.excluded)
-    assert [t.reward for t in second.trajectories] == [2.0, 1.0, 3.0]     # the other group is untouched
+    assert all(
+        t.excluded == Exclusion("flaky", reason, detail) and t.reward == 0.0 for t in first.trajectories if t.excluded
+    )
+    assert [t.reward for t in second.trajectories] == [2.0, 1.0, 3.0]  # the other group is untouched
     m = reward_metrics(groups)
     assert m["reward/errors"] == len(excluded) and m[f"reward/errors/{reason}"] == len(excluded)
     assert m["reward/error_rate"] == pytest.approx(len(excluded) / 6)
@@ -117,19 +141,21 @@ def test_a_failing_call_excludes_only_its_samples(prompt, excluded, reason, deta
 
 def test_error_rate_above_limit_aborts_in_one_line():
     groups = [group(0, "1", "a", "b", prompt="raise"), group(1, "1", "c", "d")]
-    score_groups(groups, [("flaky", flaky, 1.0)], max_error_rate=0.5)   # 2 of 4 = 50%: not above the limit
+    score_groups(groups, [("flaky", flaky, 1.0)], max_error_rate=0.5)  # 2 of 4 = 50%: not above the limit
     with pytest.raises(RewardError) as info:
         score_groups(groups, [("flaky", flaky, 1.0)], max_error_rate=0.49)
-    assert str(info.value) == ("rewards failed on 2 of 4 completions (50% > reward.max_error_rate=0.49); first: "
-                               "reward 'flaky' raised: raised KeyError: 'answer'; fix the reward function or "
-                               "raise reward.max_error_rate")
+    assert str(info.value) == (
+        "rewards failed on 2 of 4 completions (50% > reward.max_error_rate=0.49); first: "
+        "reward 'flaky' raised: raised KeyError: 'answer'; fix the reward function or "
+        "raise reward.max_error_rate"
+    )
 
 
 def test_nothing_left_to_train_on_aborts():
     groups = [group(0, "1", "a", "b", prompt="nan"), group(1, "1", "c", "d", prompt="nan")]
     with pytest.raises(RewardError, match=r"^no prompt group has 2 scored completions left to train on \(2 of 4"):
         score_groups(groups, [("flaky", flaky, 1.0)], max_error_rate=0.5)
-    check_error_rate(score_groups(batch(), FNS), 0.0)                  # no errors: never aborts
+    check_error_rate(score_groups(batch(), FNS), 0.0)  # no errors: never aborts
 
 
 def test_async_rewards_run_concurrently_in_process(tmp_path):
@@ -150,7 +176,9 @@ def test_async_callable_object_and_sync_mix():
             await asyncio.sleep(0)
             return [2.0] * len(completions)
 
-    groups = score_groups(batch(), [("scaled", Scaled(), 1.0), ("fmt", answer_format, 1.0), ("dup", answer_format, 1.0)])
+    groups = score_groups(
+        batch(), [("scaled", Scaled(), 1.0), ("fmt", answer_format, 1.0), ("dup", answer_format, 1.0)]
+    )
     assert list(groups[0].trajectories[0].rewards) == ["scaled", "fmt", "dup"]
     assert [t.reward for g in groups for t in g.trajectories] == [4.0, 4.0, 2.0, 4.0, 4.0]
 
@@ -172,17 +200,17 @@ def test_reward_metrics_by_hand():
     assert m["reward/std"] == pytest.approx(math.sqrt(0.4))
     assert m["reward/arith_correct"] == pytest.approx(3 / 5)
     assert m["reward/answer_format"] == pytest.approx(4 / 5)
-    assert m["reward/pass_rate"] == pytest.approx(3 / 5)           # first fn (arith_correct) >= 1
-    assert m["reward/zero_std_groups"] == pytest.approx(1 / 2)     # group 1: both 1.5
+    assert m["reward/pass_rate"] == pytest.approx(3 / 5)  # first fn (arith_correct) >= 1
+    assert m["reward/zero_std_groups"] == pytest.approx(1 / 2)  # group 1: both 1.5
     assert m["reward/errors"] == 0.0 and m["reward/error_rate"] == 0.0 and m["reward/dropped_groups"] == 0.0
     assert reward_metrics(score_groups(batch(), FNS), primary="answer_format")["reward/pass_rate"] == 0.8
 
 
 def test_scored_fields_come_from_the_groups_not_the_metrics():
-    groups = score_groups(batch(), FNS)          # group 0 totals 1.5, 0.5, 0.0 vary; group 1 all 1.5
+    groups = score_groups(batch(), FNS)  # group 0 totals 1.5, 0.5, 0.0 vary; group 1 all 1.5
     groups[0].trajectories[0].versions = [VersionSpan(2, 0, 1), VersionSpan(3, 1, 1)]
     groups[1].trajectories[0].versions = [VersionSpan(2, 0, 1)]
-    for g in groups:                             # the rest were generated at version 2 as well
+    for g in groups:  # the rest were generated at version 2 as well
         for t in g.trajectories[1:]:
             t.versions = [VersionSpan(2, 0, 1)]
     scored = Scored.of(groups, {"reward/spread_groups": 99.0})
@@ -194,6 +222,7 @@ def test_scored_fields_come_from_the_groups_not_the_metrics():
 def test_total_that_overflows_to_inf_is_excluded_like_nan():
     """1e308 * 10 = inf (float max is ~1.8e308): that total would make its group's advantages NaN;
     1e308 * 0.5 = 5e307 is finite and stays (the mean of two of them, 1e308, is finite too)."""
+
     def big(prompts, completions, **_):
         return [10.0 if c == "b" else 0.5 for c in completions]
 

@@ -22,7 +22,7 @@ def test_the_block_runs_nicer_and_every_thread_is_restored():
     base, seen = nice_of(0), {}
     started, release = threading.Event(), threading.Event()
 
-    def worker():                       # started inside the block: inherits its niceness
+    def worker():  # started inside the block: inherits its niceness
         seen["tid"] = threading.get_native_id()
         seen["inside"] = nice_of(0)
         started.set()
@@ -33,7 +33,7 @@ def test_the_block_runs_nicer_and_every_thread_is_restored():
         t = threading.Thread(target=worker)
         t.start()
         started.wait(10)
-    after = nice_of(seen["tid"])        # the worker is still alive, so restore had to reach it
+    after = nice_of(seen["tid"])  # the worker is still alive, so restore had to reach it
     release.set()
     t.join()
     assert seen["main"] == seen["inside"] == min(19, base + 7)
@@ -53,8 +53,8 @@ def test_may_lower_to_reads_rlimit_nice_when_not_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     limit = {"soft": 0}
     monkeypatch.setattr(resource, "getrlimit", lambda which: (limit["soft"], limit["soft"]))
-    assert not may_lower_to(0) and not may_lower_to(19)      # limit 0: the floor is nice 20, none reachable
-    limit["soft"] = 20                                        # floor 20 - 20 = nice 0
+    assert not may_lower_to(0) and not may_lower_to(19)  # limit 0: the floor is nice 20, none reachable
+    limit["soft"] = 20  # floor 20 - 20 = nice 0
     assert may_lower_to(0) and not may_lower_to(-1)
     limit["soft"] = resource.RLIM_INFINITY
     assert may_lower_to(-20)

@@ -11,16 +11,26 @@ from relayrl.types import Exclusion, Trajectory, TrajectoryGroup, VersionSpan
 
 
 def _traj(prompt_id, idx, prompt, completion, logprobs, reward):
-    return Trajectory(prompt_id=prompt_id, sample_idx=idx, prompt_token_ids=prompt, completion_token_ids=completion,
-                      behaviour_logprobs=logprobs, completion_text="", finish_reason="stop",
-                      versions=[VersionSpan(0, 0, len(completion))], reward=reward)
+    return Trajectory(
+        prompt_id=prompt_id,
+        sample_idx=idx,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        behaviour_logprobs=logprobs,
+        completion_text="",
+        finish_reason="stop",
+        versions=[VersionSpan(0, 0, len(completion))],
+        reward=reward,
+    )
 
 
 def _groups():
-    a = TrajectoryGroup(10, "a", {}, [_traj(10, 0, [5, 6, 7], [8, 9], [-0.1, -0.2], 1.0),
-                                      _traj(10, 1, [5, 6, 7], [10], [-0.3], 0.0)])
-    b = TrajectoryGroup(11, "b", {}, [_traj(11, 0, [1], [2, 3, 4], [-0.4, -0.5, -0.6], 1.0),
-                                      _traj(11, 1, [1], [11], [-0.7], 1.0)])
+    a = TrajectoryGroup(
+        10, "a", {}, [_traj(10, 0, [5, 6, 7], [8, 9], [-0.1, -0.2], 1.0), _traj(10, 1, [5, 6, 7], [10], [-0.3], 0.0)]
+    )
+    b = TrajectoryGroup(
+        11, "b", {}, [_traj(11, 0, [1], [2, 3, 4], [-0.4, -0.5, -0.6], 1.0), _traj(11, 1, [1], [11], [-0.7], 1.0)]
+    )
     return [a, b]
 
 
@@ -30,8 +40,10 @@ def test_hand_example():
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]]
     # completion token k of a prompt of length P is predicted at position P-1+k
     assert batch.loss_mask.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0], [1, 0, 0, 0]]
-    torch.testing.assert_close(batch.behaviour_logprobs, torch.tensor(
-        [[0, 0, -0.1, -0.2], [0, 0, -0.3, 0], [-0.4, -0.5, -0.6, 0], [-0.7, 0, 0, 0]]))
+    torch.testing.assert_close(
+        batch.behaviour_logprobs,
+        torch.tensor([[0, 0, -0.1, -0.2], [0, 0, -0.3, 0], [-0.4, -0.5, -0.6, 0], [-0.7, 0, 0, 0]]),
+    )
     # group a: rewards 1, 0 -> mean .5, sample std .70711 -> +-.70711 ; group b: equal rewards -> 0
     torch.testing.assert_close(batch.advantages, torch.tensor([0.707106, -0.707106, 0.0, 0.0]), atol=1e-5, rtol=0)
     assert batch.prompt_ids == [10, 10, 11, 11]
@@ -48,22 +60,25 @@ def test_masked_positions_point_at_completion_tokens():
 
 def test_dr_grpo_and_same_prompt_in_two_groups():
     a, b = _groups()
-    b.prompt_id = 10                       # two groups of one prompt are still normalised separately
+    b.prompt_id = 10  # two groups of one prompt are still normalised separately
     batch = build_train_batch([a, b], pad_token_id=0, estimator="dr_grpo")
     torch.testing.assert_close(batch.advantages, torch.tensor([0.5, -0.5, 0.0, 0.0]))
 
 
-@pytest.mark.parametrize("estimator, whiten, expected", [
-    ("rloo", "token", [1.0, -1.0, 0.0, 0.0]),              # G/(G-1) * (r - mean_g) = 2 * +-0.5
-    # batch-whitened: rewards 1, 0, 1, 1 -> mean .75, sample std .5 -> (r - .75) / .5
-    ("reinforce_pp", "sequence", [0.5, -1.5, 0.5, 0.5]),
-    # over tokens (2, 1, 3, 1 of them): six 1s, one 0 -> mean 6/7, var (6/49 + 36/49)/6 = 1/7, std .377964
-    ("reinforce_pp", "token", [0.377964, -2.267787, 0.377964, 0.377964]),
-    # centred by group: .5, -.5, 0, 0 -> mean 0, sample std sqrt(.5/3) = .40825 -> +-1.22474
-    ("reinforce_pp_baseline", "sequence", [1.224745, -1.224745, 0.0, 0.0]),
-    # over tokens: .5 .5 -.5 0 0 0 0 -> mean 1/14, var (5/7)/6, std .345033
-    ("reinforce_pp_baseline", "token", [1.242118, -1.656157, -0.207020, -0.207020]),
-])
+@pytest.mark.parametrize(
+    "estimator, whiten, expected",
+    [
+        ("rloo", "token", [1.0, -1.0, 0.0, 0.0]),  # G/(G-1) * (r - mean_g) = 2 * +-0.5
+        # batch-whitened: rewards 1, 0, 1, 1 -> mean .75, sample std .5 -> (r - .75) / .5
+        ("reinforce_pp", "sequence", [0.5, -1.5, 0.5, 0.5]),
+        # over tokens (2, 1, 3, 1 of them): six 1s, one 0 -> mean 6/7, var (6/49 + 36/49)/6 = 1/7, std .377964
+        ("reinforce_pp", "token", [0.377964, -2.267787, 0.377964, 0.377964]),
+        # centred by group: .5, -.5, 0, 0 -> mean 0, sample std sqrt(.5/3) = .40825 -> +-1.22474
+        ("reinforce_pp_baseline", "sequence", [1.224745, -1.224745, 0.0, 0.0]),
+        # over tokens: .5 .5 -.5 0 0 0 0 -> mean 1/14, var (5/7)/6, std .345033
+        ("reinforce_pp_baseline", "token", [1.242118, -1.656157, -0.207020, -0.207020]),
+    ],
+)
 def test_estimator_is_picked_by_name(estimator, whiten, expected):
     batch = build_train_batch(_groups(), pad_token_id=0, estimator=estimator, whiten=whiten)
     torch.testing.assert_close(batch.advantages, torch.tensor(expected), atol=1e-5, rtol=0)
@@ -89,24 +104,32 @@ def test_split_even_covers_batch_in_order():
 
 def test_split_uneven_pads_with_zero_weight_copies():
     batch = build_train_batch(_groups(), pad_token_id=0)
-    shares = [split_batch(batch, r, 3) for r in range(3)]    # ceil(4/3) = 2 rows each, 6 slots for 4 rows
+    shares = [split_batch(batch, r, 3) for r in range(3)]  # ceil(4/3) = 2 rows each, 6 slots for 4 rows
     assert [len(s) for s in shares] == [2, 2, 2]
     last = shares[2]
-    assert torch.equal(last.input_ids, batch.input_ids[[0, 0]])      # real tokens: attention stays defined
+    assert torch.equal(last.input_ids, batch.input_ids[[0, 0]])  # real tokens: attention stays defined
     assert last.loss_mask.sum() == 0 and torch.equal(last.advantages, torch.zeros(2))
     assert last.prompt_ids == [-1, -1]
     assert sum(s.loss_mask.sum() for s in shares) == batch.loss_mask.sum()
-    assert batch.loss_mask[0].sum() == 2                             # original untouched by the padding
+    assert batch.loss_mask[0].sum() == 2  # original untouched by the padding
     with pytest.raises(ValueError, match="rank"):
         split_batch(batch, 3, 3)
 
 
 def test_excluded_trajectories_are_not_trained_on():
     """Group a keeps 2 of 3 (stats over those two), group b keeps 1 of 2 (dropped), group c lost none."""
-    a = TrajectoryGroup(10, "a", {}, [_traj(10, 0, [5], [6], [-0.1], 1.0), _traj(10, 1, [5], [7], [-0.2], 0.0),
-                                      _traj(10, 2, [5], [8, 9], [-0.3, -0.4], 0.0)])
+    a = TrajectoryGroup(
+        10,
+        "a",
+        {},
+        [
+            _traj(10, 0, [5], [6], [-0.1], 1.0),
+            _traj(10, 1, [5], [7], [-0.2], 0.0),
+            _traj(10, 2, [5], [8, 9], [-0.3, -0.4], 0.0),
+        ],
+    )
     b = TrajectoryGroup(11, "b", {}, [_traj(11, 0, [1], [2], [-0.5], 1.0), _traj(11, 1, [1], [3], [-0.6], 0.0)])
-    c = TrajectoryGroup(12, "c", {}, [_traj(12, 0, [4], [2], [-0.7], 3.0)])          # G=1 (e.g. REINFORCE++)
+    c = TrajectoryGroup(12, "c", {}, [_traj(12, 0, [4], [2], [-0.7], 3.0)])  # G=1 (e.g. REINFORCE++)
     a.trajectories[1].excluded = Exclusion("f", "timeout")
     b.trajectories[0].excluded = Exclusion("f", "raised", "KeyError")
     assert [[t.sample_idx for t in g.trajectories] for g in trainable_groups([a, b, c])] == [[0, 2], [0]]
@@ -115,7 +138,7 @@ def test_excluded_trajectories_are_not_trained_on():
     assert batch.input_ids.tolist() == [[5, 6, 0], [5, 8, 9], [4, 2, 0]]
     # group a over samples 0 and 2 only: rewards 1, 0 -> mean .5 (with sample 1 it would be 1/3)
     torch.testing.assert_close(batch.advantages, torch.tensor([0.5, -0.5, 0.0]))
-    assert len(a.trajectories) == 3                                   # the input groups are not modified
+    assert len(a.trajectories) == 3  # the input groups are not modified
     for t in a.trajectories + c.trajectories:
         t.excluded = Exclusion("f", "non_finite")
     with pytest.raises(ValueError, match=r"no trajectories to train on \(4 given; excluded ones"):
@@ -134,11 +157,12 @@ def test_completion_mask_keeps_environment_tokens_out_of_the_loss():
     batch = build_train_batch([TrajectoryGroup(10, "p", {}, [multi, single])], pad_token_id=0)
     assert batch.input_ids.tolist() == [[5, 6, 8, 9, 30, 31, 10], [5, 6, 7, 8, 0, 0, 0]]
     assert batch.loss_mask.tolist() == [[0, 1, 1, 0, 0, 1], [0, 1, 1, 0, 0, 0]]
-    torch.testing.assert_close(batch.behaviour_logprobs, torch.tensor(
-        [[0, -0.1, -0.2, 0, 0, -0.3], [0, -0.4, -0.5, 0, 0, 0]]))
+    torch.testing.assert_close(
+        batch.behaviour_logprobs, torch.tensor([[0, -0.1, -0.2, 0, 0, -0.3], [0, -0.4, -0.5, 0, 0, 0]])
+    )
     positions = batch.loss_mask[0].nonzero().squeeze(1)
-    assert batch.input_ids[0, positions + 1].tolist() == [8, 9, 10]       # exactly the model's tokens
-    assert batch.loss_mask.sum() == 5                                     # 3 model + 2 single-turn tokens
+    assert batch.input_ids[0, positions + 1].tolist() == [8, 9, 10]  # exactly the model's tokens
+    assert batch.loss_mask.sum() == 5  # 3 model + 2 single-turn tokens
     torch.testing.assert_close(batch.advantages, torch.tensor([0.707106, -0.707106]), atol=1e-5, rtol=0)
 
 
@@ -153,8 +177,12 @@ def test_bad_completion_mask(mask, got):
 def _sized_group(prompt_id, rewards, lengths=None):
     """One group whose completions have the given rewards and lengths (tokens of id 5)."""
     lengths = lengths or [1] * len(rewards)
-    return TrajectoryGroup(prompt_id, f"p{prompt_id}", {}, [
-        _traj(prompt_id, i, [1, 2], [5] * n, [-0.5] * n, r) for i, (r, n) in enumerate(zip(rewards, lengths))])
+    return TrajectoryGroup(
+        prompt_id,
+        f"p{prompt_id}",
+        {},
+        [_traj(prompt_id, i, [1, 2], [5] * n, [-0.5] * n, r) for i, (r, n) in enumerate(zip(rewards, lengths))],
+    )
 
 
 def test_overlong_shaping_enters_rewards_before_advantages():

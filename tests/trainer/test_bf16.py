@@ -23,11 +23,11 @@ def test_bf16_logprobs_close_to_fp32_and_really_bf16(one_rank_group, tiny_llama,
     worst = 0.0
     for a, b in zip(fp32._micro_batches(share), bf16._micro_batches(share)):
         logits, _, _ = bf16.policy_step.forward(bf16.model, b)
-        assert logits.dtype == torch.float32                              # LM head kept in float32
+        assert logits.dtype == torch.float32  # LM head kept in float32
         lp32, lp16 = fp32.policy_step.logprobs(fp32.model, a), bf16.policy_step.logprobs(bf16.model, b)
         diff = (lp32 - lp16).abs() * a.loss_mask
         worst = max(worst, float(diff.max()))
-    assert 0.0 < worst < BF16_LOGPROB_TOL                                 # > 0: the matmuls did run in bf16
+    assert 0.0 < worst < BF16_LOGPROB_TOL  # > 0: the matmuls did run in bf16
 
 
 def test_bf16_step_keeps_fp32_master_weights_and_learns(one_rank_group, tiny_llama):

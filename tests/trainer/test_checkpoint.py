@@ -3,7 +3,6 @@ after a resume equals the step an uninterrupted trainer takes."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
@@ -15,9 +14,14 @@ def two_rank_trainer(tiny_llama):
     """The 2-rank FSDP2 ``TrainerGroup`` the checkpoint tests save and load."""
     from relayrl.trainer.ranks import TrainerGroup
 
-    return TrainerGroup(2, str(tiny_llama), ModelConfig(path=str(tiny_llama)),
-                        TrainerConfig(world_size=2, lr=1e-3, micro_batch_size=4, num_cpus=0.5),
-                        AlgorithmConfig(group_size=3), temperature=1.0)
+    return TrainerGroup(
+        2,
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama)),
+        TrainerConfig(world_size=2, lr=1e-3, micro_batch_size=4, num_cpus=0.5),
+        AlgorithmConfig(group_size=3),
+        temperature=1.0,
+    )
 
 
 def test_resume_from_checkpoint_takes_the_same_next_step(ray_session, tiny_llama, tmp_path):
@@ -25,27 +29,31 @@ def test_resume_from_checkpoint_takes_the_same_next_step(ray_session, tiny_llama
 
     groups = _synthetic_groups(vocab=AutoConfig.from_pretrained(tiny_llama).vocab_size)
     refs = [ray_session.put(groups)]
-    make = lambda: two_rank_trainer(tiny_llama)   # noqa: E731
+    make = lambda: two_rank_trainer(tiny_llama)  # noqa: E731
     first = make()
     try:
         first.train_step(refs)
         first.save_checkpoint(str(tmp_path / "ckpt"))
         saved = {k: v.clone() for k, v in first.state_dict().items()}
-        first.train_step(refs)                                    # the uninterrupted run's step 2
+        first.train_step(refs)  # the uninterrupted run's step 2
         uninterrupted = first.state_dict()
     finally:
         first.shutdown()
-    manifest.write(tmp_path / "ckpt")                             # the driver's commit
-    second = make()                                               # a fresh trainer, as after a crash
+    manifest.write(tmp_path / "ckpt")  # the driver's commit
+    second = make()  # a fresh trainer, as after a crash
     try:
         second.load_checkpoint(str(tmp_path / "ckpt"))
         loaded = second.state_dict()
         assert all(torch.equal(loaded[k], saved[k]) for k in saved)
-        second.train_step(refs)                                   # needs the restored Adam moments to match
+        second.train_step(refs)  # needs the restored Adam moments to match
         resumed = second.state_dict()
     finally:
         second.shutdown()
     assert max((resumed[k] - uninterrupted[k]).abs().max().item() for k in saved) < 1e-6
     assert any(not torch.equal(resumed[k], saved[k]) for k in saved)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["dcp", "manifest.json", "rng-rank0.pt",
-                                                                 "rng-rank1.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "dcp",
+        "manifest.json",
+        "rng-rank0.pt",
+        "rng-rank1.pt",
+    ]

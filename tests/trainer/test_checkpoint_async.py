@@ -53,14 +53,14 @@ def test_async_save_keeps_the_state_of_the_save_call(tmp_path: Path, held_write:
     _step(trainer)
     saver.save(tmp_path, trainer, rank=0, asynchronous=True)
     at_save = _snapshot(trainer)
-    assert not saver.done()                     # the write is held: save returned before it
-    for _ in range(3):                          # training goes on before the write runs
+    assert not saver.done()  # the write is held: save returned before it
+    for _ in range(3):  # training goes on before the write runs
         _step(trainer)
     held_write.set()
     saver.wait()
     assert saver.done()
     assert any(not torch.equal(at_save[k], v) for k, v in _snapshot(trainer).items())
-    manifest.write(tmp_path)                    # the driver's commit
+    manifest.write(tmp_path)  # the driver's commit
     fresh = _parts(1)
     load(tmp_path, fresh, rank=0)
     restored = _snapshot(fresh)
@@ -75,7 +75,7 @@ def test_next_save_waits_for_the_previous_write(tmp_path: Path):
     saver.save(tmp_path / "a", trainer, rank=0, asynchronous=True)
     first = _snapshot(trainer)
     _step(trainer)
-    saver.save(tmp_path / "b", trainer, rank=0, asynchronous=True)   # must finish "a" first
+    saver.save(tmp_path / "b", trainer, rank=0, asynchronous=True)  # must finish "a" first
     assert (tmp_path / "a" / "dcp" / ".metadata").exists()
     saver.wait()
     manifest.write(tmp_path / "a")
@@ -93,7 +93,7 @@ def test_two_ranks_train_while_their_checkpoint_is_written(ray_session, tiny_lla
     from tests.trainer.test_checkpoint import two_rank_trainer
 
     refs = [ray_session.put(_synthetic_groups(vocab=AutoConfig.from_pretrained(tiny_llama).vocab_size))]
-    make = lambda: two_rank_trainer(tiny_llama)   # noqa: E731
+    make = lambda: two_rank_trainer(tiny_llama)  # noqa: E731
     first = make()
     try:
         first.train_step(refs)

@@ -10,7 +10,7 @@ import torch
 
 from relayrl.trainer.fsdp import _params_by_mesh, clip_grads, global_grad_norm, squared_norm
 
-NORM = math.sqrt(4 * 1.0**2 + 2 * 2.0**2)        # weight grad: four 1s, bias grad: two 2s -> sqrt(12) = 3.4641
+NORM = math.sqrt(4 * 1.0**2 + 2 * 2.0**2)  # weight grad: four 1s, bias grad: two 2s -> sqrt(12) = 3.4641
 
 
 def linear_with_grads(shard: bool) -> torch.nn.Linear:
@@ -35,7 +35,7 @@ def test_norm_and_clip_by_hand(shard, one_rank_group):
     groups = _params_by_mesh(model)
     norm = global_grad_norm(groups)
     assert norm.item() == pytest.approx(NORM, rel=1e-6)
-    clip_grads(groups, 1.0, norm)                    # scale 1 / (3.4641 + 1e-6) = 0.288675
+    clip_grads(groups, 1.0, norm)  # scale 1 / (3.4641 + 1e-6) = 0.288675
     assert local(model.weight.grad).flatten().tolist() == pytest.approx([0.288675] * 4, rel=1e-5)
     assert local(model.bias.grad).tolist() == pytest.approx([0.57735] * 2, rel=1e-5)
 
@@ -50,6 +50,6 @@ def test_clip_leaves_a_norm_below_the_limit(one_rank_group):
 def test_local_path_equals_dtensor_norm(one_rank_group):
     model = linear_with_grads(shard=True)
     grads = [p.grad for p in model.parameters()]
-    assert all(hasattr(g, "device_mesh") for g in grads)             # the local-tensor path runs
+    assert all(hasattr(g, "device_mesh") for g in grads)  # the local-tensor path runs
     theirs = torch.nn.utils.get_total_norm(grads).full_tensor()
     assert squared_norm(grads).item() == pytest.approx(theirs.item() ** 2, rel=1e-6)

@@ -23,9 +23,14 @@ ADAPTED = ("self_attn.q_proj.weight", "self_attn.v_proj.weight", "mlp.down_proj.
 def lora_trainer(tiny_llama, world_size: int = 2):
     from relayrl.trainer.ranks import TrainerGroup
 
-    return TrainerGroup(world_size, str(tiny_llama), ModelConfig(path=str(tiny_llama)),
-                        TrainerConfig(world_size=world_size, lr=1e-2, micro_batch_size=4, num_cpus=0.5, lora=LORA),
-                        AlgorithmConfig(group_size=3, kl_coef=0.1), temperature=TEMPERATURE)
+    return TrainerGroup(
+        world_size,
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama)),
+        TrainerConfig(world_size=world_size, lr=1e-2, micro_batch_size=4, num_cpus=0.5, lora=LORA),
+        AlgorithmConfig(group_size=3, kl_coef=0.1),
+        temperature=TEMPERATURE,
+    )
 
 
 def _checkpoint_keys(path) -> list[str]:
@@ -51,12 +56,12 @@ def trained(ray_session, tiny_llama, tmp_path_factory):
         out["hf_dir"] = first.save_hf(str(tmp_path_factory.mktemp("lora_hf") / "model"))
     finally:
         first.shutdown()
-    manifest.write(ckpt)                                  # the driver's commit
-    second = lora_trainer(tiny_llama)                     # a fresh trainer, as after a crash
+    manifest.write(ckpt)  # the driver's commit
+    second = lora_trainer(tiny_llama)  # a fresh trainer, as after a crash
     try:
         second.load_checkpoint(str(ckpt))
         out["loaded"] = second.state_dict()
-        second.train_step(refs)                           # needs the restored adapters and Adam moments
+        second.train_step(refs)  # needs the restored adapters and Adam moments
         out["resumed"] = second.state_dict()
     finally:
         second.shutdown()
@@ -69,7 +74,7 @@ def test_only_adapters_train(trained):
     every adapted weight moved and nothing else did, and the state dict has the base model's names."""
     initial, final = trained["initial"], trained["uninterrupted"]
     n_train, n_all = trained["counts"]
-    per_layer = sum(4 * (i + o) for i, o in ((128, 128), (128, 64), (256, 128)))   # q, v, down of the tiny Llama
+    per_layer = sum(4 * (i + o) for i, o in ((128, 128), (128, 64), (256, 128)))  # q, v, down of the tiny Llama
     assert n_train == 2 * per_layer and n_all == trained["base_params"] + n_train
     assert set(final) == set(initial)
     adapted = [k for k in initial if k.endswith(ADAPTED)]
@@ -119,10 +124,14 @@ def test_ppo_critic_trains_beside_a_lora_policy(ray_session, tiny_llama):
     from relayrl.trainer.ranks import TrainerGroup
 
     base = _hf_model(tiny_llama)
-    trainer = TrainerGroup(1, str(tiny_llama), ModelConfig(path=str(tiny_llama)),
-                           TrainerConfig(lr=1e-2, micro_batch_size=4, lora=LORA),
-                           AlgorithmConfig(name="gae", group_size=3, kl_coef=0.1, kl_estimator="k1"),
-                           temperature=TEMPERATURE)
+    trainer = TrainerGroup(
+        1,
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama)),
+        TrainerConfig(lr=1e-2, micro_batch_size=4, lora=LORA),
+        AlgorithmConfig(name="gae", group_size=3, kl_coef=0.1, kl_estimator="k1"),
+        temperature=TEMPERATURE,
+    )
     try:
         refs = [ray_session.put(_synthetic_groups(vocab=base.config.vocab_size))]
         stats = [trainer.train_step(refs) for _ in range(2)]

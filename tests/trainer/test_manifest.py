@@ -35,6 +35,7 @@ def ckpt(tmp_path: Path) -> Path:
 @pytest.fixture
 def no_dcp_load(monkeypatch):
     """Fails the test if DCP is asked to read (and so unpickle) anything."""
+
     def forbidden(*args, **kwargs):
         raise AssertionError("dcp.load was called on a checkpoint that should have been refused")
 
@@ -64,7 +65,7 @@ def test_write_takes_group_write_off_so_a_umask_002_save_verifies(tmp_path):
         save(path, _parts(0), rank=0)
     finally:
         os.umask(old)
-    assert (path / "rng-rank0.pt").stat().st_mode & 0o020             # group-writable as written
+    assert (path / "rng-rank0.pt").stat().st_mode & 0o020  # group-writable as written
     manifest.write(path)
     manifest.verify(path)
 

@@ -16,7 +16,7 @@ def test_nonfinite_gradient_skips_the_step_and_finite_one_takes_it():
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]
     (model(torch.tensor([[float("nan"), 1.0, 2.0]])).sum()).backward()
-    assert not torch.isfinite(torch.tensor(clip_and_step(model, opt, 1.0)))     # the NaN norm, step skipped
+    assert not torch.isfinite(torch.tensor(clip_and_step(model, opt, 1.0)))  # the NaN norm, step skipped
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and not opt.state
     assert all(p.grad is None for p in model.parameters())
     model(torch.ones(1, 3)).sum().backward()
@@ -26,8 +26,13 @@ def test_nonfinite_gradient_skips_the_step_and_finite_one_takes_it():
 
 def test_k_bad_steps_in_a_row_stop_the_run():
     state = SimpleNamespace(bad_steps=0, cfg=SimpleNamespace(trainer=SimpleNamespace(max_bad_steps=3)))
-    for stats in ({"nonfinite_skips": 1.0}, {"nonfinite_skips": 1.0}, {"nonfinite_skips": 0.0},
-                  {"nonfinite_skips": 1.0}, {"nonfinite_skips": 1.0}):
-        Scheduler._check_finite(state, stats)          # a good step in between resets the count
+    for stats in (
+        {"nonfinite_skips": 1.0},
+        {"nonfinite_skips": 1.0},
+        {"nonfinite_skips": 0.0},
+        {"nonfinite_skips": 1.0},
+        {"nonfinite_skips": 1.0},
+    ):
+        Scheduler._check_finite(state, stats)  # a good step in between resets the count
     with pytest.raises(RuntimeError, match="3 steps in a row had a NaN/inf gradient"):
         Scheduler._check_finite(state, {"nonfinite_skips": 2.0})

@@ -27,7 +27,7 @@ def _train(cfg, tiny_llama, groups: list, offload: bool) -> tuple[list[dict], di
         stats = [trainer.train_step([groups])]
         if offload:
             moved = trainer.offload()
-            assert moved > 0 and trainer.offload() == 0          # params, grads-free, AdamW moments
+            assert moved > 0 and trainer.offload() == 0  # params, grads-free, AdamW moments
             assert trainer.onload() == moved
         stats += [trainer.train_step([groups]) for _ in range(STEPS - 1)]
         return stats, trainer.state_dict()
@@ -53,9 +53,9 @@ def test_offload_and_onload_keep_training_identical(ray_session, tiny_llama):
     initial = load_file(tiny_llama / "model.safetensors")
     changed = [k for k in initial if k in plain_weights and not torch.equal(initial[k], plain_weights[k])]
     assert changed, "training changed no weight, so equal weights below would prove nothing"
-    assert moved[0]["loss"] == plain[0]["loss"]                      # same start, before any offload
-    for step in range(1, STEPS):                                     # after the offload + onload
+    assert moved[0]["loss"] == plain[0]["loss"]  # same start, before any offload
+    for step in range(1, STEPS):  # after the offload + onload
         _same_stats(moved[step], plain[step], step)
     assert moved_weights.keys() == plain_weights.keys()
-    for name, weight in plain_weights.items():                       # after 2 AdamW steps on onloaded moments
+    for name, weight in plain_weights.items():  # after 2 AdamW steps on onloaded moments
         torch.testing.assert_close(moved_weights[name], weight, rtol=1e-5, atol=1e-7, msg=name)

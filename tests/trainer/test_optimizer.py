@@ -43,7 +43,7 @@ def test_fused_follows_the_default_loop_over_many_steps():
             opt.step()
         runs[fused] = [q.detach() for q in params]
     for a, b, s in zip(runs[True], runs[False], start):
-        assert (a - s).abs().max() > 0.05                     # both really moved
+        assert (a - s).abs().max() > 0.05  # both really moved
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -65,7 +65,7 @@ def test_local_step_is_the_dtensor_step(fused, amsgrad, one_rank_group):
         model = _sharded_mlp(0)
         start = [p.full_tensor().clone() for p in model.parameters()]
         opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1, fused=fused or None, amsgrad=amsgrad)
-        if local:        # the local-tensor path must run, not a fall-back to step()
+        if local:  # the local-tensor path must run, not a fall-back to step()
             opt.step = lambda *a, **k: pytest.fail("adamw_step fell back to step() on FSDP2 DTensors")
         gen = torch.Generator().manual_seed(1)
         for _ in range(3):

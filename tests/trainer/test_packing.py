@@ -18,8 +18,15 @@ from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from relayrl.trainer.actor import TrainerActor
 from relayrl.trainer.batch import build_train_batch, empty_micro_batch, split_batch
-from relayrl.trainer.packing import (PackedRow, attention_allowed, attention_mask_4d, pack_rows, place,
-                                     plan_chunks, split_to_count)
+from relayrl.trainer.packing import (
+    PackedRow,
+    attention_allowed,
+    attention_mask_4d,
+    pack_rows,
+    place,
+    plan_chunks,
+    split_to_count,
+)
 from relayrl.trainer.precision import keep_head_fp32
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup, VersionSpan
 
@@ -42,9 +49,20 @@ def synthetic_groups(n_groups: int = 3, group_size: int = 4, vocab: int = 500) -
             comp = ([7, 8] if s % 2 else []) + torch.randint(3, vocab, (2 + (2 * p + s) % 5,), generator=g).tolist()
             T = len(comp)
             mask = [1] * (T - 2) + [0, 1] if (p, s) == (1, 2) else None
-            trajs.append(Trajectory(p, s, prompt, comp, (-torch.rand(T, generator=g) * 6).tolist(), "", "stop",
-                                    [VersionSpan(0, 0, T)], reward=float((s + p) % 2) + 0.5 * s,
-                                    completion_mask=mask))
+            trajs.append(
+                Trajectory(
+                    p,
+                    s,
+                    prompt,
+                    comp,
+                    (-torch.rand(T, generator=g) * 6).tolist(),
+                    "",
+                    "stop",
+                    [VersionSpan(0, 0, T)],
+                    reward=float((s + p) % 2) + 0.5 * s,
+                    completion_mask=mask,
+                )
+            )
         groups.append(TrajectoryGroup(p, f"prompt {p}", {}, trajs))
     return groups
 
@@ -53,12 +71,22 @@ def local_actor(model_path, attn: str = "sdpa", algo: AlgorithmConfig | None = N
     """A ``TrainerActor`` wired by hand on one CPU rank around a plain (unsharded) HF model."""
     from transformers import AutoModelForCausalLM
 
-    actor = TrainerActor(0, 1, "127.0.0.1", 0, str(model_path), ModelConfig(path=str(model_path)),
-                         TrainerConfig(lr=1e-3, **trainer), algo or AlgorithmConfig(group_size=4),
-                         TEMPERATURE, seed=0)
+    actor = TrainerActor(
+        0,
+        1,
+        "127.0.0.1",
+        0,
+        str(model_path),
+        ModelConfig(path=str(model_path)),
+        TrainerConfig(lr=1e-3, **trainer),
+        algo or AlgorithmConfig(group_size=4),
+        TEMPERATURE,
+        seed=0,
+    )
     actor.device, actor.dp_group, actor.dp_rank, actor.dp_size = torch.device("cpu"), None, 0, 1
-    actor.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32,
-                                                       attn_implementation=attn).eval()
+    actor.model = AutoModelForCausalLM.from_pretrained(
+        str(model_path), dtype=torch.float32, attn_implementation=attn
+    ).eval()
     keep_head_fp32(actor.model.get_output_embeddings())
     actor.ref_model, actor.pad_token_id = None, 0
     actor.optimizer = torch.optim.AdamW(actor.model.parameters(), lr=1e-3)
@@ -106,13 +134,18 @@ def test_attention_allowed_is_block_causal():
     # segment 0: a plain sequence of 2; segment 1: prefix of 2, suffix A (1 token), suffix B (2 tokens)
     segment = torch.tensor([0, 0, 1, 1, 1, 1, 1])
     branch = torch.tensor([0, 0, 0, 0, 1, 2, 2])
-    expected = torch.tensor([[1, 0, 0, 0, 0, 0, 0],
-                             [1, 1, 0, 0, 0, 0, 0],
-                             [0, 0, 1, 0, 0, 0, 0],
-                             [0, 0, 1, 1, 0, 0, 0],
-                             [0, 0, 1, 1, 1, 0, 0],     # A sees the prefix and itself
-                             [0, 0, 1, 1, 0, 1, 0],     # B's first token: prefix, not A
-                             [0, 0, 1, 1, 0, 1, 1]], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+            [0, 0, 1, 0, 0, 0, 0],
+            [0, 0, 1, 1, 0, 0, 0],
+            [0, 0, 1, 1, 1, 0, 0],  # A sees the prefix and itself
+            [0, 0, 1, 1, 0, 1, 0],  # B's first token: prefix, not A
+            [0, 0, 1, 1, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(attention_allowed(segment, branch), expected)
 
 
@@ -135,12 +168,19 @@ def test_place_scatters_and_sums_shared_gradients():
     out = place(values, gather)
     assert out.tolist() == [[1.0, 1.0], [2.0, 0.0], [3.0, 1.0]]
     out.sum().backward()
-    assert values.grad.tolist() == [3.0, 1.0, 1.0]          # entry 0 is used three times
+    assert values.grad.tolist() == [3.0, 1.0, 1.0]  # entry 0 is used three times
 
 
 def test_eager_mask_is_additive():
-    row = PackedRow(torch.tensor([[1, 2]]), torch.tensor([[0, 0]]), torch.tensor([0, 1]), torch.tensor([0, 0]),
-                    torch.tensor([0]), torch.tensor([1]), torch.tensor([[0]]))
+    row = PackedRow(
+        torch.tensor([[1, 2]]),
+        torch.tensor([[0, 0]]),
+        torch.tensor([0, 1]),
+        torch.tensor([0, 0]),
+        torch.tensor([0]),
+        torch.tensor([1]),
+        torch.tensor([[0]]),
+    )
     m = attention_mask_4d(row, "eager", torch.float32)[0, 0]
     assert m[0, 0] == 0 and m[1, 1] == 0 and m[1, 0] == torch.finfo(torch.float32).min
     assert attention_mask_4d(row, "sdpa", torch.float32).dtype == torch.bool
@@ -151,7 +191,7 @@ def test_plan_chunks_and_split_to_count():
     costs = [4, 4, 4, 4, 9]
     chunks = split_to_count([[0, 1, 2, 3], [4]], costs, 4)
     assert chunks == [[0], [1], [2, 3], [4]] and sum(chunks, []) == [0, 1, 2, 3, 4]
-    assert split_to_count([[0], [1]], costs, 5) == [[0], [1]]   # nothing left to split: caller pads
+    assert split_to_count([[0], [1]], costs, 5) == [[0], [1]]  # nothing left to split: caller pads
 
 
 # ------------------------------------------------------------------------------------------- against the model
@@ -186,7 +226,7 @@ def test_losses_gradients_and_normalisers_equal_padded(one_rank_group, tiny_llam
     share = step_share(synthetic_groups())
     padded = step_loss_and_grads(local_actor(tiny_llama, algo=algo, micro_batch_size=5, **PADDED), share, agg)
     packed = step_loss_and_grads(local_actor(tiny_llama, algo=algo, **mode), share, agg)
-    assert padded[2:4] == packed[2:4]                                 # tokens and LOSS_AGG denominator
+    assert padded[2:4] == packed[2:4]  # tokens and LOSS_AGG denominator
     assert abs(padded[0] - packed[0]) < 1e-6 and padded[0] != 0.0
     assert padded[1].keys() == packed[1].keys()
     for name, g in padded[1].items():
@@ -209,23 +249,33 @@ def test_micro_batch_count_padded_to_the_busiest_rank(one_rank_group, tiny_llama
     """Told another rank has 7 chunks, this rank splits its own into its units (rows, or groups with a shared
     prefix) and adds empty micro-batches for the rest, without losing or repeating a loss token."""
     actor = local_actor(tiny_llama, **mode)
-    share = step_share(synthetic_groups(n_groups=2, group_size=2))       # 4 rows, 2 groups, 1 chunk
+    share = step_share(synthetic_groups(n_groups=2, group_size=2))  # 4 rows, 2 groups, 1 chunk
     monkeypatch.setattr(actor, "_all_reduce", lambda value, op=None, dtype=None: torch.tensor(7.0))
     micro = actor._micro_batches(share)
     assert len(micro) == 7
     assert sum(float(mb.loss_mask.sum()) for mb in micro) == float(share.loss_mask.sum())
-    assert sum(len(mb) for mb in micro) == 4 + (7 - units)             # one row per empty micro-batch
+    assert sum(len(mb) for mb in micro) == 4 + (7 - units)  # one row per empty micro-batch
 
 
-@pytest.mark.parametrize("overrides,field", [
-    (["trainer.max_tokens_per_micro_batch=0"], "trainer.shared_prefix"),      # shared_prefix defaults on
-    (["trainer.max_tokens_per_micro_batch=-1", "trainer.shared_prefix=false"], "trainer.max_tokens_per_micro_batch"),
-    (["trainer.dtype=fp16"], "trainer.dtype"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        (["trainer.max_tokens_per_micro_batch=0"], "trainer.shared_prefix"),  # shared_prefix defaults on
+        (
+            ["trainer.max_tokens_per_micro_batch=-1", "trainer.shared_prefix=false"],
+            "trainer.max_tokens_per_micro_batch",
+        ),
+        (["trainer.dtype=fp16"], "trainer.dtype"),
+    ],
+)
 def test_config_rejects_bad_combinations(overrides, field):
     from relayrl.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=field):
         load_config("grpo_tiny", overrides)
-    assert load_config("grpo_tiny", ["trainer.max_tokens_per_micro_batch=0", "trainer.shared_prefix=false",
-                                     "trainer.dtype=bf16"]).trainer.dtype == "bf16"
+    assert (
+        load_config(
+            "grpo_tiny", ["trainer.max_tokens_per_micro_batch=0", "trainer.shared_prefix=false", "trainer.dtype=bf16"]
+        ).trainer.dtype
+        == "bf16"
+    )

@@ -31,7 +31,8 @@ def test_sums_add_and_ratio_max_keeps_the_largest():
 def test_reduce_divides_loss_by_the_denominator_and_the_rest_by_tokens():
     # two ranks, 2 epochs: loss 6 * 2 / 2 / denominator 3 = 2; clip_frac 4 * 2 / 2 / 8 tokens = .5
     out = stats(loss=6.0, clip_frac=4.0, entropy=12.0, ratio_max=1.5).reduce(
-        two_ranks, epochs=2, tokens=torch.tensor(8.0), denominator=torch.tensor(3.0))
+        two_ranks, epochs=2, tokens=torch.tensor(8.0), denominator=torch.tensor(3.0)
+    )
     assert out.keys() == {f.name for f in dataclasses.fields(StepStats)}
     assert (out["loss"], out["clip_frac"], out["entropy"], out["ratio_max"]) == (2.0, 0.5, 1.5, 1.5)
     assert out["kl"] == 0.0
@@ -39,5 +40,6 @@ def test_reduce_divides_loss_by_the_denominator_and_the_rest_by_tokens():
 
 def test_value_stats_are_token_means():
     out = ValueStats(value_loss=torch.tensor(3.0), value_clip_frac=torch.tensor(1.0)).reduce(
-        two_ranks, epochs=1, tokens=torch.tensor(4.0))
+        two_ranks, epochs=1, tokens=torch.tensor(4.0)
+    )
     assert out == {"value_loss": 1.5, "value_clip_frac": pytest.approx(0.5)}

