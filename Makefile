@@ -35,7 +35,7 @@ lint: $(STAMP)
 	exit $$rc
 
 fix: $(STAMP)
-	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+	-$(VENV)/bin/ruff check --fix $(LINT_PATHS)
 	$(VENV)/bin/ruff format $(LINT_PATHS)
 
 clean:
