@@ -2,8 +2,9 @@
 
 Arithmetic (``arith_correct``, ``answer_format``, ``last_number_correct``, ``digit_fraction``), ``exact_match``,
 math answers (``math_verify``), format (``think_format``, ``regex_match``), ``length_penalty``, code
-execution in a sandbox (``CodeExec``, registered as ``code_exec``) and a multi-turn episode's environment reward (``env_reward``). Functions with settings take them as keyword arguments, which a
-recipe gives as ``rewards: [{fn: regex_match, kwargs: {pattern: ...}}]``.
+execution in a sandbox (``CodeExec``, registered as ``code_exec``) and a multi-turn episode's environment
+reward (``env_reward``). Functions with settings take them as keyword arguments, which a recipe gives
+as ``rewards: [{fn: regex_match, kwargs: {pattern: ...}}]``.
 
 How an arithmetic answer is read (``parse_answer``), chosen to reward the format the prompt asks for:
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import json
 import os
 import secrets
@@ -295,10 +296,8 @@ def _verdict(line: bytes | None, nonce: str) -> Verdict:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, 9)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 

@@ -30,11 +30,18 @@ import os
 import resource
 import signal
 import sys
+from typing import Any, Protocol
 
-from .plain import dumps, loads
+from .plain import dumps, loads  # noqa: TID252 - loaded by path as its own package (harness.JUDGE_BOOT)
 
 MAX_REPLY = 1 << 20
 """Bytes of one reply from the sandbox; a longer one fails that call."""
+
+
+class Asker(Protocol):
+    """What the judge calls the sandbox through (``Channel``; a stand-in in unit tests)."""
+
+    def ask(self, request: list) -> Any: ...
 
 
 class SolutionError(Exception):
@@ -48,11 +55,11 @@ class Unsupported(Exception):
 class Channel:
     """Calls into the sandbox: one request line out, one reply line back."""
 
-    def __init__(self, request_fd, reply_fd):
+    def __init__(self, request_fd: int, reply_fd: int) -> None:
         self.request_fd = request_fd
-        self.replies = open(reply_fd, "rb", buffering=1 << 16)
+        self.replies = open(reply_fd, "rb", buffering=1 << 16)  # noqa: SIM115 - read for the process's life
 
-    def ask(self, request):
+    def ask(self, request: list) -> Any:
         try:
             line = (dumps(request) + "\n").encode()
         except (TypeError, ValueError) as exc:
@@ -76,17 +83,17 @@ class Channel:
 class Stub:
     """A solution name in the tests: calling it calls the solution in the sandbox."""
 
-    def __init__(self, channel, name):
+    def __init__(self, channel: Asker, name: str) -> None:
         self._channel, self._name = channel, name
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._channel.ask(["call", self._name, list(args), kwargs])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<solution function {self._name}>"
 
 
-def _exception(name):
+def _exception(name: str) -> Exception:
     """The builtin exception class called ``name`` (so ``except ValueError`` in tests works), else one
     carrying the name; never anything the sandbox could make behave differently."""
     cls = getattr(builtins, name, None)
@@ -95,7 +102,7 @@ def _exception(name):
     return SolutionError(name[:100])
 
 
-def _write_all(fd, data):
+def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data) :]
 
@@ -103,25 +110,32 @@ def _write_all(fd, data):
 class _SoftAsserts(ast.NodeTransformer):
     """``assert X`` -> ``try: __case__(X) except __unsupported__: raise except Exception: __case__(False)``."""
 
-    def visit_Assert(self, node):
-        template = ast.parse(
-            "try:\n    __case__(X)\nexcept __unsupported__:\n    raise\nexcept Exception:\n    __case__(False)"
-        ).body[0]
-        template.body[0].value.args[0] = node.test
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        record = ast.Expr(ast.Call(ast.Name("__case__", ast.Load()), [node.test], []))
+        failed = ast.Expr(ast.Call(ast.Name("__case__", ast.Load()), [ast.Constant(False)], []))
+        template = ast.Try(
+            body=[record],
+            handlers=[
+                ast.ExceptHandler(ast.Name("__unsupported__", ast.Load()), None, [ast.Raise()]),
+                ast.ExceptHandler(ast.Name("Exception", ast.Load()), None, [failed]),
+            ],
+            orelse=[],
+            finalbody=[],
+        )
         return ast.copy_location(template, node)
 
 
 class Run:
     """One judging: the cases recorded so far and how the tests ended."""
 
-    def __init__(self):
-        self.cases = []
+    def __init__(self) -> None:
+        self.cases: list[bool] = []
         self.complete = False
 
-    def record(self, value):
+    def record(self, value: Any) -> None:
         self.cases.append(bool(value))
 
-    def namespace(self, channel, names):
+    def namespace(self, channel: Asker, names: list[str]) -> dict[str, Any]:
         ns = {
             "__name__": "__tests__",
             "__builtins__": builtins,
@@ -131,13 +145,13 @@ class Run:
         ns.update({name: Stub(channel, name) for name in names})
         return ns
 
-    def verdict(self, static_asserts):
+    def verdict(self, static_asserts: int) -> dict[str, Any]:
         passed = sum(self.cases)
         total = len(self.cases) if self.complete else max(len(self.cases) + 1, static_asserts)
         return {"passed": passed, "total": total, "complete": self.complete}
 
 
-def judge_code(spec, channel):
+def judge_code(spec: dict[str, Any], channel: Asker) -> dict[str, Any]:
     """Run ``asserts``/``check`` tests against the stubs; the verdict dict."""
     run = Run()
     tree = ast.parse(spec["prelude"] + "\n" + spec["tests"], "tests")
@@ -157,7 +171,7 @@ def judge_code(spec, channel):
     return run.verdict(static)
 
 
-def judge_stdio(spec, channel):
+def judge_stdio(spec: dict[str, Any], channel: Asker) -> dict[str, Any]:
     """Each case: the program's output on ``input``, compared here with ``output``."""
     run = Run()
     for case_input, expected in spec["cases"]:
@@ -169,7 +183,7 @@ def judge_stdio(spec, channel):
     return run.verdict(len(spec["cases"]))
 
 
-def same_output(got, expected):
+def same_output(got: Any, expected: str) -> bool:
     """Outputs match line by line, ignoring trailing whitespace on each line and trailing blank lines
     (how CodeContests and APPS compare); ``got`` must be a str."""
     if type(got) is not str:
@@ -177,14 +191,14 @@ def same_output(got, expected):
     return _lines(got) == _lines(expected)
 
 
-def _lines(text):
+def _lines(text: str) -> list[str]:
     lines = [line.rstrip() for line in text.split("\n")]
     while lines and not lines[-1]:
         lines.pop()
     return lines
 
 
-def _harden(limits):
+def _harden(limits: dict[str, int]) -> None:
     """Die with the parent, refuse ptrace and /proc access from other processes, cap memory and CPU."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -193,7 +207,7 @@ def _harden(limits):
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu"], limits["cpu"]))
 
 
-def main():
+def main() -> None:
     """argv: JSON ``{request, reply, verdict}`` fds; stdin: the spec (with the parent's nonce)."""
     fds = json.loads(sys.argv[1])
     spec = json.loads(sys.stdin.read())

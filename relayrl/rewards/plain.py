@@ -15,13 +15,17 @@ stdlib-only with no relative imports.
 """
 
 import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Reader = Callable[[list, int], Any]
 
 MAX_DEPTH = 64
 MAX_ITEMS = 100_000
 """An iterator a solution returns (a generator, ``map``) is drained into a list of at most this many."""
 
 
-def encode(value, depth=0):
+def encode(value: Any, depth: int = 0) -> list:
     """``value`` as a JSON-able tagged tree; ``TypeError`` for anything that is not plain data."""
     if depth > MAX_DEPTH:
         raise TypeError("nested too deep")
@@ -45,7 +49,7 @@ def encode(value, depth=0):
     raise TypeError(f"not plain data: {t.__name__}")
 
 
-def decode(tree, depth=0):
+def decode(tree: Any, depth: int = 0) -> Any:
     """The value ``tree`` (from ``encode``) stands for; ``ValueError`` for anything malformed."""
     if depth > MAX_DEPTH or type(tree) is not list or not tree or type(tree[0]) is not str:
         raise ValueError("malformed plain value")
@@ -56,8 +60,8 @@ def decode(tree, depth=0):
         raise ValueError(f"malformed plain value ({tag!r})") from exc
 
 
-def _leaf(kind):
-    def read(args, depth):
+def _leaf(kind: type) -> Reader:
+    def read(args: list, depth: int) -> Any:
         if len(args) != 1 or type(args[0]) is not kind:
             raise ValueError(kind.__name__)
         return args[0]
@@ -65,8 +69,8 @@ def _leaf(kind):
     return read
 
 
-def _items(kind):
-    def read(args, depth):
+def _items(kind: Callable[[Iterable], Any]) -> Reader:
+    def read(args: list, depth: int) -> Any:
         if len(args) != 1 or type(args[0]) is not list:
             raise ValueError(kind.__name__)
         return kind(decode(v, depth) for v in args[0])
@@ -74,14 +78,14 @@ def _items(kind):
     return read
 
 
-def _dict(args, depth):
+def _dict(args: list, depth: int) -> dict:
     if len(args) != 1 or type(args[0]) is not list:
         raise ValueError("dict")
     return {decode(k, depth): decode(v, depth) for k, v in args[0]}
 
 
-def _number(parse, count):
-    def read(args, depth):
+def _number(parse: Callable[..., Any], count: int) -> Reader:
+    def read(args: list, depth: int) -> Any:
         if len(args) != count or any(type(a) is not str or len(a) > 5000 for a in args):
             raise ValueError(parse.__name__)
         return parse(*args)
@@ -89,13 +93,17 @@ def _number(parse, count):
     return read
 
 
-_DECODERS = {
-    "none": lambda args, depth: _leaf(type(None))(args, depth),
+def _complex(real: str, imag: str) -> complex:
+    return complex(float.fromhex(real), float.fromhex(imag))
+
+
+_DECODERS: dict[str, Reader] = {
+    "none": _leaf(type(None)),
     "bool": _leaf(bool),
     "str": _leaf(str),
     "int": _number(int, 1),
     "float": _number(float.fromhex, 1),
-    "complex": _number(lambda re, im: complex(float.fromhex(re), float.fromhex(im)), 2),
+    "complex": _number(_complex, 2),
     "bytes": _number(bytes.fromhex, 1),
     "list": _items(list),
     "tuple": _items(tuple),
@@ -105,12 +113,12 @@ _DECODERS = {
 }
 
 
-def dumps(value):
+def dumps(value: Any) -> str:
     """One line (no newline inside) holding ``value``."""
     return json.dumps(encode(value), separators=(",", ":"))
 
 
-def loads(line):
+def loads(line: str) -> Any:
     """The value of one ``dumps`` line; ``ValueError`` for anything else (including bad JSON)."""
     try:
         tree = json.loads(line)

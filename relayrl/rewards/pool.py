@@ -20,6 +20,7 @@ it) and returns the scored groups as object refs, so trajectories never pass thr
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -98,7 +99,7 @@ class Dispatcher:
 
     def _spawn(self) -> _Slot:
         handle = ray.remote(RewardWorker).options(num_cpus=self.worker_cpus).remote(self.fns)
-        return _Slot(handle, handle.ready.remote())
+        return _Slot(handle, handle.ready.remote())  # type: ignore[attr-defined]  # Ray adds .remote
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Block until every worker started; a second call (nothing left to wait for) returns at once."""
@@ -211,8 +212,9 @@ class RewardScorer:
     ) -> None:
         self.fns = unique_names(fns)
         for _, fn, _ in self.fns:  # e.g. a reward model starts its server once, owned by this actor
-            if callable(getattr(fn, "start", None)):
-                fn.start()
+            start = getattr(fn, "start", None)
+            if callable(start):
+                start()
         self.groups_per_call, self.max_error_rate = groups_per_call, max_error_rate
         self.dispatcher = Dispatcher([fn for _, fn, _ in self.fns], timeout_s, num_workers, worker_cpus)
 
@@ -266,13 +268,14 @@ class RewardPool:
         )
         pool = cls(scorer)
         try:
-            pool.result(scorer.ready.remote())
+            pool.result(scorer.ready.remote())  # type: ignore[attr-defined]  # Ray adds .remote
         except ray.exceptions.RayActorError as exc:  # the scorer's __init__ (a reward's start()) failed
             raise RewardError(
                 f"reward scorer did not start: {str(exc).splitlines()[0][:200]}; "
                 "check the reward functions' start() (e.g. a reward model path)"
             ) from None
-        pool.result(scorer.score.options(num_returns=1).remote(None))  # warm-up (docstring)
+        warm_up = scorer.score.options(num_returns=1)  # type: ignore[attr-defined]  # Ray adds .options
+        pool.result(warm_up.remote(None))  # the first call's set-up, off the first step (docstring)
         return pool
 
     def score(self, group_refs: list, summarize: Callable[[list], dict] | None = None) -> tuple[list, Scored]:
@@ -298,8 +301,7 @@ class RewardPool:
             raise
 
     def shutdown(self) -> None:
-        try:
+        # best effort: the scorer is killed next, and its workers with it
+        with contextlib.suppress(Exception):
             ray.get(self.scorer.shutdown.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - best effort; the scorer is killed next, and its workers with it
-            pass
         ray.kill(self.scorer)

@@ -38,6 +38,7 @@ return; a dir whose owning process died is swept by the next sandbox started on 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -203,7 +204,7 @@ def _start(
         **_root_plan(),
     }
     (root / "root").mkdir()
-    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 - Running.finish closes them
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", str(_BOOT), json.dumps(args)],
         cwd=box,
@@ -363,10 +364,8 @@ def _wait_or_kill(proc: subprocess.Popen, timeout_s: float, init_pid: Path) -> b
         timed_out = False
     except subprocess.TimeoutExpired:
         timed_out = True
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # also reaps anything the code left running in the group
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
     if init_pid.exists():
         _wait_gone(init_pid.read_text().split())

@@ -7,7 +7,6 @@ pivots into it, drops to the sandbox uid, enters a new user namespace and execs 
 main.py; this process waits for it and exits with its status. ``argv[1]`` is the JSON the parent built.
 """
 
-# ruff: noqa: E731
 import ctypes
 import fcntl
 import json
@@ -17,6 +16,8 @@ import select
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
+from typing import NoReturn
 
 a = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
@@ -31,7 +32,7 @@ for target, fd in high.items():
     os.close(fd)
 
 
-def limits(nproc):
+def limits(nproc: int) -> None:
     pairs = [
         (resource.RLIMIT_AS, a["mem"]),
         (resource.RLIMIT_CPU, a["cpu"]),
@@ -43,7 +44,7 @@ def limits(nproc):
         resource.setrlimit(limit, (value, value))
 
 
-def drop_to(uid):
+def drop_to(uid: int) -> None:
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
@@ -56,14 +57,14 @@ if a["level"] == 1:
     import runpy
     import socket
 
-    def _no_network(*args, **kwargs):
+    def _no_network(*args: object, **kwargs: object) -> NoReturn:
         raise PermissionError("network access is disabled in the relayrl sandbox")
 
     class _NoSocket(socket.socket):
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args: object, **kwargs: object) -> None:
             _no_network()
 
-    socket.socket = _NoSocket
+    socket.socket = _NoSocket  # type: ignore[misc]  # the guard replaces the class
     socket.create_connection = socket.getaddrinfo = socket.socketpair = socket.fromfd = _no_network
     sys.argv = [a["main"]]
     del a, limits, ctypes, fcntl, json, resource, select, signal, libc, high, drop_to
@@ -75,34 +76,39 @@ RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 409
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}[os.uname().machine]
 
 
-def check(rc, what):
+def check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def mount(src, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()
+def mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
     check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def bind(src, new):
+def bind(src: str, new: str) -> None:
     target = new + src
     if os.path.isdir(src):
         os.makedirs(target, exist_ok=True)
     else:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        open(target, "w").close()
+        with open(target, "w"):
+            pass
     mount(src, target, None, BIND | REC)
 
 
-def mount_points():
-    for line in open("/proc/self/mountinfo"):
+def mount_points() -> Iterator[str]:
+    with open("/proc/self/mountinfo") as info:
+        lines = info.readlines()
+    for line in lines:
         point = line.split()[4]
         yield point.encode().decode("unicode_escape") if "\\" in point else point
 
 
-def allowlist_root():
+def allowlist_root() -> None:
     check(libc.unshare(NS), "unshare mount")
     mount(None, "/", None, REC | PRIVATE)
     new = a["newroot"]
@@ -134,7 +140,7 @@ def allowlist_root():
         mount(None, point, None, flags if point != "/" else REMOUNT | NOSUID | NODEV | RDONLY)
 
 
-def become_sandbox_user():
+def become_sandbox_user() -> None:
     drop_to(a["uid"])
     libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: own /proc/self/*_map again
     check(libc.unshare(USER), "unshare user")
@@ -147,7 +153,7 @@ def become_sandbox_user():
             f.write(text)
 
 
-def init(alive):
+def init(alive: int) -> None:
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (cleared by setuid: set again below)
     allowlist_root()
     os.chdir("/tmp/box")
@@ -168,14 +174,16 @@ if pid == 0:
     os.close(alive_w)
     try:
         init(alive_r)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - any failure of the set-up ends the init with one line
         os.write(2, f"relayrl sandbox setup failed: {exc}\n".encode())
         os._exit(125)
 os.close(alive_r)
 for target in high:
     os.close(target)  # only the init holds the pipes: EOF when it dies
+with open(f"/proc/{pid}/stat") as stat:
+    start = stat.read().rsplit(")", 1)[1].split()[19]
 with open(a["init_pid"], "w") as f:  # pid and start time: the parent waits for this init
-    f.write(f"{pid} {open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}")
+    f.write(f"{pid} {start}")
 status = os.waitpid(pid, 0)[1]
 os.truncate(a["init_pid"], 0)  # reaped: the pid may be reused, nothing to wait for
 sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))

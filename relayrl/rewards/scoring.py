@@ -189,7 +189,7 @@ def _check_value(v: Any) -> tuple[float | None, str | None]:
 
 def is_async(fn: Callable) -> bool:
     """``async def`` functions, partials of them and objects with an ``async def __call__``."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 - the method itself
 
 
 async def invoke(
@@ -307,8 +307,9 @@ def fn_metrics(fns: RewardFns) -> dict[str, float]:
     isolation level), merged in ``fns`` order; the scorer adds it to every step's metrics."""
     out: dict[str, float] = {}
     for _, fn, _ in fns:
-        if callable(getattr(fn, "metrics", None)):
-            out.update(fn.metrics())
+        metrics = getattr(fn, "metrics", None)
+        if callable(metrics):
+            out.update(metrics())
     return out
 
 

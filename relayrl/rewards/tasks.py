@@ -115,6 +115,7 @@ def _arithmetic_only(node: ast.AST, literals: list[int]) -> bool:
 
 def _evaluate(node: ast.AST) -> Fraction:
     """Value of a tree ``_arithmetic_only`` accepted, in exact fractions."""
-    if isinstance(node, ast.Constant):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return Fraction(node.value)
+    assert isinstance(node, ast.BinOp), "only what _arithmetic_only accepted"
     return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))

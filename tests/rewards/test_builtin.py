@@ -49,12 +49,12 @@ def test_arith_correct_matches_negative_and_comma_answers_and_extra_columns():
 
 
 def test_arith_correct_non_integer_answer_is_a_clear_error():
-    with pytest.raises(ValueError, match="arith_correct needs integer answers, got '3.5'; use exact_match"):
+    with pytest.raises(ValueError, match=r"arith_correct needs integer answers, got '3\.5'; use exact_match"):
         arith_correct(["p"], ["Answer: 3"], answer=["3.5"])
 
 
 def test_arith_correct_length_mismatch_is_an_error():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="is shorter than"):
         arith_correct(["p", "p"], ["Answer: 3", "Answer: 3"], answer=["3"])
 
 

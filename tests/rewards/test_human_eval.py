@@ -43,7 +43,8 @@ def _score(rows: list[dict], completions: list[str]) -> list[float | None]:
 
 
 def test_every_canonical_solution_passes(rows):
-    raw = {json.loads(line)["task_id"]: json.loads(line) for line in gzip.open(_data(), "rt")}
+    with gzip.open(_data(), "rt") as f:
+        raw = {json.loads(line)["task_id"]: json.loads(line) for line in f}
     scores = _score(rows, [raw[r["task_id"]]["canonical_solution"] for r in rows])
     assert {r["task_id"]: s for r, s in zip(rows, scores) if s != 1.0} == {}
 

@@ -70,7 +70,7 @@ def test_iterators_are_drained_into_lists():
     ],
 )
 def test_malformed_lines_are_refused(line):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="malformed plain value"):
         plain.loads(line)
 
 
@@ -235,6 +235,6 @@ def _closed_pipe() -> tuple[int, int]:
 def test_an_unsupported_test_is_one_line_from_the_reward():
     spec = plan_tests("assert f(lambda v: v) == 1")
     with pytest.raises(
-        ValueError, match="^code_exec cannot run these tests: the tests pass not plain data: function to the solution"
+        ValueError, match=r"^code_exec cannot run these tests: the tests pass not plain data: function to the solution"
     ):
         harness.judge(spec, "def f(g):\n    return 1\n", isolation="rlimits")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +73,7 @@ def test_raising_hanging_nan_and_wrong_length_rewards_leave_scoring_alive(pool, 
     # ok: len 1, 2, 3 + 0.5 * 1; none: flaky does not apply, so only 0.5 * sleepy
     assert [t.reward for t in scored[0].trajectories] == [1.5, 2.5, 3.5]
     assert [t.reward for t in scored[6].trajectories] == [0.5, 0.5, 0.5]
-    _assert_dead(int(open(pidfile).read()))
+    _assert_dead(int(Path(pidfile).read_text()))
 
     refs, scored = pool.score([[group(i, "ok") for i in range(4)]])  # the pool still works afterwards
     errors = {k: v for k, v in scored.metrics.items() if k.startswith("reward/errors/") and v}
@@ -112,7 +114,7 @@ def test_async_rewards_overlap_in_the_pool(patient_pool, tmp_path):
     calls = read_spans(spans)
     assert len(calls) == 8
     by_pid = {pid: sorted((s, e) for p, s, e in calls if p == pid) for pid, _, _ in calls}
-    overlapping = [pid for pid, ss in by_pid.items() if any(b[0] < a[1] for a, b in zip(ss, ss[1:]))]
+    overlapping = [pid for pid, ss in by_pid.items() if any(b[0] < a[1] for a, b in itertools.pairwise(ss))]
     assert overlapping, f"no two async calls overlapped on any worker: {by_pid}"
 
 

@@ -42,9 +42,11 @@ def test_short_names_and_import_paths_resolve():
     [
         (
             "nope",
-            r"reward 'nope' is neither a built-in \(arith_correct, answer_format, exact_match, "
-            r"last_number_correct, digit_fraction, env_reward, math_verify, .*, reward_model\) nor an import path; "
-            r"write module:function",
+            (
+                r"reward 'nope' is neither a built-in \(arith_correct, answer_format, exact_match, "
+                r"last_number_correct, digit_fraction, env_reward, math_verify, .*, reward_model\) nor an import "
+                r"path; write module:function"
+            ),
         ),
         ("no_such_module_xyz:f", r"reward 'no_such_module_xyz:f': cannot import module 'no_such_module_xyz'"),
         ("relayrl.rewards.builtin:missing", r"module 'relayrl.rewards.builtin' has no attribute 'missing'; check"),

@@ -19,7 +19,7 @@ def tiny_rm(tmp_path_factory):
     from relayrl.models.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # num_labels is a PretrainedConfig kwarg
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -64,4 +64,4 @@ def test_reward_model_scores_equal_a_direct_forward(tiny_rm, ray_session):
         score_groups([group], [(name, rm, weight)])  # as a reward function, by name
         assert [t.rewards["reward_model"] for t in group.trajectories] == pytest.approx(want[:2], abs=1e-5)
     finally:
-        ray_session.kill(rm.server)
+        ray_session.kill(rm.server)  # type: ignore[attr-defined]  # a RewardModel instance

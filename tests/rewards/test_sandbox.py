@@ -231,9 +231,9 @@ def test_modes_and_failing_closed(monkeypatch):
     with pytest.raises(ValueError, match="sandbox='off' is not a sandbox mode"):
         resolve_isolation("off")
     monkeypatch.setattr(sandbox, "namespaces_available", lambda: False)
-    with pytest.raises(ValueError, match="^reward.sandbox=auto needs full isolation .*set reward.sandbox=rlimits"):
+    with pytest.raises(ValueError, match=r"^reward.sandbox=auto needs full isolation .*set reward.sandbox=rlimits"):
         resolve_isolation("auto")
-    with pytest.raises(ValueError, match="^reward.sandbox=auto needs full isolation"):
+    with pytest.raises(ValueError, match=r"^reward.sandbox=auto needs full isolation"):
         CodeExec()
     assert CodeExec(sandbox="rlimits").level == 1
 

@@ -7,7 +7,7 @@ import pytest
 
 from relayrl.rewards import RewardError, reward_metrics, score_groups
 from relayrl.rewards.builtin import answer_format, arith_correct
-from relayrl.rewards.scoring import Scored, check_error_rate, check_values
+from relayrl.rewards.scoring import RewardFns, Scored, check_error_rate, check_values
 from relayrl.types import Exclusion, Trajectory, TrajectoryGroup, VersionSpan
 from tests.rewards.flaky import flaky, read_spans, sleepy
 
@@ -38,7 +38,7 @@ def batch() -> list[TrajectoryGroup]:
     return [group(0, "12", "Answer: 12", "Answer: 13", "twelve"), group(1, "-4", "Answer: -4", "Answer: -4.")]
 
 
-FNS = [("arith_correct", arith_correct, 1.0), ("answer_format", answer_format, 0.5)]
+FNS: RewardFns = [("arith_correct", arith_correct, 1.0), ("answer_format", answer_format, 0.5)]
 
 
 def test_weighted_sum_and_breakdown():
