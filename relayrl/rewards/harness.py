@@ -123,6 +123,17 @@ class CodeTests:
     names: tuple[str, ...] = ()  # the solution's names the tests call
     cases: tuple[tuple[str, str], ...] = ()  # stdio: (input, expected output)
 
+    def payload(self) -> dict[str, Any]:
+        """What the judge reads (``rewards.judge``), as JSON-able data."""
+        return {
+            "form": self.form,
+            "tests": self.tests,
+            "prelude": self.prelude,
+            "entry_point": self.entry_point,
+            "names": list(self.names),
+            "cases": [list(c) for c in self.cases],
+        }
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -237,16 +248,8 @@ def _start_judge(
     spec: CodeTests, nonce: str, memory_mb: int, timeout_s: float, request_w: int, reply_r: int, verdict_w: int
 ) -> subprocess.Popen:
     fds = {"request": request_w, "reply": reply_r, "verdict": verdict_w}
-    payload = {
-        "form": spec.form,
-        "tests": spec.tests,
-        "prelude": spec.prelude,
-        "entry_point": spec.entry_point,
-        "names": list(spec.names),
-        "cases": [list(c) for c in spec.cases],
-        "nonce": nonce,
-        "limits": {"memory": max(memory_mb, 512) * 2**21, "cpu": int(timeout_s) + 2},
-    }
+    limits = {"memory": max(memory_mb, 512) * 2**21, "cpu": int(timeout_s) + 2}
+    payload = {**spec.payload(), "nonce": nonce, "limits": limits}
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", "-c", JUDGE_BOOT, json.dumps(fds), str(Path(__file__).parent)],
         stdin=subprocess.PIPE,

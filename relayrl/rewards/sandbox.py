@@ -52,7 +52,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 MODES: tuple[str, ...] = ("auto", "rlimits")
 """``auto``: full isolation (level 2) or an error; ``rlimits``: level 1, weaker isolation accepted knowingly."""
@@ -115,28 +115,9 @@ class Running:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def run_sandboxed(
-    code: str,
-    timeout_s: float = 5.0,
-    memory_mb: int = 512,
-    output_limit: int = 64 * 1024,
-    isolation: str = "auto",
-    files: dict[str, str] | None = None,
-    max_procs: int = 32,
-    disk_mb: int = 16,
-) -> SandboxResult:
-    """Run ``code`` as ``main.py`` (next to ``files``, name -> text) under the limits in the module docstring."""
-    running = start_sandboxed(
-        code,
-        timeout_s=timeout_s,
-        memory_mb=memory_mb,
-        output_limit=output_limit,
-        isolation=isolation,
-        files=files,
-        max_procs=max_procs,
-        disk_mb=disk_mb,
-    )
-    return running.finish(timeout_s)
+def run_sandboxed(code: str, timeout_s: float = 5.0, **options: Any) -> SandboxResult:
+    """Run ``code`` as ``main.py`` to its end or ``timeout_s``; ``options`` as ``start_sandboxed``'s."""
+    return start_sandboxed(code, timeout_s=timeout_s, **options).finish(timeout_s)
 
 
 def start_sandboxed(

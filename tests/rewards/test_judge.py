@@ -141,14 +141,7 @@ class _Replies:
 
 
 def _run(spec: CodeTests, fn) -> dict:
-    as_dict = {
-        "form": spec.form,
-        "tests": spec.tests,
-        "prelude": spec.prelude,
-        "entry_point": spec.entry_point,
-        "names": list(spec.names),
-        "cases": [list(c) for c in spec.cases],
-    }
+    as_dict = spec.payload()
     channel = _Replies(fn)
     run = judge.judge_stdio if spec.form == "stdio" else judge.judge_code
     return run(as_dict, channel)
