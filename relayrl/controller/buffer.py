@@ -1,9 +1,10 @@
 """Replay buffer and admission control: how rollout runs ahead of training by at most k versions.
 
 The buffer holds scored trajectory groups *by reference* (Ray ObjectRefs of ``list[TrajectoryGroup]``,
-one per generate call) with the metadata the step policy (``controller/policy.py``) needs: prompt ids, the oldest and newest policy
-version among their tokens, and when they arrived. The trainer at version v takes, oldest first, only
-entries whose oldest version is >= v - k (``max_staleness``; k = 0 is strictly on-policy).
+one per generate call) with the metadata the step policy (``controller/policy.py``) needs: prompt ids,
+the oldest and newest policy version among their tokens, and when they arrived. The trainer at
+version v takes, oldest first, only entries whose oldest version is >= v - k (``max_staleness``;
+k = 0 is strictly on-policy).
 
 Why rollout is *paused* rather than stale work thrown away: a batch that is still generating when it
 goes stale is dominated by its long completions (short ones finished and were already used), so
@@ -98,7 +99,8 @@ class ReplayBuffer:
     def _head(self, version: int, groups: int, max_groups: int | None) -> list[Entry]:
         """The consecutive entries from ``next_seq`` that a ``take`` now would return (stale ones it would
         drop are passed over), stopping once they count >= ``groups`` or an entry has not arrived."""
-        out, seq = [], self.next_seq
+        out: list[Entry] = []
+        seq = self.next_seq
         while seq in self.entries and not _full(out, groups, max_groups):
             if not (self.drop_stale and self._stale(self.entries[seq], version)):
                 out.append(self.entries[seq])

@@ -31,6 +31,7 @@ their prompts are, and are generated again after resuming, under the restored we
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -43,6 +44,7 @@ from relayrl.monitor.runs import is_live
 from relayrl.trainer import manifest
 from relayrl.trainer.manifest import UntrustedCheckpoint
 
+logger = logging.getLogger(__name__)
 MARKER = "COMPLETE"
 
 
@@ -70,7 +72,7 @@ def latest_verified(run_dir: Path) -> Path | None:
             manifest.verify(ckpt)
             return ckpt
         except UntrustedCheckpoint as exc:
-            print(f"relayrl: skipping {ckpt.name}: {exc}", flush=True)
+            logger.warning("relayrl: skipping %s: %s", ckpt.name, exc)
     return None
 
 
@@ -238,6 +240,8 @@ class Checkpointer:
         ``.tmp`` directory waits for the next save to delete it, and a dead rank is found by the next
         train step (which restarts from the previous checkpoint)."""
         pending = self.pending
+        if pending is None:
+            return
         try:
             self.commit(wait)
         except Exception as exc:  # noqa: BLE001 - any failure of the write: report it and go on
@@ -253,8 +257,9 @@ class Checkpointer:
 def _not_written(step: int, exc: Exception) -> None:
     cause = getattr(exc, "cause", None) or exc  # a rank's error arrives wrapped in RayTaskError
     first = (str(cause).strip().splitlines() or [""])[0]
-    print(
-        f"relayrl: checkpoint step {step} was not written ({type(cause).__name__}: {first}); "
-        "the earlier checkpoints stay as they were",
-        flush=True,
+    logger.warning(
+        "relayrl: checkpoint step %d was not written (%s: %s); the earlier checkpoints stay as they were",
+        step,
+        type(cause).__name__,
+        first,
     )

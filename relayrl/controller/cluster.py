@@ -103,6 +103,8 @@ def make_placement(
     replica i and rank i each take half of bundle i's GPU.
     """
     gpus = ray.cluster_resources().get("GPU", 0) > 0 if gpus is None else gpus
+    r_gpus: float  # halved when colocated
+    t_gpus: float
     r_gpus, t_gpus = (rollout.tp_size, 1) if gpus else (0, 0)
     t_bundle = {"CPU": trainer.num_cpus, **({"GPU": t_gpus} if gpus else {})}
     if placement.mode == "separate":
@@ -145,8 +147,9 @@ def sync_config(ws: WeightSyncConfig, placement: Placement) -> WeightSyncConfig:
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     host = ips.get(placement.trainer_nodes[0], ws.host)
     logger.info(
-        f"relayrl: rollout replicas span {len(set(placement.rollout_nodes) | set(placement.trainer_nodes))} "
-        f"nodes; weightsync.backend=shm -> broadcast (store on {host})"
+        "relayrl: rollout replicas span %d nodes; weightsync.backend=shm -> broadcast (store on %s)",
+        len(set(placement.rollout_nodes) | set(placement.trainer_nodes)),
+        host,
     )
     return dataclasses.replace(ws, backend="broadcast", host=host)
 

@@ -56,17 +56,19 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
         start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
         placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
         run.logger.ready()  # wandb started beside ray.init; its error stops us before actors
-        for restart in range(cfg.trainer.max_restarts + 1):
+        for restart in range(cfg.trainer.max_restarts):
             try:
                 return run_once(cfg, model_path, placement, reward_fns, run, resume)
             except TrainerDied as exc:
-                if restart == cfg.trainer.max_restarts:
-                    raise
                 resume, run = restart_point(cfg, run)
                 logger.warning(
-                    f"relayrl: {exc}; restarting from {resume[1].name if resume else 'the start'} "
-                    f"({restart + 1}/{cfg.trainer.max_restarts})"
+                    "relayrl: %s; restarting from %s (%d/%d)",
+                    exc,
+                    resume[1].name if resume else "the start",
+                    restart + 1,
+                    cfg.trainer.max_restarts,
                 )
+        return run_once(cfg, model_path, placement, reward_fns, run, resume)  # the last attempt: a death raises
     except KeyboardInterrupt:
         run.interrupt()  # Ctrl-C: status.json says interrupted; one line says what is kept
         raise
@@ -114,7 +116,7 @@ def loop(cfg: Config, system: System, run: RunDir, resume: tuple | None = None) 
         system.trainer.load_checkpoint(str(ckpt))
         system.sync_weights(state["step"])
         scheduler.restore(state)
-        logger.info(f"relayrl: resumed {run.path} from {ckpt.name} (step {state['step']})")
+        logger.info("relayrl: resumed %s from %s (step %s)", run.path, ckpt.name, state["step"])
     scheduler.run_steps()
 
 
@@ -131,7 +133,7 @@ def resolve_resume(cfg: Config) -> tuple[Path, Path, dict] | None:
     except (FileNotFoundError, UntrustedCheckpoint) as exc:
         raise ConfigError(str(exc)) from None
     if found is None:
-        logger.info(f"relayrl: run.resume=auto found no verified checkpoint of {cfg.run.name!r}; starting fresh")
+        logger.info("relayrl: run.resume=auto found no verified checkpoint of %r; starting fresh", cfg.run.name)
         return None
     state = checkpoint.driver_state(found[1])
     return found[0], found[1], state

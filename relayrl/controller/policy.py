@@ -216,6 +216,7 @@ class StepPolicy:
         filtered out reached a step and count as trained; ``take_step`` counted the buffer's drops), bump
         the version.
         Returns the step's prompt ids in order (the prompt log's line)."""
+        assert self.training is not None, "on_trained follows take_step"
         trained = [p for e in self.training.entries for p in e.prompt_ids]
         self.counts["trained"] += len(trained)
         self.training = None

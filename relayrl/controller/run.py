@@ -14,7 +14,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from relayrl.config import Config, ConfigError
 from relayrl.controller.checkpoint import Checkpointer, durable_dir, fsync_path, latest, write_durable
@@ -72,13 +72,14 @@ class RunDir:
         resolved = OmegaConf.structured(cfg)
         if not status:  # a new run: its resolved config
             (path / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-        config_dict = OmegaConf.to_container(resolved, resolve=True)
+        # A structured config's container is a dict keyed by field names (to_container's type covers lists too).
+        config_dict = cast(dict[str, Any], OmegaConf.to_container(resolved, resolve=True))
         config_dict.pop("defaults", None)
         run = cls(cfg, path, None, rewards, Checkpointer(path, cfg.run.keep_checkpoints, cfg.run.checkpoint_async))
         run.write_status("running", **status)
         capture(path / "logs", cfg.logging.verbose)  # actor and engine output -> logs/*.log
         hint = "" if cfg.logging.verbose else " (--verbose: on the console too)"
-        logger.info(f"relayrl: run dir {path}; actor and engine output in {path / 'logs'}{hint}")
+        logger.info("relayrl: run dir %s; actor and engine output in %s%s", path, path / "logs", hint)
         run.logger = make_logger(cfg.logging, path, config_dict, cfg.run.steps)
         return run
 
@@ -115,7 +116,7 @@ class RunDir:
             else "it has no checkpoint yet, so run.resume=auto would start over"
         )
         logger.warning(
-            f"relayrl: interrupted after {len(self.rewards)} step(s); {self.path} keeps their metrics; {how}"
+            "relayrl: interrupted after %d step(s); %s keeps their metrics; %s", len(self.rewards), self.path, how
         )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -148,7 +149,7 @@ class RunDir:
         first, last = result.window_means()
         logger.info(reward_curve_ascii(self.rewards))
         logger.info(
-            f"reward: first-5 mean {first:.3f} -> last-5 mean {last:.3f} ({last - first:+.3f}); run dir {self.path}"
+            "reward: first-5 mean %.3f -> last-5 mean %.3f (%+.3f); run dir %s", first, last, last - first, self.path
         )
         return result
 
@@ -203,7 +204,7 @@ def new_run_dir(output_dir: Path, name: str, stamp: str | None = None) -> Path:
 def error_line(exc: BaseException) -> str:
     """``Type: first line`` of the error that started it: a Ray task's error shows its cause (Ray's own
     first line names only the task), without terminal colour codes."""
-    while getattr(exc, "cause", None) is not None and exc.cause is not exc:
-        exc = exc.cause
+    while (cause := getattr(exc, "cause", None)) is not None and cause is not exc:
+        exc = cause
     first = (str(exc).strip().splitlines() or [""])[0]
     return re.sub(r"\x1b\[[0-9;]*m", "", f"{type(exc).__name__}: {first}")

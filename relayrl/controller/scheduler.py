@@ -49,9 +49,10 @@ from relayrl.config import Config
 from relayrl.controller.buffer import Entry
 from relayrl.controller.faults import GenerateError, generation_error, task_error_line, trainer_result
 from relayrl.controller.policy import Flight, PolicyConfig, StepPolicy
+from relayrl.controller.replicas import is_death
 from relayrl.controller.run import RunDir
 from relayrl.controller.steplog import StepLog
-from relayrl.controller.system import System, generate_remote, is_death
+from relayrl.controller.system import System, generate_remote
 from relayrl.controller.training_eval import TrainingEval
 from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_SYNC, TIMING_TRAIN
 from relayrl.rewards.scoring import Scored
@@ -85,7 +86,9 @@ class Scheduler:
     def checkpoint(self) -> None:
         """Trainer shards + the driver's state at the current version (atomic, written in the background;
         see controller/checkpoint)."""
-        self.run.checkpoints.save(self.policy.version, self.system.trainer, self.policy.state_dict())
+        checkpoints = self.run.checkpoints
+        assert checkpoints is not None, "a RunDir made by RunDir.create or reopen has its Checkpointer"
+        checkpoints.save(self.policy.version, self.system.trainer, self.policy.state_dict())
 
     def run_steps(self) -> None:
         if self.colocated and self.cfg.placement.offload_trainer:
@@ -191,6 +194,7 @@ class Scheduler:
 
     def _finish_training(self) -> None:
         step = self.policy.training
+        assert step is not None, "called once the step being trained has finished"
         entries, t0 = step.entries, step.t0
         train_stats = trainer_result(self.system.trainer, step.refs)
         self._check_finite(train_stats)

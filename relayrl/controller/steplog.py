@@ -110,7 +110,8 @@ def seconds_since_launch() -> float:
     time, which the kernel gives in whole seconds, so an age taken from it reads long by the boot time's
     fraction (up to a second). Elsewhere: ``psutil``."""
     try:
-        stat = open("/proc/self/stat").read()
+        with open("/proc/self/stat") as f:
+            stat = f.read()
         boot_now = time.clock_gettime(time.CLOCK_BOOTTIME)
     except (OSError, AttributeError):
         import psutil

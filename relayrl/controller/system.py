@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -14,7 +15,8 @@ import ray
 
 from relayrl.config import Config
 from relayrl.controller.cluster import Placement, rollout_config, sync_config
-from relayrl.data.sampler import Prompt
+from relayrl.controller.replicas import actor_process, answers, restart_backoff_s, wait_engines_up
+from relayrl.data.sampler import Prompt, PromptSampler
 from relayrl.monitor.schema import (
     MISMATCH_MEAN_ABS,
     ROLLOUT_COMPLETIONS,
@@ -91,8 +93,9 @@ class System:
 
         t0 = time.time()
         logger.info(
-            f"relayrl: starting {cfg.rollout.num_replicas} vLLM engine(s), {cfg.trainer.world_size} "
-            "trainer rank(s) and the reward pool"
+            "relayrl: starting %d vLLM engine(s), %d trainer rank(s) and the reward pool",
+            cfg.rollout.num_replicas,
+            cfg.trainer.world_size,
         )
         sampler = make_sampler(cfg, model_path)
         rollouts = [
@@ -125,8 +128,9 @@ class System:
             "startup/actors_s": time.time() - t0,
         }
         logger.info(
-            f"relayrl: engines up in {engines_up - t0:.0f}s, trainer ready and connected in "
-            f"{startup['startup/actors_s']:.0f}s; training"
+            "relayrl: engines up in %.0fs, trainer ready and connected in %.0fs; training",
+            engines_up - t0,
+            startup["startup/actors_s"],
         )
         return cls(
             cfg,
@@ -149,15 +153,18 @@ class System:
         replacement that dies while it starts is one more attempt, after a backoff (``restart_backoff_s``);
         every attempt counts towards ``rollout.max_restarts``, past which the run stops naming the last
         error. Recovery that gives up on the first hiccup would end runs a second try survives."""
-        logger.warning(f"relayrl: rollout replica {i} died{during} ({type(error).__name__}); restarting it")
+        logger.warning("relayrl: rollout replica %d died%s (%s); restarting it", i, during, type(error).__name__)
         for attempt in range(self.cfg.rollout.max_restarts + 1):
             if self.restarts >= self.cfg.rollout.max_restarts:
                 break
             if attempt:
                 delay = restart_backoff_s(attempt)
                 logger.warning(
-                    f"relayrl: replacement of rollout replica {i} died or hung while starting "
-                    f"({type(error).__name__}); attempt {attempt + 1} in {delay:g}s"
+                    "relayrl: replacement of rollout replica %d died or hung while starting (%s); attempt %d in %gs",
+                    i,
+                    type(error).__name__,
+                    attempt + 1,
+                    delay,
                 )
                 time.sleep(delay)
             self.restarts += 1
@@ -179,6 +186,8 @@ class System:
         one would otherwise serve the initial model)."""
         from relayrl.rollout import cleanup_engine_segments, start_rollout_actor
 
+        placement = self.placement
+        assert placement is not None, "a System made by System.start has its placement"
         self._kill_rollout(i)
         self.rollouts[i] = start_rollout_actor(
             str(self.model_path),
@@ -186,12 +195,12 @@ class System:
             rollout_config(self.cfg),
             self.cfg.run.seed + i + 1000 * self.restarts,
             sync_cfg=self.cfg.weightsync,
-            **self.placement.rollout[i],
+            **placement.rollout[i],
         )
         infos = wait_engines_up(self.rollouts, self.cfg.rollout.start_timeout_s, f"rollout replica {i}'s replacement")
         self.procs = [(info["node"], int(info["pid"])) for info in infos]
         cleanup_engine_segments()  # the dead replica's /dev/shm queue, now that its processes are gone
-        self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, self.placement), self.rollouts)
+        self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, placement), self.rollouts)
         if version > 0:
             self.sync_weights(version)
 
@@ -321,63 +330,11 @@ class System:
 
     def shutdown(self) -> None:
         for r in self.rollouts:
-            try:
+            with contextlib.suppress(Exception):  # best effort; the actor is killed next anyway
                 ray.get(r.shutdown.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - best effort; the actor is killed next anyway
-                pass
             ray.kill(r)
         self.trainer.shutdown()
         self.rewards.shutdown()
-
-
-def wait_engines_up(rollouts: list[Any], timeout_s: float, what: str) -> list[dict[str, Any]]:
-    """Every replica's ``info`` once its engine is up; ``TimeoutError`` (one line) past ``timeout_s`` (0: none)."""
-    try:
-        return ray.get([r.info.remote() for r in rollouts], timeout=timeout_s or None)
-    except ray.exceptions.GetTimeoutError:
-        raise TimeoutError(
-            f"{what} did not come up within rollout.start_timeout_s={timeout_s:g}s (a hung engine "
-            "start; raise it if loading the model takes longer)"
-        ) from None
-
-
-def actor_process(actor: Any, reported: tuple[str, int] | None = None) -> tuple[str, int] | None:
-    """(node IP, pid) of a live or starting actor's process from Ray's actor table (the GCS table behind
-    ``ray.util.state``, which needs the dashboard); None once it is dead (its pid may be another's now).
-    ``reported`` (what the actor's ``info`` said) stands in only when the table cannot be read."""
-    from ray._private.state import state
-
-    try:
-        entry = state.actor_table(actor._actor_id.hex())
-    except Exception:  # noqa: BLE001 - no table to ask: the pid the replica reported is the best there is
-        return reported
-    ip, pid = (entry.get("Address") or {}).get("IPAddress"), entry.get("Pid")
-    return (ip, int(pid)) if ip and pid and entry.get("State") != "DEAD" else None
-
-
-def answers(rollout: Any, timeout_s: float = 30.0) -> bool:
-    """Does this replica's actor and engine answer a cheap call? (A dead engine raises on any call; a
-    hung one does not answer within ``timeout_s``.)"""
-    try:
-        ray.get(rollout.weight_version.remote(), timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - any failure to answer means the replica must be replaced
-        return False
-    return True
-
-
-def is_death(error: BaseException, rollout: Any) -> bool:
-    """Did the generate call that raised ``error`` fail because its replica died? An actor error is a
-    death; a task error is one only if the replica no longer answers (vLLM raises ``EngineDeadError``
-    inside the task when its EngineCore is gone). A task error on a live replica is deterministic (an
-    environment's exception, an over-long prompt): restarting would fail the same way."""
-    if isinstance(error, ray.exceptions.RayActorError):
-        return True
-    return not answers(rollout)
-
-
-def restart_backoff_s(attempt: int, cap_s: float = 30.0) -> float:
-    """Seconds to wait before restart attempt ``attempt + 1`` of one replica: 1, 2, 4, ... capped."""
-    return min(2.0 ** (attempt - 1), cap_s)
 
 
 def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.ObjectRef:
@@ -389,10 +346,10 @@ def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.Obj
     return rollout.generate.remote(prompts, G)
 
 
-def make_sampler(cfg: Config, model_path: Path):
+def make_sampler(cfg: Config, model_path: Path) -> PromptSampler:
     """Prompts from the configured task, formatted with the model's chat template, in per-replica chunks."""
     from relayrl.data import load_task
-    from relayrl.data.sampler import PromptSampler, chat_formatter
+    from relayrl.data.sampler import chat_formatter
     from relayrl.models import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)  # the one the driver's prompt check loaded

@@ -97,13 +97,19 @@ class TrainingEval:
     def _draw(self) -> list[Prompt]:
         """The formatted prompts, each with its sampling seed, checked against the context length."""
         cfg = self.cfg
+        model_path = self.system.model_path
+        assert model_path is not None, "a System made by System.start has its model path"
         rows, where = eval_rows(cfg, cfg.eval.train_prompts)
-        check_prompt_lengths(cfg, self.system.model_path, rows)
-        prompts = format_prompts(cfg, self.system.model_path, rows)
+        check_prompt_lengths(cfg, model_path, rows)
+        prompts = format_prompts(cfg, model_path, rows)
         first = " and before step 1" if cfg.eval.before_first_step else ""
         logger.info(
-            f"relayrl: eval every {cfg.eval.every} steps{first}: {len(prompts)} prompts x (1 greedy + "
-            f"{cfg.eval.samples} sampled); {where}"
+            "relayrl: eval every %d steps%s: %d prompts x (1 greedy + %d sampled); %s",
+            cfg.eval.every,
+            first,
+            len(prompts),
+            cfg.eval.samples,
+            where,
         )
         return [dataclasses.replace(p, seed=prompt_seed(cfg.eval.seed, p.prompt_id)) for p in prompts]
 
@@ -135,7 +141,7 @@ class TrainingEval:
         rows = [{"decoding": "greedy", **r} for r in greedy] + [{"decoding": "sampled", **r} for r in sampled]
         write_rows(self.run.path / "eval" / f"step_{version}", rows, {"version": version, **metrics})
         figures = " | ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in metrics.items())
-        logger.info(f"relayrl: eval of v{version}: {figures}")
+        logger.info("relayrl: eval of v%d: %s", version, figures)
         return metrics
 
     def _generate(self) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:

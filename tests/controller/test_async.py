@@ -53,7 +53,7 @@ def test_async_logs_every_schema_metric_and_nothing_else(async_rows):
 
 
 def test_colocated_switches_the_bundle_every_step(ray_session, tiny_llama, tmp_path):
-    cfg, rows = run_rows(
+    _, rows = run_rows(
         ray_session, tiny_llama, tmp_path, ["placement=colocated", "run.steps=2", "weightsync.verify_every=1"]
     )
     assert [r["colocated/switches"] for r in rows] == [2.0, 2.0]  # engines asleep to train, awake to sync

@@ -181,7 +181,7 @@ def test_staleness_bound_never_violated_and_every_group_trained_once(
     capacity (in steps' worth of groups): staleness <= k, full steps in start order, none twice."""
     B = replicas * chunk
     policy = make_policy(k, replicas, chunk, colocated=colocated, capacity=capacity and capacity * B)
-    trace = drive(policy, steps, gen, train, deaths=deaths + [False])  # a call that always dies never ends
+    trace = drive(policy, steps, gen, train, deaths=[*deaths, False])  # a call that always dies never ends
     assert max(trace.stale) <= k
     assert len(trace.trained) == len(set(trace.trained)) == steps * B  # none twice, a full batch a step
     assert trace.trained == list(range(steps * B))  # in start order, none skipped
@@ -208,7 +208,7 @@ def test_dynamic_sampling_refills_every_step_within_the_staleness_bound(
     """DAPO refill: calls whose groups lack reward spread free admission for more prompts; every step
     still gets B useful groups (or the run stops at the cap), in start order, never staler than k."""
     B = replicas * chunk
-    useful = useful if any(round(u * chunk) for u in useful) else useful + [1.0]  # else nothing ever fills
+    useful = useful if any(round(u * chunk) for u in useful) else [*useful, 1.0]  # else nothing ever fills
     policy = make_policy(k, replicas, chunk, refill=True, max_sampling_batches=cap or 0)
     trace = drive(policy, steps, gen, train, useful)
     assert max(trace.stale, default=0) <= k
@@ -259,7 +259,7 @@ def test_a_step_that_cannot_fill_up_stops_the_run_with_the_fix():
     (launch,) = policy.launches([0])
     policy.on_scored(Entry(launch.seq, None, launch.prompt_ids, 0, 0, useful=3))
     with pytest.raises(
-        ShortStep, match="drew 8 groups for step 1 and only 3 of the 4 needed.*raise algorithm.max_sampling_batches"
+        ShortStep, match=r"drew 8 groups for step 1 and only 3 of the 4 needed.*raise algorithm\.max_sampling_batches"
     ):
         policy.take_step()
 

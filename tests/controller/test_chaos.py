@@ -8,6 +8,7 @@ steps logged twice (run with ``-s`` to see them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -82,8 +83,8 @@ def finish(proc: subprocess.Popen) -> str:
     return output
 
 
-def report(fault: str, injected: int, proc: subprocess.Popen, out: Path, reference: list[list[int]]) -> dict:
-    """The run's metrics rows; prints the chaos-table line and returns the last row."""
+def report(fault: str, injected: int, proc: subprocess.Popen, out: Path, reference: list[list[int]]) -> list[dict]:
+    """The run's metrics rows; prints the chaos-table line and returns the rows."""
     (run,) = out.glob("grpo_tiny-*")
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     got = prompt_log(out)
@@ -104,16 +105,15 @@ def test_engine_killed_three_times_and_the_run_trains_the_same_prompts(tiny_llam
     proc = start(command(tiny_llama, tmp_path, f"run.steps={STEPS}", "rollout.start_timeout_s=300"))
     killed = 0
     while killed < KILLS and wait_until(
-        proc, lambda: steps_logged(tmp_path) >= killed + 1 and processes(proc.pid, "EngineCore")
+        proc, lambda n=killed + 1: steps_logged(tmp_path) >= n and processes(proc.pid, "EngineCore")
     ):
         engine = processes(proc.pid, "EngineCore")[0]
         os.kill(engine.pid, signal.SIGKILL)
         killed += 1
         wait_until(
             proc,
-            lambda: (
-                engine.pid not in [p.pid for p in processes(proc.pid, "EngineCore")]
-                and processes(proc.pid, "EngineCore")
+            lambda dead=engine.pid: (
+                dead not in [p.pid for p in processes(proc.pid, "EngineCore")] and processes(proc.pid, "EngineCore")
             ),
         )  # the replacement's engine is up
     output = finish(proc)
@@ -164,10 +164,8 @@ def test_replacement_hung_while_it_starts_is_killed_and_another_attempt(tiny_lla
         ]
     finally:
         for pid in stopped:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     rows = report("kill -9 EngineCore, then SIGSTOP the replacement's", 1 + len(stopped), proc, tmp_path, reference)
     assert stopped and proc.returncode == 0, output[-4000:]
     assert "hung while starting (TimeoutError)" in output, output[-4000:]
@@ -189,10 +187,8 @@ def test_hung_engine_passes_the_generate_deadline_and_is_replaced(tiny_llama, tm
         output = finish(proc)
     finally:
         for pid in stopped:  # the hung engine outlives its killed actor: end it here
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     rows = report("SIGSTOP EngineCore (hung generate)", len(stopped), proc, tmp_path, reference)
     assert stopped and proc.returncode == 0, output[-4000:]
     assert rows[-1]["rollout/restarts"] == 1, output[-4000:]  # no other fault: the deadline fired

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -18,9 +19,12 @@ from relayrl.controller import checkpoint
 from relayrl.controller.checkpoint import MARKER, Checkpointer, find_resume, latest
 from relayrl.controller.driver import resolve_resume, restart_point
 from relayrl.controller.run import RunDir, new_run_dir
+from relayrl.logs import show_on_console
 from relayrl.monitor.runs import read_jsonl
 from relayrl.trainer import manifest
 from relayrl.trainer.manifest import MANIFEST, UntrustedCheckpoint
+
+T = TypeVar("T")
 
 
 class FakeTrainer:
@@ -44,27 +48,42 @@ class FakeTrainer:
         return self.written
 
 
+@pytest.fixture
+def console(capsys):
+    """What the user sees: relayrl's console handler on, its lines read from ``capsys`` (the warnings these
+    tests expect go to stderr). Not ``caplog``: a run earlier in the session may have put Ray's quiet-mode
+    filter, which drops records below ERROR, on the handler ``caplog`` reads."""
+    show_on_console()
+    return capsys
+
+
+def found(value: T | None) -> T:
+    """``value``, which the test expects to be there (``latest``, ``find_resume``)."""
+    assert value is not None
+    return value
+
+
 def _state(trained: int) -> dict:
     return {"counts": {"issued": trained, "trained": trained, "dropped": 0}, "sampler": {}, "pending": []}
 
 
-def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up(tmp_path, capsys):
+def test_a_crash_inside_the_trainer_write_leaves_no_checkpoint_and_is_cleaned_up(tmp_path, console):
     ckpt = Checkpointer(tmp_path, keep=2)
     ckpt.save(2, FakeTrainer(), _state(8))
     ckpt.save(4, FakeTrainer(fail_after_first_file=True), _state(16))  # reported, not raised
-    assert "step 4 was not written (RuntimeError: killed mid-write)" in capsys.readouterr().out
+    assert "step 4 was not written (RuntimeError: killed mid-write)" in console.readouterr().err
     assert (tmp_path / "checkpoints" / ".step_000004.tmp" / "dcp").is_dir()  # the torn write is there
     assert latest(tmp_path) == checkpoint.step_dir(tmp_path, 2)  # ... and ignored
-    assert find_resume(str(tmp_path), "x", str(tmp_path))[1].name == "step_000002"
+    assert found(find_resume(str(tmp_path), "x", str(tmp_path)))[1].name == "step_000002"
     ckpt = Checkpointer(tmp_path, keep=2)  # the resumed run saves
     ckpt.save(4, FakeTrainer(), _state(16))
     ckpt.finish()
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step_000002", "step_000004"]
-    assert checkpoint.driver_state(latest(tmp_path))["step"] == 4
+    assert checkpoint.driver_state(found(latest(tmp_path)))["step"] == 4
 
 
-def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, monkeypatch, capsys):
+def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, monkeypatch, console):
     real = checkpoint.write_durable
 
     def crash_on_marker(path: Path, text: str) -> None:
@@ -74,7 +93,7 @@ def test_a_crash_before_the_marker_is_durable_leaves_no_checkpoint(tmp_path, mon
 
     monkeypatch.setattr(checkpoint, "write_durable", crash_on_marker)
     Checkpointer(tmp_path, keep=2, asynchronous=False).save(2, FakeTrainer(), _state(8))
-    assert "step 2 was not written (OSError: power cut)" in capsys.readouterr().out
+    assert "step 2 was not written (OSError: power cut)" in console.readouterr().err
     assert (tmp_path / "checkpoints" / ".step_000002.tmp" / "driver.json").exists()
     assert not (tmp_path / "checkpoints" / ".step_000002.tmp" / MANIFEST).exists()
     assert latest(tmp_path) is None
@@ -91,7 +110,7 @@ def test_async_write_commits_only_when_on_disk_with_the_state_of_its_step(tmp_pa
     assert latest(tmp_path) is None  # the shards are not on disk yet: no COMPLETE
     trainer.written = True
     ckpt.poll()
-    assert checkpoint.driver_state(latest(tmp_path))["counts"]["trained"] == 8
+    assert checkpoint.driver_state(found(latest(tmp_path)))["counts"]["trained"] == 8
     trainer.written = False
     ckpt.save(4, trainer, _state(16))
     ckpt.finish()  # end of run: waits for the write, then commits
@@ -205,14 +224,14 @@ def test_resume_auto_skips_a_run_whose_driver_is_alive(tmp_path):
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         newer = _run_with_checkpoint(tmp_path, "grpo-20260101-120001", pid=live.pid)
-        assert find_resume(str(tmp_path), "grpo", "auto")[0] == older  # the live one is left alone
+        assert found(find_resume(str(tmp_path), "grpo", "auto"))[0] == older  # the live one is left alone
     finally:
         live.kill()
         live.wait()
-    assert find_resume(str(tmp_path), "grpo", "auto")[0] == newer  # its driver is gone: resumable
+    assert found(find_resume(str(tmp_path), "grpo", "auto"))[0] == newer  # its driver is gone: resumable
 
 
-def test_a_failed_background_write_costs_the_checkpoint_not_the_run(tmp_path, capsys):
+def test_a_failed_background_write_costs_the_checkpoint_not_the_run(tmp_path, console):
     class Failing(FakeTrainer):
         def checkpoint_written(self, wait: bool) -> bool:
             raise OSError("No space left on device")
@@ -221,7 +240,7 @@ def test_a_failed_background_write_costs_the_checkpoint_not_the_run(tmp_path, ca
     ckpt.save(2, FakeTrainer(), _state(8))
     ckpt.save(4, Failing(), _state(16))
     ckpt.poll()
-    assert "step 4 was not written (OSError: No space left" in capsys.readouterr().out
+    assert "step 4 was not written (OSError: No space left" in console.readouterr().err
     assert latest(tmp_path).name == "step_000002" and ckpt.pending is None
     ckpt.save(6, FakeTrainer(), _state(24))  # goes on; the failed write's dir is deleted
     ckpt.finish()
@@ -256,20 +275,22 @@ def _fail_at(monkeypatch, name: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["shards", "driver.json", MANIFEST])
-def test_a_failed_write_in_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys, where):
+def test_a_failed_write_in_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, console, where):
     ckpt = Checkpointer(tmp_path, keep=1, asynchronous=False)
     ckpt.save(2, FakeTrainer(), _state(8))
-    capsys.readouterr()
+    console.readouterr()
     if where != "shards":
         _fail_at(monkeypatch, where)
     ckpt.save(4, FullDisk() if where == "shards" else FakeTrainer(), _state(16))  # does not raise
-    lines = capsys.readouterr().out.splitlines()
+    lines = console.readouterr().err.splitlines()
     assert lines == [
-        "relayrl: checkpoint step 4 was not written (OSError: [Errno 28] No space left on "
-        "device); the earlier checkpoints stay as they were"
+        (
+            "relayrl: checkpoint step 4 was not written (OSError: [Errno 28] No space left on "
+            "device); the earlier checkpoints stay as they were"
+        )
     ]
     assert latest(tmp_path).name == "step_000002" and ckpt.pending is None
-    manifest.verify(latest(tmp_path))  # still loadable, untouched
+    manifest.verify(found(latest(tmp_path)))  # still loadable, untouched
     torn = tmp_path / "checkpoints" / ".step_000004.tmp"
     assert torn.is_dir() and not checkpoint.step_dir(tmp_path, 4).exists()
     if where != MANIFEST:
@@ -279,7 +300,7 @@ def test_a_failed_write_in_save_is_one_line_and_keeps_the_previous_checkpoint(tm
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000006"]
 
 
-def test_a_failed_write_found_by_finish_is_one_line(tmp_path, capsys):
+def test_a_failed_write_found_by_finish_is_one_line(tmp_path, console):
     class Failing(FakeTrainer):
         def checkpoint_written(self, wait: bool) -> bool:
             if wait:
@@ -290,12 +311,14 @@ def test_a_failed_write_found_by_finish_is_one_line(tmp_path, capsys):
     ckpt.save(2, FakeTrainer(), _state(8))
     ckpt.save(4, Failing(), _state(16))  # commits step 2; step 4's write is in flight
     ckpt.finish()  # does not raise
-    assert capsys.readouterr().out.splitlines() == [
-        "relayrl: checkpoint step 4 was not written (PermissionError: [Errno 13] Permission denied); "
-        "the earlier checkpoints stay as they were"
+    assert console.readouterr().err.splitlines() == [
+        (
+            "relayrl: checkpoint step 4 was not written (PermissionError: [Errno 13] Permission denied); "
+            "the earlier checkpoints stay as they were"
+        )
     ]
     assert latest(tmp_path).name == "step_000002"
-    manifest.verify(latest(tmp_path))
+    manifest.verify(found(latest(tmp_path)))
 
 
 # ---- verification on resume --------------------------------------------------------------------------
@@ -318,13 +341,13 @@ def test_a_committed_checkpoint_lists_every_file_in_its_manifest(tmp_path):
     manifest.verify(step2)
 
 
-def test_resume_skips_a_checkpoint_that_fails_verification_and_takes_the_previous_one(tmp_path, capsys):
+def test_resume_skips_a_checkpoint_that_fails_verification_and_takes_the_previous_one(tmp_path, console):
     run, step2, step4 = _two_checkpoints(tmp_path)
     (step4 / "dcp" / "shard0.distcp").write_bytes(b"y" * 64)  # same size, other bytes
-    capsys.readouterr()
+    console.readouterr()
     assert find_resume(str(tmp_path), "grpo", "auto") == (run, step2)
     assert find_resume(str(tmp_path), "grpo", str(run)) == (run, step2)
-    lines = capsys.readouterr().out.splitlines()
+    lines = console.readouterr().err.splitlines()
     assert len(lines) == 2 and all(x.startswith("relayrl: skipping step_000004: checkpoint ") for x in lines)
     assert "dcp/shard0.distcp does not match its sha256" in lines[0]
     with pytest.raises(UntrustedCheckpoint, match="step_000004 refused"):  # named explicitly: refused
@@ -339,7 +362,7 @@ def test_resume_skips_a_checkpoint_that_fails_verification_and_takes_the_previou
         find_resume(str(tmp_path), "grpo", str(run))
 
 
-def test_a_restart_after_a_trainer_death_skips_a_checkpoint_that_fails_verification(tmp_path, capsys):
+def test_a_restart_after_a_trainer_death_skips_a_checkpoint_that_fails_verification(tmp_path, console):
     cfg = _config(tmp_path)
     run = RunDir.create(cfg)
     Checkpointer(run.path, keep=2, asynchronous=False).save(2, FakeTrainer(), _state(4))
@@ -348,5 +371,5 @@ def test_a_restart_after_a_trainer_death_skips_a_checkpoint_that_fails_verificat
     (checkpoint.step_dir(run.path, 4) / "driver.json").chmod(0o666)
     resume, reopened = restart_point(cfg, run)
     reopened.logger.close()
-    assert resume[1].name == "step_000002" and resume[2]["step"] == 2
-    assert "skipping step_000004" in capsys.readouterr().out
+    assert resume is not None and resume[1].name == "step_000002" and resume[2]["step"] == 2
+    assert "skipping step_000004" in console.readouterr().err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from math import comb
+from typing import Any
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_config_defaults_are_off_and_a_multi_turn_env_is_refused():
     cfg = EvalConfig()
     assert (cfg.every, cfg.before_first_step, cfg.samples, cfg.train_prompts) == (0, True, 4, 16)
     assert load_config("grpo_tiny", ["eval.every=2", "eval.samples=2"]).eval.every == 2
-    with pytest.raises(ConfigError, match="eval.every=2 scores single-turn completions.*set eval.every=0"):
+    with pytest.raises(ConfigError, match=r"eval\.every=2 scores single-turn completions.*set eval\.every=0"):
         load_config("grpo_tiny", ["eval.every=2", "env.name=calculator"])
 
 
@@ -122,8 +123,9 @@ def _evaluator(tiny_llama, tmp_path, every=2, before=True, replicas=2):
             f"eval.before_first_step={before}",
         ],
     )
-    system = SimpleNamespace(model_path=tiny_llama, rollouts=[_Replica(f"r{i}") for i in range(replicas)])
-    run = SimpleNamespace(path=tmp_path, logger=_Logger())
+    # stand-ins with only the fields TrainingEval reads
+    system: Any = SimpleNamespace(model_path=tiny_llama, rollouts=[_Replica(f"r{i}") for i in range(replicas)])
+    run: Any = SimpleNamespace(path=tmp_path, logger=_Logger())
     return TrainingEval(cfg, system, run)
 
 
@@ -211,8 +213,10 @@ def eval_run(ray_session, tiny_llama, tmp_path_factory):
             f"eval.every={EVERY}",
             f"eval.samples={SAMPLES}",
             f"eval.train_prompts={PROMPTS}",
-            "rewards=[{fn: tests.controller.test_eval_during_training:length_multiple_of_3}, "
-            "{fn: relayrl.rewards.builtin:digit_fraction, weight: 0.5}]",
+            (
+                "rewards=[{fn: tests.controller.test_eval_during_training:length_multiple_of_3}, "
+                "{fn: relayrl.rewards.builtin:digit_fraction, weight: 0.5}]"
+            ),
         ],
     )
     result = train(cfg)
@@ -271,18 +275,21 @@ def _hf_greedy(model_dir, prompts: list[str], max_tokens: int) -> list[str]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    texts = []
+    texts: list[str] = []
     for prompt in prompts:
         ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
         with torch.no_grad():
-            out = model.generate(
+            # misc: transformers 5.19 types from_pretrained's model as a class its own generate's `self` rejects
+            out = model.generate(  # type: ignore[misc]
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_tokens,
                 do_sample=False,
                 pad_token_id=model.config.pad_token_id,
             )
-        texts.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+        text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence decodes to one string
+        texts.append(text)
     return texts
 
 

@@ -3,6 +3,7 @@ Ray splits rollout and trainer across the nodes, and weight sync falls back from
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,10 +49,8 @@ def _kill_cluster(port: int) -> None:
     }
     for pid, cmd in cmds.items():
         if f":{port}" in cmd or f"--gcs_server_port={port}" in cmd or any(s in cmd for s in sessions):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture

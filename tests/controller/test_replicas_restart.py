@@ -4,13 +4,15 @@ restart loop's retries and backoff (``System._recreate_rollout`` faked; sleeps r
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import ray
 
 import relayrl.controller.system as system_module
 from relayrl.controller.faults import task_error_line
-from relayrl.controller.system import System, is_death, restart_backoff_s
+from relayrl.controller.replicas import is_death, restart_backoff_s
+from relayrl.controller.system import System
 
 
 class Replica:
@@ -30,7 +32,8 @@ def failure(ref: ray.ObjectRef) -> BaseException:
 
 
 def test_a_task_error_on_a_live_replica_is_not_a_death_and_reads_as_one_line(ray_session):
-    actor = ray.remote(Replica).options(num_cpus=0).remote()
+    # Any: Ray's overloads read a class with no __init__ as a function (its handle would lack .remote)
+    actor: Any = ray.remote(Replica).options(num_cpus=0).remote()
     error = failure(actor.generate.remote())
     assert isinstance(error, ray.exceptions.RayTaskError) and not is_death(error, actor)
     line = task_error_line(0, error)
@@ -56,7 +59,7 @@ def fake_system(max_restarts: int, failures: int, monkeypatch) -> tuple[System, 
     sleeps: list[float] = []
     monkeypatch.setattr(system_module.time, "sleep", sleeps.append)
     monkeypatch.setattr(system_module, "answers", lambda rollout, timeout_s=30.0: False)
-    cfg = SimpleNamespace(rollout=SimpleNamespace(max_restarts=max_restarts))
+    cfg: Any = SimpleNamespace(rollout=SimpleNamespace(max_restarts=max_restarts))  # the fields System reads
     system = System(cfg, None, ["replica0"], None, None)
     attempts = iter(range(100))
 
@@ -119,7 +122,7 @@ def dead_scorer():
 
 def probe_system(rollouts: list, monkeypatch) -> tuple[System, list[tuple[int, int]]]:
     """A System over ``rollouts`` whose re-creation puts a fresh, exact ``Scorer`` in the dead one's place."""
-    cfg = SimpleNamespace(rollout=SimpleNamespace(max_restarts=3), weightsync=SimpleNamespace(max_mismatch=0.05))
+    cfg: Any = SimpleNamespace(rollout=SimpleNamespace(max_restarts=3), weightsync=SimpleNamespace(max_mismatch=0.05))
     system = System(cfg, None, rollouts, None, None)
     recreated: list[tuple[int, int]] = []
 

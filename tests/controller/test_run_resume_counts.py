@@ -7,9 +7,13 @@ from __future__ import annotations
 from relayrl.config import load_config
 from relayrl.controller.buffer import Entry
 from relayrl.controller.policy import PolicyConfig, StepPolicy
+from relayrl.data.sampler import Prompt
 
 
 class _Sampler:
+    def state_dict(self) -> dict:
+        return self.state
+
     def load_state_dict(self, state: dict) -> None:
         self.state = state
 
@@ -30,7 +34,7 @@ def test_dropped_count_is_kept_across_a_resume():
     policy.load_state_dict(
         {"step": 5, "sampler": {}, "pending": [], "seq": 10, "counts": {"issued": 14, "trained": 10, "dropped": 4}}
     )
-    policy.outstanding = {10: [{"prompt_id": 20}, {"prompt_id": 21}], 11: [{"prompt_id": 22}, {"prompt_id": 23}]}
+    policy.outstanding = {10: [Prompt(20, ""), Prompt(21, "")], 11: [Prompt(22, ""), Prompt(23, "")]}
     policy.on_scored(Entry(10, None, [20, 21], min_version=2, max_version=2))  # too stale at v5 (k=1)
     policy.on_scored(Entry(11, None, [22, 23], min_version=5, max_version=5))
     assert [e.seq for e in policy.take_step().entries] == [11]

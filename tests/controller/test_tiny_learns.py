@@ -37,7 +37,8 @@ def _run(recipe: str, tiny_llama, tmp_path):
 
 def _series(rows: list[dict], name: str) -> list[float]:
     """A trainer stat per step, under its schema name (``policy/<name>``) or as the trainer returned it."""
-    return [r.get(f"policy/{name}", r.get(name)) for r in rows]
+    key = f"policy/{name}"
+    return [r[key] if key in r else r[name] for r in rows]
 
 
 def _mean(xs: list[float]) -> float:

@@ -37,7 +37,7 @@ def pair(ray_session, tiny_llama, tmp_path_factory):
 
 
 def test_engine_logprobs_match_trainer_after_sync(pair, ray_session):
-    cfg, rollout, trainer = pair
+    _, rollout, trainer = pair
     groups = ray_session.get(rollout.generate.remote(PROMPTS, 4))
     score_groups(groups, [("digit_fraction", builtin.digit_fraction, 1.0)])
     probe = groups[0].trajectories[0].prompt_token_ids + groups[0].trajectories[0].completion_token_ids

@@ -236,7 +236,7 @@ def test_a_killed_engine_host_fails_every_call_as_a_dead_replica(ray_session, ti
 
     import ray
 
-    from relayrl.controller.system import answers
+    from relayrl.controller.replicas import answers
 
     engine = _engine(ray_session, tiny_llama)
     handle = next(engine)
