@@ -110,11 +110,12 @@ def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
 def off_policy_kwargs(algo: AlgorithmConfig) -> dict[str, float | str] | None:
     """How the policy loss weighs tokens by ``w = pi_old / mu`` (None: not at all). ``auto`` is resolved by
     ``load_config``; left unresolved it means none. ``decoupled``: AReaL's objective, w untruncated."""
-    return {
+    by_name: dict[str, dict[str, float | str]] = {
         "tis": {"is_level": "token", "is_cap": algo.is_cap},
         "tis_sequence": {"is_level": "sequence", "is_cap": algo.is_cap},
         "decoupled": {"is_level": "token", "is_cap": math.inf},
-    }.get(algo.off_policy)
+    }
+    return by_name.get(algo.off_policy)
 
 
 def loss_agg_kwargs(algo: AlgorithmConfig) -> dict[str, int]:
