@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from relayrl.algorithms.aggregation import LOSS_AGG
 from relayrl.algorithms.filtering import dynamic_sampling_filter, trainable_groups
-from relayrl.algorithms.losses import LOSS_AGG, POLICY_LOSSES
+from relayrl.algorithms.losses import POLICY_LOSSES
 from relayrl.algorithms.shaping import overlong_penalty
 from relayrl.config import AlgorithmConfig
 from relayrl.types import TrajectoryGroup

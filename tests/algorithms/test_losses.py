@@ -7,26 +7,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relayrl.algorithms.aggregation import LOSS_AGG, aggregate_loss, masked_token_sum
+from relayrl.algorithms.kl import KL_ESTIMATORS, kl_abs, kl_k1, kl_k2, kl_k3, kl_loss, kl_penalized_rewards
 from relayrl.algorithms.losses import (
-    KL_ESTIMATORS,
-    LOSS_AGG,
     POLICY_LOSSES,
-    aggregate_loss,
     clip_higher_loss,
     dual_clip_ppo_loss,
     entropy_bonus,
     gspo_loss,
-    kl_abs,
-    kl_k1,
-    kl_k2,
-    kl_k3,
-    kl_loss,
-    kl_penalized_rewards,
-    masked_token_sum,
     ppo_clip_loss,
     truncated_is_weights,
-    value_loss,
 )
+from relayrl.algorithms.value import value_loss
 
 LN = math.log
 

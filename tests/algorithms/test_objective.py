@@ -9,7 +9,8 @@ import re
 import pytest
 import torch
 
-from relayrl.algorithms.losses import LOSS_AGG, POLICY_LOSSES
+from relayrl.algorithms.aggregation import LOSS_AGG
+from relayrl.algorithms.losses import POLICY_LOSSES
 from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan

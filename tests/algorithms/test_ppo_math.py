@@ -17,7 +17,7 @@ from relayrl.algorithms.advantages import (
     outcome_gae,
     whiten_from_moments,
 )
-from relayrl.algorithms.losses import kl_penalized_rewards
+from relayrl.algorithms.kl import kl_penalized_rewards
 
 
 def test_outcome_gae_hand_numbers_gamma_lam_one():
