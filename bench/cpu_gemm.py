@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from collections import Counter
 
@@ -43,8 +44,8 @@ def decode_ms(weights: list[torch.Tensor], m: int, reps: int) -> tuple[float, fl
     for (n, k), count in counts.items():
         w, x = torch.randn(n, k, dtype=weights[0].dtype), torch.randn(m, k, dtype=weights[0].dtype)
         handle = ops.create_onednn_mm(w.t(), 32)
-        packed += count * median_ms(lambda: ops.onednn_mm(handle, x, None), reps)
-        unpacked += count * median_ms(lambda: torch.nn.functional.linear(x, w), reps)
+        packed += count * median_ms(functools.partial(ops.onednn_mm, handle, x, None), reps)
+        unpacked += count * median_ms(functools.partial(torch.nn.functional.linear, x, w), reps)
     return packed, unpacked
 
 

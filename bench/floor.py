@@ -133,7 +133,7 @@ def gemm_weights(sd: dict[str, torch.Tensor]) -> list[torch.Tensor]:
             if all(f"{prefix}.{m}.weight" in sd for m in group)
         ]
     head = sd.get("lm_head.weight", sd.get("model.embed_tokens.weight"))
-    return out + [head]
+    return [*out, head]
 
 
 def pack_floor_s(sd: dict[str, torch.Tensor]) -> float:
@@ -221,15 +221,19 @@ def report(run: Path) -> list[str]:
     measured = {k: statistics.median(r[m] for r in steady if m in r) for k, m in PHASES.items()}
     gap = gaps(measured, floor)
     lines = [
-        f"physical floor of {run.name} on this box (measured here: GEMM {box.flops / 1e9:.0f} GFLOP/s, "
-        f"copy {box.copy_bps / 1e9:.1f} GB/s, oneDNN pack of the weights {box.pack_s:.3f} s; "
-        f"P={work.params / 1e6:.1f}M, {work.prompt_tokens:.0f} prompt "
-        f"tokens once + {work.completion_tokens:.0f} completion tokens per step, {work.decode_steps:.0f} "
-        "decode steps)",
+        (
+            f"physical floor of {run.name} on this box (measured here: GEMM {box.flops / 1e9:.0f} GFLOP/s, "
+            f"copy {box.copy_bps / 1e9:.1f} GB/s, oneDNN pack of the weights {box.pack_s:.3f} s; "
+            f"P={work.params / 1e6:.1f}M, {work.prompt_tokens:.0f} prompt "
+            f"tokens once + {work.completion_tokens:.0f} completion tokens per step, {work.decode_steps:.0f} "
+            "decode steps)"
+        ),
         f"{'phase':10}{'floor s':>9}{'measured s':>12}{'gap':>8}   (measured: median of steps 2..{len(rows)})",
     ]
-    for k in ("generate", "update", "sync", "step"):
-        lines.append(f"{k:10}{floor[k]:>9.3f}{measured[k]:>12.3f}{gap.get(k, float('nan')):>7.1f}x")
+    lines.extend(
+        f"{k:10}{floor[k]:>9.3f}{measured[k]:>12.3f}{gap.get(k, float('nan')):>7.1f}x"
+        for k in ("generate", "update", "sync", "step")
+    )
     first = rows[0]
     start = {k.removeprefix("startup/"): v for k, v in first.items() if k.startswith("startup/")}
     lines.append(

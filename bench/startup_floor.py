@@ -417,7 +417,8 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     if args.child:
         role, work, t0 = args.child
-        return (engine_child if role == "engine" else trainer_child)(Path(work), float(t0))
+        (engine_child if role == "engine" else trainer_child)(Path(work), float(t0))
+        return
     work = Path(tempfile.mkdtemp(prefix="relayrl-startup-"))
     print(f"work dir (logs): {work}; {load_note()}", flush=True)
     write_job(args.recipe, overrides, work / "bare")

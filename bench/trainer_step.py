@@ -13,8 +13,8 @@ random tokens and rewards (speed and the logprob gap do not depend on what the t
                     run the default, fused)
 
 Per variant: the median s/step (wall and process CPU) of --steps steps after one warm-up, the variants
-taking turns step by step on one trainer rank (a shared box's load then hits all alike); the ratio to the baseline, tokens
-the model computes per step (padded: rows x longest row; packed: the rows' real tokens) against the
+taking turns step by step on one trainer rank (a shared box's load then hits all alike); the ratio to the baseline,
+tokens the model computes per step (padded: rows x longest row; packed: the rows' real tokens) against the
 step's real tokens, and max / mean |logprob - baseline logprob| over the loss tokens before any update.
 Usage::
 

@@ -47,6 +47,7 @@ box's GEMM and copy rates, measured then) beside the run's median, and the gap.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -83,7 +84,7 @@ def run_trl(recipe: str, steps: int, overrides: list[str], trl_set: list[str], w
     rec = json.loads(result.read_text())
     ends = [rec["train_begin"]] + [s["end"] for s in rec["steps"]]
     return Side(
-        step_s=[b - a for a, b in zip(ends, ends[1:])],
+        step_s=[b - a for a, b in itertools.pairwise(ends)],
         completions=[rec["completions_per_step"]] * len(rec["steps"]),
         rewards=[s["reward"] for s in rec["steps"]],
         lengths=[s["length"] for s in rec["steps"]],
@@ -300,7 +301,8 @@ def main() -> None:
     parser.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.trl_child:
-        return trl_child(args.trl_child, args.recipe, args.steps, overrides, args.trl_set)
+        trl_child(args.trl_child, args.recipe, args.steps, overrides, args.trl_set)
+        return
     work = Path(tempfile.mkdtemp(prefix="relayrl-vs-trl-"))
     print(f"work dir (logs): {work}", flush=True)
     relayrl = run_relayrl(args.recipe, args.steps, overrides, work)

@@ -7,10 +7,18 @@ Python API::
     relayrl.train(cfg, rewards=[my_reward_fn])
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from relayrl.config import Config, ConfigError, load_config
 
+if TYPE_CHECKING:  # the controller (Ray, torch) is imported only when train runs
+    from relayrl.controller.driver import RunResult
 
-def train(cfg: Config, rewards=None):
+
+def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     """Run ``cfg`` end to end; ``rewards`` is an optional list of reward callables (TRL signature)."""
     from relayrl.controller import train as _train
 

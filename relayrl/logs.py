@@ -122,7 +122,8 @@ class WorkerLogRouter:
 
     def _file(self, name: str) -> IO[str]:
         if name not in self.files:
-            self.files[name] = open(self.log_dir / name, "a", encoding="utf-8")  # see close()
+            # Kept open across batches (one file per process, appended to often); close() closes them all.
+            self.files[name] = open(self.log_dir / name, "a", encoding="utf-8")  # noqa: SIM115
         return self.files[name]
 
     def write(self, name: str, text: str) -> None:
@@ -213,7 +214,8 @@ def attach() -> None:
     router = installed()
     if router is None or not ray.is_initialized():
         return
-    w = ray._private.worker.global_worker
+    # Any: Ray's Worker class does not declare logger_thread; ray.init's connect() sets it on the instance.
+    w: Any = ray._private.worker.global_worker
     thread = getattr(w, "logger_thread", None)
     if (thread is None or not thread.is_alive()) and hasattr(w, "gcs_log_subscriber"):
         w.logger_thread = threading.Thread(target=w.print_logs, name=RAY_PRINTER, daemon=True)
@@ -276,9 +278,11 @@ def crash_tail(exc: BaseException, n: int = 20) -> list[str]:
 def error_pids(exc: BaseException) -> Iterator[int]:
     """Process ids an error and its causes name."""
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(getattr(exc, "pid", None), int):
-            yield exc.pid
-        yield from (int(m) for m in re.findall(r"\bpid[=:]\s*(\d+)", str(exc)))
-        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        pid = getattr(cur, "pid", None)
+        if isinstance(pid, int):
+            yield pid
+        yield from (int(m) for m in re.findall(r"\bpid[=:]\s*(\d+)", str(cur)))
+        cur = getattr(cur, "cause", None) or cur.__cause__ or cur.__context__

@@ -60,7 +60,9 @@ def eager_when_dynamo_off(compile_fn: Callable) -> Callable:
             return compile_fn(model, **kwargs)
         return model if model is not None else (lambda fn: fn)
 
-    compile.relayrl_eager = True
+    # A marker on the function object (import_vllm reads it with getattr); functions take attributes, but
+    # mypy types functools.wraps's result without them.
+    compile.relayrl_eager = True  # type: ignore[attr-defined]
     return compile
 
 
@@ -93,7 +95,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
             env_override._patch_inductor_fallback_allow_list()
 
-        spec.loader.exec_module = exec_then_patch
+        # Wraps the method on this one loader instance (the module's own spec), not on its class.
+        spec.loader.exec_module = exec_then_patch  # type: ignore[method-assign]
         return spec
 
 

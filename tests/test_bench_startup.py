@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.startup_floor import batch
@@ -85,9 +87,9 @@ def test_cpu_meter_counts_only_what_started_after_it_and_an_exiting_process_keep
         assert "cpu-meter-probe" in name
         assert not any(1 in s.procs for s in meter.samples)  # init started before the meter: not counted
         # exited, not yet reaped: a zombie, whose command line is empty
-        while not open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
             time.sleep(0.05)
-        assert open(f"/proc/{child.pid}/cmdline").read() == ""
+        assert Path(f"/proc/{child.pid}/cmdline").read_text() == ""
         assert meter._name(child.pid) == name
     finally:
         child.kill()

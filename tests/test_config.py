@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -48,8 +49,10 @@ def test_overrides_are_typed():
         (["placement=nowhere"], "placement=nowhere is not an option; use one of: colocated, separate"),
         (
             ["algorithm.name=ppo"],
-            "algorithm.name='ppo' is not supported; use one of grpo, dr_grpo, rloo, "
-            "reinforce_pp, reinforce_pp_baseline",
+            (
+                "algorithm.name='ppo' is not supported; use one of grpo, dr_grpo, rloo, "
+                "reinforce_pp, reinforce_pp_baseline"
+            ),
         ),
         (["algorithm.policy_loss=trpo"], "algorithm.policy_loss='trpo' is not supported; use one of ppo_clip,"),
         (["algorithm.loss_agg=sum"], "algorithm.loss_agg='sum' is not supported; use one of token-mean,"),
@@ -97,7 +100,7 @@ def test_recipes_select_their_algorithm():
 
 
 def test_unknown_recipe_lists_the_choices():
-    with pytest.raises(ConfigError, match="choose one of: .*grpo_arith"):
+    with pytest.raises(ConfigError, match=r"choose one of: .*grpo_arith"):
         load_config("no_such_recipe")
 
 
@@ -128,7 +131,7 @@ def test_off_policy_auto_resolves_from_mode_and_staleness(overrides, expected):
 
 
 def test_async_needs_an_equal_share_per_replica():
-    with pytest.raises(ConfigError, match="prompts_per_step=3 must be a multiple of rollout.num_replicas=2"):
+    with pytest.raises(ConfigError, match=re.escape("prompts_per_step=3 must be a multiple of rollout.num_replicas=2")):
         load_config("grpo_tiny", ["run.prompts_per_step=3", "rollout.num_replicas=2"])
 
 

@@ -8,6 +8,7 @@ import re
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,8 +16,8 @@ from relayrl import logs
 from relayrl.cli import main
 
 
-def batch(actor: str, pid: int, *lines: str, is_err: bool = False) -> dict:
-    """One batch of a worker's lines as Ray's log stream delivers it."""
+def batch(actor: str, pid: int | str, *lines: str, is_err: bool = False) -> dict:
+    """One batch of a worker's lines as Ray's log stream delivers it (``pid`` is a name for Ray's own)."""
     return {
         "actor_name": actor,
         "pid": pid,
@@ -55,13 +56,9 @@ def test_error_pids_follow_the_cause_chain():
     class TaskError(Exception):
         pid = 7
 
-    try:
-        try:
-            raise RuntimeError("The actor died unexpectedly.\n\tclass_name: X\n\tpid: 4242\n")
-        except RuntimeError as inner:
-            raise TaskError("rollout replica 0 died again") from inner
-    except TaskError as exc:
-        assert list(logs.error_pids(exc)) == [7, 4242]
+    exc = TaskError("rollout replica 0 died again")
+    exc.__cause__ = RuntimeError("The actor died unexpectedly.\n\tclass_name: X\n\tpid: 4242\n")  # raise ... from
+    assert list(logs.error_pids(exc)) == [7, 4242]
 
 
 @pytest.fixture
@@ -107,7 +104,8 @@ def test_actor_prints_go_to_its_file_not_the_console_and_a_crash_shows_its_last_
 
     logs.capture(tmp_path, verbose=False)
     assert logs.RAY_PRINTER not in [name for name, _ in ray_printer.handlers]  # its printer is off
-    actor = ray.remote(RolloutActor).options(num_cpus=0).remote()
+    # Any: Ray types the handle's methods as the class's plain functions, without ``.remote``.
+    actor: Any = ray.remote(RolloutActor).options(num_cpus=0).remote()
     hello = f"hello from the actor {uuid.uuid4().hex}"
     pid = ray.get(actor.speak.remote(hello))
     assert hello in wait_for_text(tmp_path / f"rollout-{pid}.log", hello)
@@ -148,13 +146,14 @@ def test_rays_own_messages_stay_on_the_console(tmp_path, capsys):
 
 
 def test_a_failed_run_shows_the_dead_process_last_lines_and_files_them(tmp_path, capsys, console):
+    from relayrl.config import Config
     from relayrl.controller.run import RunDir
 
     router = logs.capture(tmp_path / "logs")
     try:
         router(batch("TrainerActor", 4242, "loss is nan at step 3", "Fatal Python error: Aborted"))
         died = RuntimeError("The actor died unexpectedly.\n\tpid: 4242\n")
-        RunDir(None, tmp_path, None).fail(died)
+        RunDir(Config(), tmp_path, None).fail(died)
     finally:
         logs.release()
     heading = f"relayrl: last 2 lines of pid 4242 ({tmp_path / 'logs' / 'trainer-4242.log'}):"

@@ -1,7 +1,10 @@
 """The algorithm's math, tensors in and tensors out: no Ray, no vLLM, no process groups.
 
     advantages   rewards and group ids -> advantages (GRPO, Dr.GRPO, RLOO, REINFORCE++, GAE)
-    losses       per-token policy losses, KL estimators, value loss, how losses aggregate
+    losses       per-token policy losses (PPO clip, dual clip, clip-higher, GSPO), entropy bonus
+    kl           KL estimators, as a loss term or a reward penalty
+    value        the critic's clipped value loss
+    aggregation  how per-token losses become the step's loss; masked reductions
     logprobs     next-token log-probabilities and entropies from logits
     shaping      DAPO's overlong reward penalty
     filtering    which prompt groups a step can learn from (exclusions, DAPO's dynamic sampling)

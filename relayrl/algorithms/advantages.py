@@ -32,7 +32,7 @@ estimator; a group (or batch) whose rewards are all equal gets 0 too: nothing to
 **Token-level** (``[B, T]`` in, ``[B, T]`` out; ``mask`` is 1 on completion tokens, 0 on prompt, padding
 or, in multi-turn episodes, environment tokens): ``gae_advantages`` for PPO with a critic,
 ``reinforce_pp_token_advantages`` for REINFORCE++ with per-token rewards (e.g. a per-token KL penalty from
-``losses.kl_penalized_rewards``), and the helpers ``last_token_rewards``, ``discounted_returns``,
+``kl.kl_penalized_rewards``), and the helpers ``last_token_rewards``, ``discounted_returns``,
 ``masked_whiten``. Masked positions are skipped as if absent: a reward there is ignored, the recursion
 bridges them, and their outputs are 0. Right padding is the special case where nothing follows.
 """
@@ -213,7 +213,7 @@ def sequence_advantages(
 
     Only ``WHITENED`` estimators get the counts: GRPO, Dr.GRPO and RLOO compare a completion with its
     group, each completion once, as their papers define them (length enters through the loss
-    aggregation, ``losses.LOSS_AGG``). rewards, group_ids, token_counts: [N] -> [N] float32.
+    aggregation, ``aggregation.LOSS_AGG``). rewards, group_ids, token_counts: [N] -> [N] float32.
     """
     if name in WHITENED:
         return ADVANTAGES[name](rewards, group_ids, token_counts=token_counts, whiten=whiten)
@@ -314,7 +314,7 @@ def reinforce_pp_token_advantages(rewards: torch.Tensor, mask: torch.Tensor, gam
     """REINFORCE++ with per-token rewards: ``A_t = whiten_B(G_t)``, ``G_t`` the discounted return-to-go.
 
     Hu 2025, arXiv:2501.03262: token-level return with a KL penalty in the reward, globally whitened;
-    pass ``rewards = last_token_rewards(r, mask) - kl_coef * kl`` (``losses.kl_penalized_rewards``).
+    pass ``rewards = last_token_rewards(r, mask) - kl_coef * kl`` (``kl.kl_penalized_rewards``).
     [B, T] -> [B, T] float32.
     """
     return masked_whiten(discounted_returns(rewards, mask, gamma), mask)
@@ -336,7 +336,7 @@ def outcome_gae(
         (A, R_t) = gae_advantages(r, V, mask, gamma, lam)
 
     rewards: [B] one scalar per sequence; values, mask, kl_penalty: [B, T] aligned with the loss mask
-    (``losses.kl_penalized_rewards`` is the same penalty applied to ``r``). Returns (advantages, returns)
+    (``kl.kl_penalized_rewards`` is the same penalty applied to ``r``). Returns (advantages, returns)
     [B, T] float32, zero off the mask; whiten the advantages over the whole step (``whiten_from_moments``).
     """
     token_rewards = last_token_rewards(rewards, mask)

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from relayrl.algorithms.aggregation import LOSS_AGG
 from relayrl.algorithms.filtering import dynamic_sampling_filter, trainable_groups
-from relayrl.algorithms.losses import LOSS_AGG, POLICY_LOSSES
+from relayrl.algorithms.losses import POLICY_LOSSES
 from relayrl.algorithms.shaping import overlong_penalty
 from relayrl.config import AlgorithmConfig
 from relayrl.types import TrajectoryGroup
@@ -110,11 +111,12 @@ def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:
 def off_policy_kwargs(algo: AlgorithmConfig) -> dict[str, float | str] | None:
     """How the policy loss weighs tokens by ``w = pi_old / mu`` (None: not at all). ``auto`` is resolved by
     ``load_config``; left unresolved it means none. ``decoupled``: AReaL's objective, w untruncated."""
-    return {
+    by_name: dict[str, dict[str, float | str]] = {
         "tis": {"is_level": "token", "is_cap": algo.is_cap},
         "tis_sequence": {"is_level": "sequence", "is_cap": algo.is_cap},
         "decoupled": {"is_level": "token", "is_cap": math.inf},
-    }.get(algo.off_policy)
+    }
+    return by_name.get(algo.off_policy)
 
 
 def loss_agg_kwargs(algo: AlgorithmConfig) -> dict[str, int]:

@@ -2,8 +2,8 @@
 fields) and ``critic``, PPO's value model.
 
 The names of estimators and losses are checked against the registries that implement them
-(``algorithms.advantages``, ``algorithms.losses``): a new entry there is a valid choice here, with no
-second list.
+(``algorithms.advantages``, ``.losses``, ``.kl``, ``.aggregation``): a new entry there is a valid choice
+here, with no second list.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ GROUPED_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp_
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     """Valid names per algorithm field, read from the registries (pure torch modules, cheap to import)."""
     from relayrl.algorithms.advantages import ADVANTAGES, CRITIC_ESTIMATORS, WHITEN_MODES
-    from relayrl.algorithms.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
+    from relayrl.algorithms.aggregation import LOSS_AGG
+    from relayrl.algorithms.kl import KL_ESTIMATORS
+    from relayrl.algorithms.losses import POLICY_LOSSES
 
     return {
         "name": (*ADVANTAGES, *CRITIC_ESTIMATORS),
@@ -52,14 +54,14 @@ class AlgorithmConfig:
     dual_clip_c: float = 3.0
     """dual_clip only: caps the loss of a negative-advantage token at c|A| (must be > 1)."""
     loss_agg: str = "token-mean"
-    """How per-token losses become the step's loss, a key of ``algorithms.losses.LOSS_AGG``: token-mean |
+    """How per-token losses become the step's loss, a key of ``algorithms.aggregation.LOSS_AGG``: token-mean |
     seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm. Normalised over the whole step."""
     norm_len: int | None = None
     """seq-mean-token-sum-norm's constant L in sum / (B * L); None: rollout.max_tokens (set by load_config)."""
     kl_coef: float = 0.0
     """Weight of the KL(pi || pi_ref) loss term; 0 skips the reference model entirely."""
     kl_estimator: str = "k3"
-    """Per-token KL estimator, a key of ``algorithms.losses.KL_ESTIMATORS``: k1 | k2 | k3 | abs (|k1|)."""
+    """Per-token KL estimator, a key of ``algorithms.kl.KL_ESTIMATORS``: k1 | k2 | k3 | abs (|k1|)."""
     whiten: str = "token"
     """reinforce_pp / reinforce_pp_baseline: whiten advantages over every trained token of the step (token:
     the paper's, OpenRLHF's, verl's; A_i = (r_i - mean) / (std + eps), mean and std over tokens, sequence

@@ -4,6 +4,7 @@ fix."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 """The recipes shipped in the repository (``relayrl train --config-name <stem>``)."""
 
 
-def load_config(config_name: str, overrides: list[str] = (), config_dir: str | None = None) -> Config:
+def load_config(config_name: str, overrides: Sequence[str] = (), config_dir: str | None = None) -> Config:
     """Compose a recipe with overrides against the schema, validate it, return a typed ``Config``.
 
     Hydra/OmegaConf errors (unknown key, wrong type, missing recipe) become one-line ``ConfigError``s.

@@ -34,7 +34,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,9 +75,9 @@ class EvalResult:
         )
 
 
-def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
+def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
     """The resolved ``config.yaml`` of a run directory, with ``key=value`` overrides, validated."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from relayrl.config import validate
@@ -85,9 +85,12 @@ def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
     path = Path(run_dir) / "config.yaml"
     try:
         saved = OmegaConf.load(path)
-        saved.pop("defaults", None)
+        if isinstance(saved, DictConfig):  # a list at the top fails the merge below, as any bad file does
+            saved.pop("defaults", None)
         merged = OmegaConf.merge(OmegaConf.structured(Config), saved, OmegaConf.from_dotlist(list(overrides)))
-        return validate(OmegaConf.to_object(merged))
+        cfg = OmegaConf.to_object(merged)
+        assert isinstance(cfg, Config), "a merge onto the structured Config converts back to a Config"
+        return validate(cfg)
     except (OSError, OmegaConfBaseException) as exc:
         raise ConfigError(f"{path}: {str(exc).splitlines()[0]}; pass --config-name to use a recipe instead") from None
 
@@ -119,7 +122,7 @@ def evaluate(
     model_path = resolve_model_path(cfg)
     reward_fns = resolve_rewards(cfg, None)
     rows, split = eval_rows(cfg, cfg.eval.num_prompts if limit is None else limit)
-    logger.info(f"relayrl: eval: {len(rows)} prompts x {n} samples; {split}")
+    logger.info("relayrl: eval: %d prompts x %d samples; %s", len(rows), n, split)
     prompts = format_prompts(cfg, model_path, rows)
     groups = generate(cfg, model_path, prompts, n, temperature)
     result = dataclasses.replace(summarize(str(model_path), score(groups, reward_fns), n, ks), split=split)

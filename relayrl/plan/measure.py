@@ -13,7 +13,8 @@ from pathlib import Path
 
 from relayrl.monitor.runs import read_records
 from relayrl.monitor.schema import TIMING_STEP
-from relayrl.plan.model import Layout, Profile, overrides, predict
+from relayrl.plan.model import Layout, overrides, predict
+from relayrl.plan.profile import Profile
 
 TINY_WORK = ["run.prompts_per_step=4", "algorithm.group_size=8"]
 """grpo_tiny at 4 prompts x 8 completions (512 tokens a step): steps long enough that the driver's jitter

@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from relayrl.plan.model import Prediction, Profile, colocated_slowdown
+from relayrl.plan.model import Prediction, colocated_slowdown
+from relayrl.plan.profile import Profile
 
 
 def load_profile(runs: list[str], profile_file: str | None, sets: list[str], cores: int | None) -> Profile:

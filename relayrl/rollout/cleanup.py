@@ -18,6 +18,7 @@ for its lifetime).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -122,8 +123,10 @@ def cleanup_engine_segments() -> Cleanup:
     result = remove_orphaned_segments()
     if result.removed:
         logger.info(
-            f"relayrl: removed {len(result.removed)} shared-memory segment(s) of dead vLLM engines "
-            f"({result.bytes_freed / 2**20:.0f} MiB in {SHM_DIR})"
+            "relayrl: removed %d shared-memory segment(s) of dead vLLM engines (%.0f MiB in %s)",
+            len(result.removed),
+            result.bytes_freed / 2**20,
+            SHM_DIR,
         )
     return result
 
@@ -183,15 +186,11 @@ def kill_process_tree(pid: int) -> int:
     import psutil
 
     procs = owned(pid)
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)
         procs += [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        pass
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     forget_owned(pid)
     return len(procs)

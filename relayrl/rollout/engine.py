@@ -20,9 +20,10 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar, cast
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
+from relayrl.config.model import ModelDtype
 from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.logs import show_on_console
@@ -42,6 +43,28 @@ T = TypeVar("T")
 CPU_SHARED_BLOCK = 32
 """KV block size of CPU engines that share prompts: only full blocks are cached, vLLM's CPU default of 128
 tokens would share nothing of a shorter prompt, and its CPU attention takes multiples of 32."""
+
+PauseMode = Literal["abort", "wait", "keep"]
+"""How ``Rollout.pause`` treats running requests (vLLM's ``pause_generation`` modes)."""
+
+
+class BoxEngineArgs(TypedDict, total=False):
+    """The engine arguments that depend on the box (CPU or GPU) and on prefix sharing, typed so that
+    spreading them into ``AsyncEngineArgs`` is checked key by key."""
+
+    block_size: int
+    enable_chunked_prefill: bool
+    max_num_batched_tokens: int
+
+
+def box_engine_args(model_cfg: ModelConfig, rollout_cfg: RolloutConfig) -> BoxEngineArgs:
+    """CPU engines only: the shared-prompt block size, and chunked prefill off (``engine_args`` says why)."""
+    if has_cuda():
+        return {}
+    box: BoxEngineArgs = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, model_cfg.max_model_len)}
+    if rollout_cfg.prefix_sharing:
+        box["block_size"] = CPU_SHARED_BLOCK
+    return box
 
 
 def engine_args(
@@ -67,7 +90,7 @@ def engine_args(
 
     return AsyncEngineArgs(
         model=model_path,
-        dtype=model_cfg.dtype,
+        dtype=cast(ModelDtype, model_cfg.dtype),  # ModelConfig.__post_init__ checked it is one of these
         max_model_len=model_cfg.max_model_len,
         seed=seed,
         enforce_eager=rollout_cfg.enforce_eager,
@@ -77,14 +100,9 @@ def engine_args(
         weight_transfer_config=engine_config(sync_cfg),
         enable_prefix_caching=rollout_cfg.prefix_sharing,
         disable_log_stats=True,
-        **({"block_size": CPU_SHARED_BLOCK} if rollout_cfg.prefix_sharing and not has_cuda() else {}),
         tensor_parallel_size=rollout_cfg.tp_size,
         distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
-        **(
-            {}
-            if has_cuda()
-            else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, model_cfg.max_model_len)}
-        ),
+        **box_engine_args(model_cfg, rollout_cfg),
     )
 
 
@@ -267,6 +285,7 @@ class Rollout:
         return stall
 
     async def _close_update(self) -> float:
+        assert self._update is not None, "both callers close an open update"
         _, t0 = self._update
         self._update = None
         if self._watchdog is not None and self._watchdog is not asyncio.current_task():
@@ -316,7 +335,7 @@ class Rollout:
         """sha256 per engine parameter (first worker); tests use it to check syncs are bit-exact."""
         return (await self._call(self.engine.collective_rpc("relayrl_param_digests")))[0]
 
-    async def pause(self, mode: str = "keep") -> None:
+    async def pause(self, mode: PauseMode = "keep") -> None:
         """Stop scheduling. ``keep`` freezes running requests (they finish after ``resume``);
         ``abort`` ends them; ``wait`` lets them finish first."""
         await self._call(self.engine.pause_generation(mode=mode, clear_cache=mode != "keep"))

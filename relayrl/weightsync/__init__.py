@@ -18,6 +18,7 @@ class lives, by name, is in ``relayrl.weightsync.names``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,10 +88,8 @@ def register_with_vllm() -> None:
         (WeightTransferTrainerFactory, TRAINER_ENGINES),
     ):
         for name, (module, cls_name) in engines.items():
-            try:
+            with contextlib.suppress(ValueError):  # already registered in this process
                 factory.register_engine(name, module, cls_name)
-            except ValueError:  # already registered in this process
-                pass
 
 
 def engine_config(cfg: WeightSyncConfig) -> Any:

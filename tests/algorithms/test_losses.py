@@ -7,26 +7,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relayrl.algorithms.aggregation import LOSS_AGG, aggregate_loss, masked_token_sum
+from relayrl.algorithms.kl import KL_ESTIMATORS, kl_abs, kl_k1, kl_k2, kl_k3, kl_loss, kl_penalized_rewards
 from relayrl.algorithms.losses import (
-    KL_ESTIMATORS,
-    LOSS_AGG,
     POLICY_LOSSES,
-    aggregate_loss,
     clip_higher_loss,
     dual_clip_ppo_loss,
     entropy_bonus,
     gspo_loss,
-    kl_abs,
-    kl_k1,
-    kl_k2,
-    kl_k3,
-    kl_loss,
-    kl_penalized_rewards,
-    masked_token_sum,
     ppo_clip_loss,
     truncated_is_weights,
-    value_loss,
 )
+from relayrl.algorithms.value import value_loss
 
 LN = math.log
 
@@ -105,6 +97,7 @@ def test_clipped_tokens_get_zero_gradient(rows, clip_eps):
     mask = torch.tensor([[float(r[3])] for r in rows])
     loss, stats = ppo_clip_loss(lp, old, adv, mask, clip_eps)
     masked_token_sum(loss, mask).backward()
+    assert lp.grad is not None
     ratio = torch.exp(lp.detach() - old)[:, 0]
     clipped = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))
     on = mask[:, 0].bool()
@@ -159,6 +152,7 @@ def test_clip_higher_hand_numbers():
     )
     torch.testing.assert_close(loss[:, 0], torch.tensor([-1.28, -1.25, 0.8, 0.9]))
     loss.sum().backward()
+    assert lp.grad is not None
     torch.testing.assert_close(lp.grad[:, 0], torch.tensor([0.0, -1.25, 0.0, 0.9]))
     assert stats["clip_frac"].item() == pytest.approx(0.5)
 
@@ -174,6 +168,7 @@ def test_dual_clip_hand_numbers():
     loss, stats = dual_clip_ppo_loss(lp, torch.zeros(4, 1), adv, torch.ones(4, 1), clip_eps=0.2, dual_clip_c=3.0)
     torch.testing.assert_close(loss[:, 0], torch.tensor([3.0, 4.0, -1.2, 0.8]))
     loss.sum().backward()
+    assert lp.grad is not None
     torch.testing.assert_close(lp.grad[:, 0], torch.tensor([0.0, 4.0, 0.0, 0.0]))
     assert stats["dual_clip_frac"].item() == pytest.approx(0.25)
     plain, _ = ppo_clip_loss(lp.detach(), torch.zeros(4, 1), adv, torch.ones(4, 1), 0.2)
@@ -410,6 +405,7 @@ def test_asymmetric_and_dual_clip_zero_gradient_and_bound(rows, eps_low, eps_hig
         lp = torch.tensor([[r[0]] for r in rows], requires_grad=True)
         loss, _ = fn(lp, old, adv, torch.ones(len(rows), 1), clip_eps=eps_low, clip_eps_high=eps_high, **kw)
         loss.sum().backward()
+        assert lp.grad is not None
         assert torch.all(lp.grad[:, 0][frozen] == 0)
         torch.testing.assert_close(lp.grad[:, 0][~frozen], (-adv * ratio)[~frozen])
         if fn is dual_clip_ppo_loss:  # A < 0: the loss never exceeds c |A|

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 
 import pytest
 import torch
 
-from relayrl.algorithms.losses import LOSS_AGG, POLICY_LOSSES
+from relayrl.algorithms.aggregation import LOSS_AGG
+from relayrl.algorithms.losses import POLICY_LOSSES
 from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
@@ -26,6 +29,7 @@ from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 )
 def test_policy_loss_gets_its_clip(algo, keywords):
     loss = build_loss(algo).policy_loss
+    assert isinstance(loss, functools.partial)
     assert loss.func is POLICY_LOSSES[algo.policy_loss] and loss.keywords == keywords
 
 
@@ -46,9 +50,10 @@ def test_off_policy_keywords(off_policy, expected):
 def test_loss_agg_binds_norm_len_and_needs_it():
     # seq-mean-token-sum-norm of one row [1, 2] (mask [1, 1]) with L = 4: (3, 1 * 4)
     agg = build_loss(AlgorithmConfig(loss_agg="seq-mean-token-sum-norm", norm_len=4)).aggregate
+    assert isinstance(agg, functools.partial)
     assert agg.func is LOSS_AGG["seq-mean-token-sum-norm"]
     assert [float(x) for x in agg(torch.tensor([[1.0, 2.0]]), torch.ones(1, 2))] == [3.0, 4.0]
-    with pytest.raises(ValueError, match="needs algorithm.norm_len; set it to rollout.max_tokens"):
+    with pytest.raises(ValueError, match=re.escape("needs algorithm.norm_len; set it to rollout.max_tokens")):
         build_loss(AlgorithmConfig(loss_agg="seq-mean-token-sum-norm"))
 
 
@@ -80,5 +85,5 @@ def test_select_groups_drops_flat_groups_and_reports_the_overlong_penalty():
 
 
 def test_overlong_buffer_needs_its_max_len():
-    with pytest.raises(ValueError, match="overlong_max_len is None; set it to rollout.max_tokens"):
+    with pytest.raises(ValueError, match=re.escape("overlong_max_len is None; set it to rollout.max_tokens")):
         build_loss(AlgorithmConfig(overlong_buffer=4))

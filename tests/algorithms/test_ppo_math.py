@@ -1,6 +1,8 @@
 """PPO's advantage wiring on hand examples: outcome reward at the last token, KL penalty per token, GAE against
 the critic's values, and whitening with step-wide moments (as the trainer does across micro-batches/ranks)."""
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,7 +17,7 @@ from relayrl.algorithms.advantages import (
     outcome_gae,
     whiten_from_moments,
 )
-from relayrl.algorithms.losses import kl_penalized_rewards
+from relayrl.algorithms.kl import kl_penalized_rewards
 
 
 def test_outcome_gae_hand_numbers_gamma_lam_one():
@@ -79,6 +81,6 @@ def test_whitening_with_step_moments_equals_whitening_the_whole_step(rows, parts
     mask = (torch.rand(rows * parts, 4, generator=g) < 0.7).long()
     mask[0, :2] = 1  # at least two tokens
     chunks = list(zip(x.split(rows), mask.split(rows)))
-    total = sum(masked_moments(xc, mc) for xc, mc in chunks)
+    total = functools.reduce(torch.add, (masked_moments(xc, mc) for xc, mc in chunks))
     pieces = torch.cat([whiten_from_moments(xc, mc, total) for xc, mc in chunks])
     torch.testing.assert_close(pieces, masked_whiten(x, mask), atol=1e-5, rtol=1e-5)
