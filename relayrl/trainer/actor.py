@@ -38,6 +38,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,11 @@ from relayrl.trainer.step import PolicyStep, step_totals
 from relayrl.trainer.tp import build_mesh
 from relayrl.types import TrainBatch
 from relayrl.vllm_import import import_vllm
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from relayrl.weightsync.sync import TrainerSync  # imports vLLM: loaded in setup, while the engines start
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +96,13 @@ class TrainerActor:
     ):
         show_on_console()  # this rank's INFO lines to its stdout, which Ray streams to the driver
         self.rank, self.world_size = rank, world_size
-        self.critic_cfg, self.critic = critic_cfg or CriticConfig(), None  # Critic, made in setup for gae
+        self.critic_cfg = critic_cfg or CriticConfig()
+        self.critic: Critic | None = None  # made in setup for gae
         self.master = (master_addr, master_port)  # port 0: rank 0 binds one the OS picks (``listen``)
         self._master_store: dist.TCPStore | None = None
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
         self.temperature, self.seed, self.timeout = temperature, seed, timedelta(seconds=timeout_s)
-        self._sync = None  # TrainerSync, set by connect_rollouts
+        self._sync: TrainerSync | None = None  # set by connect_rollouts
         self._saver = checkpoint.Saver()  # this rank's async checkpoint writes (one in flight)
         self.objective = build_loss(algo_cfg)
 
@@ -116,6 +123,7 @@ class TrainerActor:
     def _store(self) -> dist.TCPStore:
         if self.rank == 0:
             self.listen()
+            assert self._master_store is not None  # listen made it
             return self._master_store
         return client_store(*self.master, self.world_size, self.timeout)
 
@@ -154,8 +162,8 @@ class TrainerActor:
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)
         if self.uses_lora and self.rank == 0:
             logger.info(lora.summary_line(self.model, self.cfg.lora))
-        self.pad_token_id = pad_token_id(self.model.config)
-        self.trained = {"policy": (self.model, self.optimizer)}  # checkpoint name -> (module, optimizer)
+        self.pad_token_id = pad_token_id(cast("PretrainedConfig", self.model.config))  # an HF model's config
+        self.trained: checkpoint.Parts = {"policy": (self.model, self.optimizer)}  # name -> (module, optimizer)
         if ppo:
             self.critic = Critic(
                 self.model_path,
@@ -200,7 +208,7 @@ class TrainerActor:
             self.model, self.optimizer, micro, old, ref, denom, self.dp_size, self.cfg.epochs, self.cfg.grad_clip
         )
         out = {**sums.reduce(self._all_reduce, self.cfg.epochs, n_tokens, denom), **shaping_stats}
-        if targets is not None:  # PPO: the critic learns too; its KL (the reward's) is the step's
+        if targets is not None and self.critic is not None:  # PPO: the critic learns too; its KL is the step's
             out |= targets.stats | self.critic.train(micro, targets, n_tokens, self.cfg.epochs)
         t3 = time.perf_counter()
         finite = [g for g in grad_norms if math.isfinite(g)]
@@ -228,13 +236,15 @@ class TrainerActor:
         the KL into the reward, so the reference logprobs go to ``Critic.advantages`` (which writes each
         ``mb.advantages``) with pi_old from one extra forward, and none to the loss.
         """
-        step, old = self.policy_step, [None] * len(micro)
+        step = self.policy_step
+        old: list[torch.Tensor | None] = [None] * len(micro)
         ref = step.reference_logprobs(self.model, self.ref_model, micro) if self.algo.kl_coef > 0 else None
         if self.critic is None:
             return old, ref, None
-        if ref is not None:
-            old = [step.logprobs(self.model, mb) for mb in micro]
-        return old, None, self.critic.advantages(micro, n_tokens, old, ref)
+        if ref is None:
+            return old, None, self.critic.advantages(micro, n_tokens)
+        pi_old = [step.logprobs(self.model, mb) for mb in micro]
+        return [*pi_old], None, self.critic.advantages(micro, n_tokens, pi_old, ref)
 
     def param_counts(self) -> tuple[int, int]:
         """(trainable, total) parameters of the policy; with LoRA, trainable counts the adapters only."""
@@ -250,7 +260,7 @@ class TrainerActor:
         )
 
     def _all_reduce(
-        self, value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM, dtype: torch.dtype = torch.float32
+        self, value: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
         """Reduce over the dp ranks only: the ranks of a tp group hold the same rows, so summing over all
         ranks would count every token tp_size times."""
@@ -321,8 +331,8 @@ class TrainerActor:
 
     def save_hf(self, out_dir: str) -> str | None:
         """Write an HF model directory (safetensors, config, tokenizer) from rank 0. Collective."""
-        state = self.state_dict()
-        return export(state, self.model_path, out_dir) if self.rank == 0 else None
+        state = self.state_dict()  # None off rank 0
+        return export(state, self.model_path, out_dir) if state is not None else None
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:

@@ -225,7 +225,7 @@ def packing_units(share: TrainBatch, budget: int, share_prefix: bool) -> tuple[l
             unit
             and pid != -1
             and share.prompt_ids[unit[0]] == pid
-            and segment_tokens([seqs[u] for u in unit + [r]], True) <= budget
+            and segment_tokens([seqs[u] for u in [*unit, r]], True) <= budget
         ):
             unit.append(r)
         else:
@@ -258,6 +258,7 @@ def empty_micro_batch(share: TrainBatch, share_prefix: bool) -> MicroBatch:
     mb.advantages = torch.zeros_like(mb.advantages)
     mb.rewards = None if mb.rewards is None else torch.zeros_like(mb.rewards)
     mb.prompt_ids = [-1]
+    assert mb.packed is not None  # packed_micro_batch made it
     mb.packed.gather.fill_(-1)
     return mb
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -105,7 +106,8 @@ class Saver:
             init_optimizer_state(model, optim)
         state, target = _modules(parts), str(path / "dcp")
         if asynchronous:
-            self._future = dcp.async_save(state, checkpoint_id=target, process_group=self._pg())
+            # typed Future | AsyncSaveResponse: the latter only for an async stager, which is not passed here
+            self._future = cast(Future, dcp.async_save(state, checkpoint_id=target, process_group=self._pg()))
         else:
             dcp.save(state, checkpoint_id=target)
         _save_rng(path, rank)  # after DCP's collectives: a rank failing here leaves none waiting

@@ -41,9 +41,11 @@ position whose logits predict ``x[j+1]``.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from relayrl.algorithms.advantages import masked_moments, moments_mean_var, outcome_gae, whiten_from_moments
 from relayrl.algorithms.losses import KL_ESTIMATORS, masked_token_sum, value_loss
@@ -51,7 +53,7 @@ from relayrl.config import AlgorithmConfig, CriticConfig
 from relayrl.trainer.fsdp import clip_and_step, shard_model
 from relayrl.trainer.hf import full_state_dict
 from relayrl.trainer.optim import adamw
-from relayrl.trainer.packing import attention_mask_4d, place
+from relayrl.trainer.packing import attention_mask_4d, attn_implementation, place
 from relayrl.trainer.step import AllReduce, TokenSums
 from relayrl.types import TrainBatch
 
@@ -59,7 +61,7 @@ _HEAD_NAMES = ("score", "classifier")  # what HF *ForTokenClassification classes
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def _quiet_transformers() -> Iterator[None]:
     """Silence the load report that lists the (expected) missing head weights."""
     from transformers.utils import logging as hf_logging
 
@@ -134,7 +136,7 @@ class Critic:
     def __init__(
         self,
         model_path: str,
-        mesh,
+        mesh: DeviceMesh,
         device: torch.device,
         dtype: str,
         cfg: CriticConfig,
@@ -159,7 +161,7 @@ class Critic:
         if row is None:
             out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # [B, L, 1]
             return out[:, mb.target_start : mb.input_ids.shape[1] - 1, 0].float()
-        mask = attention_mask_4d(row, self.model.config._attn_implementation, torch.float32)
+        mask = attention_mask_4d(row, attn_implementation(self.model), torch.float32)
         out = self.model(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=mask).logits
         return place(out[0, row.score_pos, 0].float(), row.gather)  # [b, T]
 
@@ -170,7 +172,7 @@ class Critic:
 
     def advantages(
         self,
-        micro: list[TrainBatch],
+        micro: Sequence[TrainBatch],
         n_tokens: torch.Tensor,
         old: list[torch.Tensor] | None = None,
         ref: list[torch.Tensor] | None = None,
@@ -186,8 +188,10 @@ class Critic:
         for i, mb in enumerate(micro):
             v, penalty = self.values(mb), None
             if ref is not None:
+                assert old is not None, "the KL penalty needs pi_old's logprobs (old) with pi_ref's (ref)"
                 kl = KL_ESTIMATORS[self.algo.kl_estimator](old[i], ref[i])
                 penalty, kl_sum = self.algo.kl_coef * kl, kl_sum + masked_token_sum(kl, mb.loss_mask)
+            assert mb.rewards is not None  # build_train_batch keeps every sequence's reward
             adv, ret = outcome_gae(mb.rewards, v, mb.loss_mask, self.algo.gamma, self.algo.lam, penalty)
             values.append(v)
             returns.append(ret)
@@ -208,13 +212,13 @@ class Critic:
             stats["kl"] = float(self.all_reduce(kl_sum) / n_tokens)
         return GaeTargets(values, returns, stats)
 
-    def _step_moments(self, xs: list[torch.Tensor], micro: list[TrainBatch]) -> torch.Tensor:
+    def _step_moments(self, xs: list[torch.Tensor], micro: Sequence[TrainBatch]) -> torch.Tensor:
         """``masked_moments`` [n, sum, sum of squares] of [b, T] tensors over the whole step (all ranks)."""
         local = torch.stack([masked_moments(x, mb.loss_mask) for x, mb in zip(xs, micro)]).sum(0)
         return self.all_reduce(local, dtype=torch.float64)
 
     def train(
-        self, micro: list[TrainBatch], targets: GaeTargets, n_tokens: torch.Tensor, epochs: int
+        self, micro: Sequence[TrainBatch], targets: GaeTargets, n_tokens: torch.Tensor, epochs: int
     ) -> dict[str, float]:
         """``epochs`` passes of the value loss over the step's micro-batches, one AdamW step each; returns
         value_loss, value_clip_frac (token means over ranks and epochs) and critic_grad_norm (epoch mean)."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from relayrl.trainer.optim import adamw_step, local_tensor
 
 
-def shard_model(model: torch.nn.Module, mesh, dtype: str, trainable: bool) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, dtype: str, trainable: bool) -> torch.nn.Module:
     """``fully_shard`` each decoder layer, then the root; eval mode; float32 master weights.
 
     Sharding each layer separately lets FSDP2 gather one layer at a time (memory ~ one layer, not the
@@ -32,7 +36,7 @@ def shard_model(model: torch.nn.Module, mesh, dtype: str, trainable: bool) -> to
 def _params_by_mesh(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     """Parameters with a gradient, grouped by DTensor mesh (plain tensors together): DTensor ops refuse
     to mix meshes, and with TP the layer weights live on the 2-D ("dp", "tp") mesh, the rest on "dp"."""
-    groups: dict = {}
+    groups: dict[DeviceMesh | None, list[torch.nn.Parameter]] = {}
     for p in model.parameters():
         if p.grad is not None:
             groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
@@ -44,11 +48,11 @@ def global_grad_norm(groups: list[list[torch.nn.Parameter]]) -> torch.Tensor:
     (``_params_by_mesh``); the same on every rank, on the CPU."""
     total = torch.zeros((), dtype=torch.float32)
     for params in groups:
-        total = total + squared_norm([p.grad for p in params])
+        total = total + squared_norm([p.grad for p in params if p.grad is not None])  # all: see _params_by_mesh
     return total.sqrt()
 
 
-def squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+def squared_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """``||g||^2`` of one mesh group's gradients, each unique shard counted once.
 
     FSDP alone (a 1-D mesh, every gradient sharded): the ranks hold disjoint shards, so the local tensors'
@@ -57,9 +61,10 @@ def squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     per gradient shape) for a sum that needs none. Any other layout (TP's 2-D mesh, replicated placements)
     takes the DTensor norm, whose ``full_tensor()`` sums each mesh dimension's partial norms as its
     placements say."""
-    mesh = getattr(grads[0], "device_mesh", None)
-    if mesh is not None and mesh.ndim == 1 and all(p.is_shard() for g in grads for p in g.placements):
-        local = torch.nn.utils.get_total_norm([g.to_local() for g in grads], norm_type=2.0).float() ** 2
+    dtensors = [g for g in grads if isinstance(g, DTensor)]  # all or none of them: one mesh group
+    mesh = dtensors[0].device_mesh if dtensors else None
+    if mesh is not None and mesh.ndim == 1 and all(p.is_shard() for g in dtensors for p in g.placements):
+        local = torch.nn.utils.get_total_norm([g.to_local() for g in dtensors], norm_type=2.0).float() ** 2
         if mesh.size() > 1:
             torch.distributed.all_reduce(local, group=mesh.get_group())
         return local.detach().cpu()
@@ -74,7 +79,7 @@ def clip_grads(groups: list[list[torch.nn.Parameter]], max_norm: float, norm: to
     DTensor's dispatch (see ``squared_norm``)."""
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for params in groups:
-        grads = [local_tensor(p.grad) for p in params]
+        grads = [local_tensor(p.grad) for p in params if p.grad is not None]  # all: see _params_by_mesh
         torch._foreach_mul_(grads, coef.to(grads[0].device))
 
 

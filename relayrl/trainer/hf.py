@@ -9,6 +9,7 @@ LoRA (``lora.py``): PEFT renames the wrapped model, and ``hf_state_dict`` merges
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -18,6 +19,9 @@ from relayrl.trainer import lora
 from relayrl.trainer.fsdp import shard_model
 from relayrl.trainer.precision import keep_head_fp32
 from relayrl.trainer.tp import parallelize
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def load_sharded(
@@ -34,9 +38,10 @@ def load_sharded(
     ``dtype`` is ``model.dtype`` (the compute and wire dtype of the shards)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    # transformers wraps PreTrainedModel.to in functools.wraps, which mypy reads as unbound (self = device)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)  # type: ignore[arg-type]
     keep_head_fp32(model.get_output_embeddings())  # trainer.dtype=bf16: logits stay float32
-    if "tp" in mesh.mesh_dim_names:
+    if "tp" in (mesh.mesh_dim_names or ()):
         parallelize(model, mesh["tp"])
     if trainable and lora_cfg is not None and lora_cfg.r > 0:
         model = lora.wrap(model, lora_cfg)
@@ -47,7 +52,8 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full, unsharded CPU state dict of an FSDP2 module, with its HF names. Collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], state)  # typed for any state value; a module's are all tensors
 
 
 def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -57,7 +63,7 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(lora.merge_stream(state.items(), lora.scales(model))) if lora.is_peft(model) else state
 
 
-def pad_token_id(config) -> int:
+def pad_token_id(config: PretrainedConfig) -> int:
     """The pad id of an HF config: pad, else (the first) eos, else 0."""
     for tid in (config.pad_token_id, config.eos_token_id, 0):
         if tid is not None:

@@ -20,10 +20,14 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from relayrl.config import ConfigError, LoraConfig
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 ADAPTER = "default"
 """PEFT's name for the one adapter relayrl trains."""
@@ -42,7 +46,11 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     from peft.tuners.lora.layer import Linear
 
     peft_cfg = PeftLoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none"
+        r=cfg.r,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # PEFT annotates it int; it only divides it by r
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
     )
     try:
         model = get_peft_model(model, peft_cfg)
@@ -121,7 +129,7 @@ def _adapter_part(name: str) -> tuple[str, str | None]:
 
 def adapters_off(model: torch.nn.Module) -> AbstractContextManager:
     """Run the base model (adapters bypassed): the frozen reference for the KL term, without a second copy."""
-    return model.disable_adapter()
+    return cast("PeftModel", model).disable_adapter()  # a model ``wrap`` made
 
 
 def param_counts(model: torch.nn.Module) -> tuple[int, int]:

@@ -113,11 +113,12 @@ def _read_manifest(root: Path) -> dict[str, dict]:
         )
     try:
         files = json.loads(path.read_text())["files"]
-        if all(isinstance(e["size"], int) and isinstance(e["sha256"], str) for e in files.values()):
-            return files
+        well_formed = all(isinstance(e["size"], int) and isinstance(e["sha256"], str) for e in files.values())
     except (ValueError, KeyError, TypeError, AttributeError):
-        pass
-    _refuse(root, f"its {MANIFEST} is malformed", "resume from another checkpoint or start fresh")
+        well_formed = False
+    if not well_formed:
+        _refuse(root, f"its {MANIFEST} is malformed", "resume from another checkpoint or start fresh")
+    return files
 
 
 def _size(path: Path) -> int:

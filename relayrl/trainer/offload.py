@@ -12,10 +12,13 @@ On CPU trainers there is nothing to free: the calls return 0 and touch nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from typing import Any
+
 import torch
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer):
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[dict[str, Any], str, torch.Tensor]]:
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step":  # AdamW keeps `step` on the CPU already
@@ -24,7 +27,7 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer):
 
 @torch.no_grad()
 def move_training_state(
-    modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer], device: torch.device
+    modules: Sequence[torch.nn.Module], optimizers: Sequence[torch.optim.Optimizer], device: torch.device
 ) -> int:
     """Move every module's parameters/buffers/grads and every optimizer state tensor to ``device``;
     returns the bytes moved (0 when already there). Frees the device cache after moving off a GPU."""

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypedDict, Unpack
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam
 
 from relayrl.config import TrainerConfig
 
 
+class AdamWHyper(TypedDict, total=False):
+    """The AdamW hyperparameters ``adamw`` passes on; one left out takes torch's default."""
+
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+
+
 def adamw(
-    params: Iterable[torch.nn.Parameter], device: torch.device, fused: bool, **hyper: object
+    params: Iterable[torch.nn.Parameter], device: torch.device, fused: bool, **hyper: Unpack[AdamWHyper]
 ) -> torch.optim.AdamW:
     """AdamW over ``params`` with ``hyper`` (lr, betas, weight_decay). ``fused`` on a CPU rank: one kernel pass
     per tensor instead of torch's default loop of element-wise ops and their temporaries (the same update up
@@ -21,12 +31,13 @@ def adamw(
 
 def policy_adamw(model: torch.nn.Module, device: torch.device, cfg: TrainerConfig) -> torch.optim.AdamW:
     """The policy's AdamW under ``trainer.*`` over its trainable parameters (LoRA: the adapters only)."""
+    beta1, beta2 = cfg.betas
     return adamw(
         [p for p in model.parameters() if p.requires_grad],
         device,
         cfg.fused_adamw,
         lr=cfg.lr,
-        betas=tuple(cfg.betas),
+        betas=(beta1, beta2),
         weight_decay=cfg.weight_decay,
     )
 
@@ -55,12 +66,12 @@ def adamw_step(optimizer: torch.optim.Optimizer) -> None:
 
 def _local_update_ok(p: torch.Tensor) -> bool:
     """A plain tensor, or a DTensor whose gradient has its mesh and placements, all of them Shard or Replicate."""
-    mesh = getattr(p, "device_mesh", None)
-    if mesh is None:
-        return getattr(p.grad, "device_mesh", None) is None
     g = p.grad
+    if not isinstance(p, DTensor):
+        return not isinstance(g, DTensor)
     return (
-        getattr(g, "device_mesh", None) == mesh
+        isinstance(g, DTensor)
+        and g.device_mesh == p.device_mesh
         and tuple(g.placements) == tuple(p.placements)
         and all(pl.is_shard() or pl.is_replicate() for pl in p.placements)
     )
@@ -80,7 +91,7 @@ def _adamw_group(optimizer: torch.optim.AdamW, group: dict, params: list[torch.T
     beta1, beta2 = group["betas"]
     adam(
         [local_tensor(p) for p in params],
-        [local_tensor(p.grad) for p in params],
+        [local_tensor(p.grad) for p in params if p.grad is not None],  # all of them: the caller kept those
         [local_tensor(s["exp_avg"]) for s in states],
         [local_tensor(s["exp_avg_sq"]) for s in states],
         [local_tensor(s["max_exp_avg_sq"]) for s in states] if group["amsgrad"] else [],

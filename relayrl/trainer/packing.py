@@ -30,8 +30,12 @@ layout every loss, normaliser and statistic already uses: those never see the pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass
@@ -62,6 +66,12 @@ def attention_allowed(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tens
     same = segment[None, :] == segment[:, None]
     visible = (branch[None, :] == 0) | (branch[None, :] == branch[:, None])
     return causal & same & visible
+
+
+def attn_implementation(model: torch.nn.Module) -> str:
+    """The attention kernel an HF model runs (``config._attn_implementation``: "sdpa", "eager", ...)."""
+    # torch types a Module's attributes as Tensor | Module; an HF model's ``config`` is a PretrainedConfig
+    return cast("PretrainedConfig", model.config)._attn_implementation
 
 
 def attention_mask_4d(row: PackedRow, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
@@ -124,7 +134,10 @@ def pack_rows(
     are scored too and then masked by the loss). At least one entry is always made, so a micro-batch
     without loss tokens still gives a loss with a graph (and a backward, which FSDP needs on every rank).
     """
-    ids, pos, seg, br = [], [], [], []
+    ids: list[int] = []  # the row's token ids
+    pos: list[int] = []  # position ids
+    seg: list[int] = []  # segment per position
+    br: list[int] = []  # branch per position (0: the shared prefix, i + 1: run[i]'s own tokens)
     entries: dict[tuple[int, int], int] = {}
     gather = torch.full(loss_mask.shape, -1, dtype=torch.long)
     runs = segments if share_prefix else [[r] for run in segments for r in run]

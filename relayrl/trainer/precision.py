@@ -38,16 +38,19 @@ def keep_head_fp32(head: torch.nn.Module) -> None:
     only changes forward kernels, so switching it off for this one call leaves backward untouched.
     """
 
+    was_enabled = False  # autocast's state when this head's forward began, restored after it
+
     def before(module: torch.nn.Module, args: tuple) -> tuple:
+        nonlocal was_enabled
         device = args[0].device.type
-        module._autocast_was = torch.is_autocast_enabled(device)
-        if not module._autocast_was:
+        was_enabled = torch.is_autocast_enabled(device)
+        if not was_enabled:
             return args
         torch.set_autocast_enabled(device, False)
         return (args[0].float(), *args[1:])
 
     def after(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if module._autocast_was:
+        if was_enabled:
             torch.set_autocast_enabled(args[0].device.type, True)
 
     head.register_forward_pre_hook(before)

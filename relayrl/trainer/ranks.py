@@ -82,8 +82,9 @@ class TrainerGroup:
             )
             for rank in range(world_size)
         ]
-        port = self.actors[0].listen.remote()
-        self._setup_refs: list | None = [a.setup.remote(port) for a in self.actors]
+        # Ray types a handle's methods as the class's plain functions, without the .remote it adds
+        port = self.actors[0].listen.remote()  # type: ignore[attr-defined]  # Ray adds .remote
+        self._setup_refs: list | None = [a.setup.remote(port) for a in self.actors]  # type: ignore[attr-defined]  # Ray adds .remote
 
     @staticmethod
     def _options(
@@ -119,7 +120,7 @@ class TrainerGroup:
     def train_step_async(self, group_refs: list) -> list[ray.ObjectRef]:
         """``train_step`` without waiting: one ref per rank (all return the same stats)."""
         self.ready()
-        return [a.train_step.remote(group_refs) for a in self.actors]
+        return [a.train_step.remote(group_refs) for a in self.actors]  # type: ignore[attr-defined]  # Ray adds .remote
 
     def state_dict(self) -> dict:
         """Full CPU state dict with HF names, pulled to the caller (use ``state_dict_ref`` to avoid that)."""
@@ -128,7 +129,7 @@ class TrainerGroup:
     def state_dict_ref(self) -> ray.ObjectRef:
         """Rank 0's full state dict as an ObjectRef, after all ranks finished the gather."""
         self.ready()
-        refs = [a.state_dict.remote() for a in self.actors]
+        refs = [a.state_dict.remote() for a in self.actors]  # type: ignore[attr-defined]  # Ray adds .remote
         ray.wait(refs, num_returns=len(refs), fetch_local=False)
         return refs[0]
 
@@ -183,7 +184,7 @@ class TrainerGroup:
 
     def dead_ranks(self, timeout_s: float = 30.0) -> list[int]:
         """Ranks whose actor process is gone (a survivor stuck in a collective still counts as alive)."""
-        refs = [a.__ray_ready__.remote() for a in self.actors]
+        refs = [a.__ray_ready__.remote() for a in self.actors]  # type: ignore[union-attr]  # a handle, not the class
         dead = []
         for rank, ref in enumerate(refs):
             try:
@@ -197,10 +198,10 @@ class TrainerGroup:
     def shutdown(self) -> None:
         """Leave the process group on every rank (best effort: a dead rank cannot), then end the actors."""
         try:
-            ray.get([a.close.remote() for a in self.actors], timeout=60)
+            ray.get([a.close.remote() for a in self.actors], timeout=60)  # type: ignore[attr-defined]  # Ray adds .remote
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
             pass
         finally:
             for a in self.actors:
-                ray.kill(a)
+                ray.kill(a)  # type: ignore[arg-type]  # a handle: Ray types .remote() as handle | class
             self.actors = []

@@ -32,7 +32,7 @@ from relayrl.algorithms.losses import entropy_bonus, kl_k3, kl_loss, masked_toke
 from relayrl.algorithms.objective import Objective
 from relayrl.trainer.batch import MicroBatch
 from relayrl.trainer.fsdp import clip_and_step
-from relayrl.trainer.packing import attention_mask_4d, place
+from relayrl.trainer.packing import attention_mask_4d, attn_implementation, place
 from relayrl.trainer.precision import autocast
 
 PER_TOKEN, PER_DENOMINATOR, MAX = "tokens", "denominator", "max"  # how a ``TokenSums`` field is reduced
@@ -75,9 +75,10 @@ class TokenSums:
         }
 
 
-def reduced(how: str) -> Any:
-    """A ``TokenSums`` field reduced ``how`` (``PER_DENOMINATOR`` or ``MAX``; plain fields are ``PER_TOKEN``)."""
-    return dataclasses.field(metadata={"reduce": how})
+def reduced(how: str) -> dict[str, Any]:
+    """The metadata of a ``TokenSums`` field reduced ``how`` (``PER_DENOMINATOR`` or ``MAX``; plain fields are
+    ``PER_TOKEN``): ``dataclasses.field(metadata=reduced(MAX))``, a field call that type checkers read."""
+    return {"reduce": how}
 
 
 def _reduction(f: dataclasses.Field) -> str:
@@ -88,7 +89,7 @@ def _reduction(f: dataclasses.Field) -> str:
 class StepStats(TokenSums):
     """The policy's stats of one micro-batch (or of the step so far), as ``train_step`` reports them."""
 
-    loss: torch.Tensor = reduced(PER_DENOMINATOR)
+    loss: torch.Tensor = dataclasses.field(metadata=reduced(PER_DENOMINATOR))
     """LOSS_AGG numerator: the step's loss once divided by the step's denominator."""
     clip_frac: torch.Tensor
     """Share of tokens whose ratio the clip held."""
@@ -106,7 +107,7 @@ class StepStats(TokenSums):
     """Mean importance weight pi_old / mu after truncation (1 with off_policy none)."""
     is_trunc_frac: torch.Tensor
     """Share of tokens whose importance weight was truncated."""
-    ratio_max: torch.Tensor = reduced(MAX)
+    ratio_max: torch.Tensor = dataclasses.field(metadata=reduced(MAX))
     """Largest ratio pi / pi_old."""
 
 
@@ -137,7 +138,7 @@ class PolicyStep:
                 ).logits
                 return logits[:, :-1], mb.input_ids[:, mb.target_start + 1 :], lambda v: v
             row = mb.packed
-            mask = attention_mask_4d(row, model.config._attn_implementation, torch.float32)
+            mask = attention_mask_4d(row, attn_implementation(model), torch.float32)
             logits = model(
                 input_ids=row.input_ids,
                 position_ids=row.position_ids,
@@ -268,6 +269,6 @@ def step_totals(
     gives every rank the global value to divide its numerators by.
     """
     dens = [objective.aggregate(torch.zeros_like(mb.loss_mask), mb.loss_mask)[1] for mb in micro]
-    local = torch.stack([sum(mb.loss_mask.sum() for mb in micro), sum(dens)])
+    local = torch.stack([torch.stack([mb.loss_mask.sum() for mb in micro]).sum(), torch.stack(dens).sum()])
     n_tokens, denom = all_reduce(local).clamp(min=1)
     return n_tokens, denom

@@ -20,12 +20,18 @@ ratio on every rank as long as both head counts divide by ``tp`` (checked in ``p
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 _STYLES = ("colwise", "rowwise")
 
 
-def build_mesh(device_type: str, world_size: int, tp_size: int):
+def build_mesh(device_type: str, world_size: int, tp_size: int) -> DeviceMesh:
     """``tp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp") mesh (``TrainerConfig``
     checked that tp_size divides world_size)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -35,7 +41,7 @@ def build_mesh(device_type: str, world_size: int, tp_size: int):
     return init_device_mesh(device_type, (world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
 
 
-def layer_plan(config) -> dict[str, str]:
+def layer_plan(config: PretrainedConfig) -> dict[str, str]:
     """The decoder layers' entries (``layers.*``) of the model's ``base_model_tp_plan`` (paths under the
     base model); other entries (e.g. ``embed_tokens``) are left out, so those modules stay replicated.
 
@@ -69,13 +75,15 @@ def check_heads(config: dict, tp_size: int) -> None:
         )
 
 
-def parallelize(model: torch.nn.Module, tp_mesh) -> torch.nn.Module:
+def parallelize(model: torch.nn.Module, tp_mesh: DeviceMesh) -> torch.nn.Module:
     """Apply the layer plan in place: listed linears become DTensor shards on ``tp_mesh``; inputs and
     outputs of each block stay plain (replicated) tensors, so the rest of the HF model runs unchanged."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    check_heads(model.config.to_dict(), tp_mesh.size())
+    # torch types a Module's attributes as Tensor | Module; an HF model's are its config and base model
+    config = cast("PretrainedConfig", model.config)
+    check_heads(config.to_dict(), tp_mesh.size())
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {path: styles[style]() for path, style in layer_plan(model.config).items()}
-    parallelize_module(model.base_model, tp_mesh, plan)
+    plan = {path: styles[style]() for path, style in layer_plan(config).items()}
+    parallelize_module(cast(torch.nn.Module, model.base_model), tp_mesh, plan)
     return model

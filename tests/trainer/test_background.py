@@ -61,5 +61,5 @@ def test_may_lower_to_reads_rlimit_nice_when_not_root(monkeypatch):
 
 
 def test_setup_nice_is_a_niceness_increment():
-    with pytest.raises(ConfigError, match="trainer.setup_nice=25"):
+    with pytest.raises(ConfigError, match=r"trainer\.setup_nice=25"):
         TrainerConfig(setup_nice=25)

@@ -48,5 +48,5 @@ def test_autocast_switch():
         assert (x @ w).dtype == torch.bfloat16
     with autocast("cpu", "float32"):
         assert (x @ w).dtype == torch.float32
-    with pytest.raises(ValueError, match="trainer.dtype"), autocast("cpu", "fp16"):
+    with pytest.raises(ValueError, match=r"trainer\.dtype"), autocast("cpu", "fp16"):
         pass

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from relayrl.trainer.fsdp import _params_by_mesh, clip_grads, global_grad_norm, squared_norm
 
@@ -25,8 +26,9 @@ def linear_with_grads(shard: bool) -> torch.nn.Linear:
     return model
 
 
-def local(grad: torch.Tensor) -> torch.Tensor:
-    return grad.to_local() if hasattr(grad, "to_local") else grad
+def local(grad: torch.Tensor | None) -> torch.Tensor:
+    assert grad is not None
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 @pytest.mark.parametrize("shard", [False, True])
@@ -49,7 +51,9 @@ def test_clip_leaves_a_norm_below_the_limit(one_rank_group):
 
 def test_local_path_equals_dtensor_norm(one_rank_group):
     model = linear_with_grads(shard=True)
-    grads = [p.grad for p in model.parameters()]
-    assert all(hasattr(g, "device_mesh") for g in grads)  # the local-tensor path runs
-    theirs = torch.nn.utils.get_total_norm(grads).full_tensor()
+    grads = [p.grad for p in model.parameters() if isinstance(p.grad, DTensor)]
+    assert len(grads) == len(list(model.parameters()))  # all DTensors: the local-tensor path runs
+    theirs = torch.nn.utils.get_total_norm(grads)
+    assert isinstance(theirs, DTensor)
+    theirs = theirs.full_tensor()
     assert squared_norm(grads).item() == pytest.approx(theirs.item() ** 2, rel=1e-6)

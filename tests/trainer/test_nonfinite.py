@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,8 @@ def test_nonfinite_gradient_skips_the_step_and_finite_one_takes_it():
 
 
 def test_k_bad_steps_in_a_row_stop_the_run():
-    state = SimpleNamespace(bad_steps=0, cfg=SimpleNamespace(trainer=SimpleNamespace(max_bad_steps=3)))
+    # a fake Scheduler: the two fields the check reads
+    state: Any = SimpleNamespace(bad_steps=0, cfg=SimpleNamespace(trainer=SimpleNamespace(max_bad_steps=3)))
     for stats in (
         {"nonfinite_skips": 1.0},
         {"nonfinite_skips": 1.0},

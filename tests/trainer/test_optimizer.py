@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
-from relayrl.trainer.optim import adamw, adamw_step
+from relayrl.trainer.optim import AdamWHyper, adamw, adamw_step
 
-HYPER = {"lr": 0.1, "betas": (0.9, 0.999), "weight_decay": 0.01}
+HYPER: AdamWHyper = {"lr": 0.1, "betas": (0.9, 0.999), "weight_decay": 0.01}
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -47,13 +48,20 @@ def test_fused_follows_the_default_loop_over_many_steps():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor parameter's whole value (FSDP2 parameters are DTensors)."""
+    assert isinstance(t, DTensor)
+    return t.full_tensor()
+
+
 def _sharded_mlp(seed: int) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-    return fully_shard(model, mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("dp",)))
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("dp",)))  # in place
+    return model
 
 
 @pytest.mark.parametrize("fused, amsgrad", [(True, False), (False, False), (False, True)])
@@ -63,10 +71,12 @@ def test_local_step_is_the_dtensor_step(fused, amsgrad, one_rank_group):
     runs = []
     for local in (False, True):
         model = _sharded_mlp(0)
-        start = [p.full_tensor().clone() for p in model.parameters()]
+        start = [full(p).clone() for p in model.parameters()]
         opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1, fused=fused or None, amsgrad=amsgrad)
         if local:  # the local-tensor path must run, not a fall-back to step()
-            opt.step = lambda *a, **k: pytest.fail("adamw_step fell back to step() on FSDP2 DTensors")
+            opt.step = (  # type: ignore[method-assign]  # on this instance only
+                lambda *a, **k: pytest.fail("adamw_step fell back to step() on FSDP2 DTensors")
+            )
         gen = torch.Generator().manual_seed(1)
         for _ in range(3):
             model(torch.randn(5, 8, generator=gen)).square().sum().backward()
@@ -76,8 +86,8 @@ def test_local_step_is_the_dtensor_step(fused, amsgrad, one_rank_group):
         runs.append((model, opt, start))
     (theirs, their_opt, start), (ours, our_opt, _) = runs
     for p, q, s in zip(theirs.parameters(), ours.parameters(), start):
-        assert (p.full_tensor() - s).abs().max() > 0.01
-        assert torch.equal(p.full_tensor(), q.full_tensor())
+        assert (full(p) - s).abs().max() > 0.01
+        assert torch.equal(full(p), full(q))
         a, b = their_opt.state[p], our_opt.state[q]
         assert a.keys() == b.keys() and a["step"].item() == b["step"].item() == 3
         for key in a.keys() - {"step"}:

@@ -9,6 +9,7 @@ a step made of that group alone changes nothing.
 """
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -73,9 +74,9 @@ def ppo_runs(ray_session, tiny_llama):
 
     initial = _initial_state(tiny_llama)
     vocab = initial["model.embed_tokens.weight"].shape[0]
-    groups = _groups(vocab) + [_flat_group(vocab)]
+    groups = [*_groups(vocab), _flat_group(vocab)]
     algo = AlgorithmConfig(name="gae", group_size=3, kl_coef=0.05, kl_estimator="k1", dynamic_sampling=True)
-    out = {"initial": initial}
+    out: dict[str, Any] = {"initial": initial}  # state dicts, stats lists and stats
     for ws, micro, steps in ((1, 3, STEPS), (2, 2, 2)):
         trainer = TrainerGroup(
             ws,

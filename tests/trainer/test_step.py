@@ -12,7 +12,7 @@ from relayrl.trainer.critic import ValueStats
 from relayrl.trainer.step import StepStats
 
 
-def two_ranks(value: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM, dtype=None) -> torch.Tensor:
+def two_ranks(value: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, dtype=None) -> torch.Tensor:
     """A fake all-reduce over two ranks that hold the same sums: SUM doubles, MAX keeps."""
     return value * 2 if op == dist.ReduceOp.SUM else value.clone()
 
