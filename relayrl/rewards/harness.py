@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -122,6 +123,7 @@ class CodeTests:
     entry_point: str | None = None  # check: the function passed as ``candidate``
     names: tuple[str, ...] = ()  # the solution's names the tests call
     cases: tuple[tuple[str, str], ...] = ()  # stdio: (input, expected output)
+    asserts: int = 0  # asserts / check: how many ``assert`` statements the tests hold
 
     def payload(self) -> dict[str, Any]:
         """What the judge reads (``rewards.judge``), as JSON-able data."""
@@ -132,6 +134,7 @@ class CodeTests:
             "entry_point": self.entry_point,
             "names": list(self.names),
             "cases": [list(c) for c in self.cases],
+            "asserts": self.asserts,
         }
 
 
@@ -165,26 +168,33 @@ def plan_tests(
     if stdio is not None:
         return CodeTests("stdio", cases=_stdio_cases(stdio))
     code = "\n".join(tests) if isinstance(tests, list) else (tests or "")
-    prelude = prelude or ""
-    _parse(prelude + "\n" + code)
+    return _plan_code(code, entry_point or None, prelude or "")
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_code(code: str, entry_point: str | None, prelude: str) -> CodeTests:
+    """``plan_tests`` for asserts and check forms, once per distinct tests: a group's completions share
+    their row's tests, and each completion is planned before it is judged."""
+    combined = _parse(prelude + "\n" + code)
+    asserts = sum(isinstance(n, ast.Assert) for n in ast.walk(_parse(code)))
     if entry_point:
         if not entry_point.isidentifier():
             raise ValueError(
                 f"code_exec entry_point {entry_point!r} is not a function name; map the column "
                 "holding the tested function's name"
             )
-        if "check" not in _top_level_functions(prelude + "\n" + code):
+        if not any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in combined.body):
             raise ValueError(
                 "code_exec tests with an entry_point must define `def check(candidate)` "
                 "(HumanEval's form); drop entry_point for top-level asserts"
             )
-        return CodeTests("check", code, prelude, entry_point, (entry_point,))
-    if not any(isinstance(n, ast.Assert) for n in ast.walk(_parse(code))):
+        return CodeTests("check", code, prelude, entry_point, (entry_point,), asserts=asserts)
+    if not asserts:
         raise ValueError(
             "code_exec tests have no assert, so nothing proves a pass; write them as lines like "
             "`assert f(2) == 4`, or give stdio cases"
         )
-    return CodeTests("asserts", code, prelude, None, solution_names(code, prelude))
+    return CodeTests("asserts", code, prelude, None, solution_names(code, prelude), asserts=asserts)
 
 
 def solution_names(tests: str, prelude: str = "") -> tuple[str, ...]:
@@ -331,7 +341,3 @@ def _parse(code: str) -> ast.Module:
         raise ValueError(
             f"code_exec tests do not parse (line {exc.lineno}: {exc.msg}); fix the dataset's tests"
         ) from None
-
-
-def _top_level_functions(code: str) -> set[str]:
-    return {n.name for n in _parse(code).body if isinstance(n, ast.FunctionDef)}

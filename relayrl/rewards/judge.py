@@ -155,7 +155,6 @@ def judge_code(spec: dict[str, Any], channel: Asker) -> dict[str, Any]:
     """Run ``asserts``/``check`` tests against the stubs; the verdict dict."""
     run = Run()
     tree = ast.parse(spec["prelude"] + "\n" + spec["tests"], "tests")
-    static = sum(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(spec["tests"])))
     code = compile(ast.fix_missing_locations(_SoftAsserts().visit(tree)), "tests", "exec")
     ns = run.namespace(channel, spec["names"])
     try:
@@ -168,7 +167,7 @@ def judge_code(spec: dict[str, Any], channel: Asker) -> dict[str, Any]:
         raise
     except Exception:  # noqa: BLE001 - any escape ends the run early; the cases not reached count as failed
         pass
-    return run.verdict(static)
+    return run.verdict(spec["asserts"])
 
 
 def judge_stdio(spec: dict[str, Any], channel: Asker) -> dict[str, Any]:

@@ -114,6 +114,7 @@ def test_the_forms_users_bring():
         "import re",
         ("f",),
     )
+    assert mbpp.asserts == 2
     human_eval = plan_tests("def check(candidate):\n    assert candidate(1)", "g", "def g(x):\n    pass\n")
     assert (human_eval.form, human_eval.names, human_eval.entry_point) == ("check", ("g",), "g")
     apps = plan_tests(stdio='{"inputs": ["1\\n", "2\\n"], "outputs": ["1\\n", "4\\n"]}')
@@ -215,7 +216,7 @@ def test_non_plain_arguments_make_the_test_unsupported():
     spec = plan_tests("assert f(lambda v: v) == 1")
     with pytest.raises(judge.Unsupported):
         judge.judge_code(
-            {"form": "asserts", "tests": spec.tests, "prelude": "", "entry_point": None, "names": list(spec.names)},
+            spec.payload(),
             judge.Channel(*_closed_pipe()),
         )
 
