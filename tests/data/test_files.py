@@ -70,6 +70,14 @@ def test_chat_messages_are_prompts(tmp_path):
         load_task(cfg)
 
 
+def test_columns_are_copied_under_the_names_rewards_read(tmp_path):
+    rows = load_hf(write(tmp_path, ".jsonl"), prompt_key="problem", answer_key=None, columns={"tests": "solution"})
+    assert [(r["question"], r["tests"], r["solution"]) for r in rows] == [
+        ("1 + 1?", "#### 2", "#### 2"),
+        ("2 + 3?", "5", "5"),
+    ]
+
+
 def test_answer_key_null_loads_prompts_alone(tmp_path):
     rows = load_hf(write(tmp_path, ".csv"), prompt_key="problem", answer_key=None)
     assert [sorted(r) for r in rows] == [["id", "question", "solution"]] * 2
@@ -87,6 +95,14 @@ def test_answer_key_null_loads_prompts_alone(tmp_path):
             ),
         ),
         (lambda p: write(p, ".csv"), {"prompt_key": "problem", "answer_key": "sol"}, r"no column 'sol'"),
+        (
+            lambda p: write(p, ".csv"),
+            {"prompt_key": "problem", "answer_key": None, "columns": {"tests": "test_list"}},
+            (
+                r"no column 'test_list' \(has: problem, solution, id\); set data.prompt_key / data.answer_key / "
+                r"data.columns"
+            ),
+        ),
         (lambda p: p / "nope.parquet", {}, "no such file or directory; point data.path"),
         (lambda p: (p / "a.txt").write_text("x") and p / "a.txt", {}, r"unknown file type '.txt'; use one of"),
         (lambda p: (p / "d").mkdir() or p / "d", {}, "a directory not written by save_to_disk"),
