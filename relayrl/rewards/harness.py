@@ -21,7 +21,9 @@ So the solution and the tests never share a process or a namespace::
 Test forms (``plan_tests``), each accepted as datasets ship them:
 
 * ``asserts`` (MBPP): statements with ``assert``\\ s; every name they use but do not define (and that is
-  not a builtin) is the solution's. ``prelude`` (MBPP's ``test_setup_code``) runs first, in the judge.
+  not a builtin) is the solution's, except a standard-library module the tests use without calling it
+  (``math.isclose`` where the solution imported ``math``), which the judge imports itself. ``prelude``
+  (MBPP's ``test_setup_code`` or ``test_imports``) runs first, in the judge.
 * ``check`` (HumanEval): ``prelude`` (the problem's prompt: trusted helpers such as ``poly``) and the
   tests define ``check``; the judge calls ``check(<entry point's stub>)``.
 * ``stdio`` (APPS, CodeContests): (input, expected output) cases; the program runs as ``__main__`` on
@@ -124,6 +126,7 @@ class CodeTests:
     names: tuple[str, ...] = ()  # the solution's names the tests call
     cases: tuple[tuple[str, str], ...] = ()  # stdio: (input, expected output)
     asserts: int = 0  # asserts / check: how many ``assert`` statements the tests hold
+    modules: tuple[str, ...] = ()  # asserts: stdlib modules the tests use unimported (``math.isclose``)
 
     def payload(self) -> dict[str, Any]:
         """What the judge reads (``rewards.judge``), as JSON-able data."""
@@ -135,6 +138,7 @@ class CodeTests:
             "names": list(self.names),
             "cases": [list(c) for c in self.cases],
             "asserts": self.asserts,
+            "modules": list(self.modules),
         }
 
 
@@ -160,15 +164,20 @@ FAILED = Verdict(0, 1, False)
 
 
 def plan_tests(
-    tests: str | list[str] | None = None, entry_point: str | None = None, prelude: str | None = None, stdio: Any = None
+    tests: str | list[str] | None = None,
+    entry_point: str | None = None,
+    prelude: str | list[str] | None = None,
+    stdio: Any = None,
 ) -> CodeTests:
     """The row's tests as a ``CodeTests``; ``ValueError`` (one line: cause and fix) for tests that cannot
-    prove a pass. ``tests`` may be a list of statements (MBPP's ``test_list``); ``stdio`` pairs (input,
+    prove a pass. ``tests`` and ``prelude`` may be lists of statements (MBPP's ``test_list``,
+    ``test_imports``); ``stdio`` pairs (input,
     output), ``{"input", "output"}`` dicts, ``{"inputs": [...], "outputs": [...]}`` (APPS), or its JSON."""
     if stdio is not None:
         return CodeTests("stdio", cases=_stdio_cases(stdio))
     code = "\n".join(tests) if isinstance(tests, list) else (tests or "")
-    return _plan_code(code, entry_point or None, prelude or "")
+    setup = "\n".join(prelude) if isinstance(prelude, list) else (prelude or "")
+    return _plan_code(code, entry_point or None, setup)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -194,7 +203,10 @@ def _plan_code(code: str, entry_point: str | None, prelude: str) -> CodeTests:
             "code_exec tests have no assert, so nothing proves a pass; write them as lines like "
             "`assert f(2) == 4`, or give stdio cases"
         )
-    return CodeTests("asserts", code, prelude, None, solution_names(code, prelude), asserts=asserts)
+    free = solution_names(code, prelude)
+    modules = tuple(n for n in free if n in sys.stdlib_module_names and n not in _called(combined))
+    names = tuple(n for n in free if n not in modules)
+    return CodeTests("asserts", code, prelude, None, names, asserts=asserts, modules=modules)
 
 
 def solution_names(tests: str, prelude: str = "") -> tuple[str, ...]:
@@ -341,3 +353,8 @@ def _parse(code: str) -> ast.Module:
         raise ValueError(
             f"code_exec tests do not parse (line {exc.lineno}: {exc.msg}); fix the dataset's tests"
         ) from None
+
+
+def _called(tree: ast.Module) -> set[str]:
+    """Names the tests call directly (``f(2)``): a solution function, even one named like a module."""
+    return {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}

@@ -25,6 +25,7 @@ This file runs as ``python -I -S`` loaded by path (``harness.JUDGE_BOOT``): stdl
 import ast
 import builtins
 import ctypes
+import importlib
 import json
 import os
 import resource
@@ -157,6 +158,7 @@ def judge_code(spec: dict[str, Any], channel: Asker) -> dict[str, Any]:
     tree = ast.parse(spec["prelude"] + "\n" + spec["tests"], "tests")
     code = compile(ast.fix_missing_locations(_SoftAsserts().visit(tree)), "tests", "exec")
     ns = run.namespace(channel, spec["names"])
+    ns.update({name: importlib.import_module(name) for name in spec["modules"]})
     try:
         exec(code, ns)  # noqa: S102 - the dataset's own tests, in this trusted process
         if spec["form"] == "check":

@@ -148,6 +148,13 @@ def _run(spec: CodeTests, fn) -> dict:
     return run(as_dict, channel)
 
 
+def test_a_module_the_solution_imported_is_the_judges_own_and_a_function_named_like_one_is_a_stub():
+    spec = plan_tests("assert math.isclose(f(2), 4.0)\nassert string(1) == 'x'", prelude=["import re"])
+    assert (spec.names, spec.modules, spec.prelude) == (("f", "string"), ("math",), "import re")
+    assert _run(spec, lambda x: 4.0 if x == 2 else "x") == {"passed": 2, "total": 2, "complete": True}
+    assert _run(spec, lambda x: 3.9)["passed"] == 0
+
+
 def test_each_assert_is_a_case_and_one_failure_hides_no_other():
     spec = plan_tests("assert f(1) == 1\nassert f(2) == 4\nassert f(3) == 9 or f(3) == -9\nassert not f(0)")
     assert _run(spec, lambda x: x * x) == {"passed": 4, "total": 4, "complete": True}
