@@ -5,7 +5,7 @@ where config fields become callables with their keywords bound.
     off_policy      how tokens are weighed by w = pi_old / mu (tis, tis_sequence, decoupled) or not at all
     aggregate       LOSS_AGG[loss_agg] (seq-mean-token-sum-norm: with max_len = norm_len)
     kl, entropy     kl_coef * KL_ESTIMATORS[kl_estimator], entropy_coef
-    select_groups   DAPO's dynamic sampling and overlong reward shaping (``shaping.py``)
+    select_groups   groups with nothing to learn left out; DAPO's dynamic sampling and overlong reward shaping
 
 The micro-batch step (``trainer/step.py``) only calls these; no other trainer file reads the algorithm's loss
 fields. Unlike its neighbours this file reads a config object (``AlgorithmConfig``): it is the one place
@@ -27,6 +27,7 @@ from relayrl.algorithms.filtering import dynamic_sampling_filter, trainable_grou
 from relayrl.algorithms.losses import POLICY_LOSSES
 from relayrl.algorithms.shaping import overlong_penalty
 from relayrl.config import AlgorithmConfig
+from relayrl.config.algorithm import ZERO_SPREAD_ESTIMATORS
 from relayrl.types import TrajectoryGroup
 
 if TYPE_CHECKING:  # the trainer's record, named in one annotation; algorithms/ never imports trainer/
@@ -51,6 +52,9 @@ class Objective:
     """Weight of the entropy bonus (0: entropy is only reported)."""
     dynamic_sampling: bool
     """DAPO: drop groups whose rewards don't vary."""
+    drop_zero_spread: bool
+    """Leave out groups whose rewards don't vary: their whole loss is 0 (``algorithm.drop_zero_spread`` where it
+    applies: a group-baseline estimator and no KL or entropy term)."""
     reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None
     """DAPO's overlong penalty: completion lengths [N] -> reward terms [N]; None: off."""
 
@@ -61,18 +65,29 @@ class Objective:
         behaviour = {} if self.off_policy is None else {"behaviour_logprobs": mb.behaviour_logprobs, **self.off_policy}
         return self.policy_loss(logprobs, old, mb.advantages, mb.loss_mask, **behaviour)
 
-    def select_groups(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-        """DAPO's dynamic sampling (drop groups whose rewards don't vary) and the overlong penalty's statistics
-        (the penalty itself is added in ``build_train_batch``).
+    @property
+    def only_advantages(self) -> bool:
+        """True when the advantage is the loss's only weight: a token with advantage 0 adds nothing to the
+        loss or its gradient (no KL or entropy term), so a micro-batch of such tokens can be skipped."""
+        return self.kl_coef == 0 and self.entropy_coef == 0
 
-        The filter reads the rewards from the reward functions, before the overlong term (DAPO filters on
-        accuracy), after exclusions (``trainable_groups``). Stats: ``dapo/dropped_groups``, ``dapo/kept_groups``,
-        ``dapo/overlong_penalty`` (mean term added to the reward), ``dapo/overlong_frac`` (share penalised).
+    def select_groups(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """The groups the step trains on, and the statistics of leaving the others out.
+
+        DAPO's dynamic sampling, or else ``drop_zero_spread``, drops groups whose rewards don't vary; both read
+        the rewards from the reward functions, before the overlong term (DAPO filters on accuracy), after
+        exclusions (``trainable_groups``). The overlong penalty itself is added in ``build_train_batch``.
+        Stats: ``skipped_groups`` (zero-spread groups left out, 0 when off), ``dapo/dropped_groups``,
+        ``dapo/kept_groups``, ``dapo/overlong_penalty`` (mean term added to the reward), ``dapo/overlong_frac``
+        (share penalised).
         """
-        stats: dict[str, float] = {}
+        stats: dict[str, float] = {"skipped_groups": 0.0}
         if self.dynamic_sampling:
             groups, dropped = dynamic_sampling_filter(trainable_groups(groups))
             stats |= {"dapo/dropped_groups": float(dropped), "dapo/kept_groups": float(len(groups))}
+        elif self.drop_zero_spread:
+            groups, dropped = dynamic_sampling_filter(trainable_groups(groups))
+            stats["skipped_groups"] = float(dropped)
         if self.reward_shaping is not None and groups:
             lengths = [len(t.completion_token_ids) for g in groups for t in g.trajectories if t.excluded is None]
             penalty = self.reward_shaping(torch.tensor(lengths))
@@ -93,8 +108,16 @@ def build_loss(algo: AlgorithmConfig) -> Objective:
         kl_estimator=algo.kl_estimator,
         entropy_coef=algo.entropy_coef,
         dynamic_sampling=algo.dynamic_sampling,
+        drop_zero_spread=drops_zero_spread(algo),
         reward_shaping=reward_shaping(algo),
     )
+
+
+def drops_zero_spread(algo: AlgorithmConfig) -> bool:
+    """Whether ``algorithm.drop_zero_spread`` applies: a zero-spread group's loss is 0 only under an estimator
+    that gives it advantage 0 and with no KL or entropy term (which would still reach its tokens)."""
+    no_other_term = algo.kl_coef == 0 and algo.entropy_coef == 0
+    return algo.drop_zero_spread and algo.name in ZERO_SPREAD_ESTIMATORS and no_other_term
 
 
 def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:

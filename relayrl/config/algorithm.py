@@ -18,6 +18,9 @@ OffPolicy = Literal["auto", "tis", "tis_sequence", "decoupled", "none"]
 
 GROUPED_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 """Advantage estimators whose baseline comes from the other samples of the same prompt (need G >= 2)."""
+ZERO_SPREAD_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
+"""Grouped estimators whose advantage is 0 on every sample of a group whose rewards don't vary
+(reinforce_pp_baseline whitens over the batch afterwards, which shifts such a group away from 0)."""
 
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:
@@ -79,6 +82,12 @@ class AlgorithmConfig:
     """gae only: discount per token, in [0, 1]; LLM PPO uses 1 (the reward arrives at the last token)."""
     lam: float = 1.0
     """gae only: GAE's lambda in [0, 1]; 1 = Monte-Carlo return minus V (unbiased), lower trusts the critic more."""
+    drop_zero_spread: bool = True
+    """Leave out of the update the groups whose completions all got the same reward when that leaves nothing to
+    learn from them: a group-baseline estimator (``ZERO_SPREAD_ESTIMATORS``) gives them advantage 0, and with
+    kl_coef = entropy_coef = 0 no other term reaches them. Counted as ``policy/skipped_groups``; a step left
+    with no group skips its update. Like DAPO's filter it drops their tokens from token-mean denominators,
+    without drawing more prompts; false keeps them (their tokens still dilute the mean, as in plain GRPO)."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: leave out groups whose completions all got the same reward (their grouped
     advantages are 0, so they only dilute the batch), counted as ``dapo/dropped_groups``, and draw more

@@ -21,6 +21,7 @@ from relayrl.controller.checkpoint import Checkpointer, durable_dir, fsync_path,
 from relayrl.logs import capture, crash_tail
 from relayrl.monitor.runs import read_jsonl
 from relayrl.monitor.schema import REWARD_MEAN, TIMING_CHECKPOINT_STALL
+from relayrl.monitor.signal import NoSignal
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class RunDir:
     logger: Any
     rewards: list[float] = field(default_factory=list)
     checkpoints: Checkpointer | None = None  # step_N writes; None in a RunDir made without a config
+    no_signal: NoSignal = field(default_factory=lambda: NoSignal(0))  # warns of steps with nothing to learn
 
     @classmethod
     def create(cls, cfg: Config) -> RunDir:
@@ -75,7 +77,8 @@ class RunDir:
         # A structured config's container is a dict keyed by field names (to_container's type covers lists too).
         config_dict = cast(dict[str, Any], OmegaConf.to_container(resolved, resolve=True))
         config_dict.pop("defaults", None)
-        run = cls(cfg, path, None, rewards, Checkpointer(path, cfg.run.keep_checkpoints, cfg.run.checkpoint_async))
+        checkpoints = Checkpointer(path, cfg.run.keep_checkpoints, cfg.run.checkpoint_async)
+        run = cls(cfg, path, None, rewards, checkpoints, NoSignal(cfg.logging.no_signal_steps))
         run.write_status("running", **status)
         capture(path / "logs", cfg.logging.verbose)  # actor and engine output -> logs/*.log
         hint = "" if cfg.logging.verbose else " (--verbose: on the console too)"
@@ -132,6 +135,9 @@ class RunDir:
         metrics = to_schema(metrics, self.cfg.trainer.lr, self.cfg.rollout.num_replicas)
         self.rewards.append(float(metrics.get(REWARD_MEAN, float("nan"))))
         self.logger.log(step, metrics)
+        warning = self.no_signal.observe(metrics)
+        if warning:
+            logger.warning(warning)
 
     def finish(self, system: Any) -> RunResult:
         """Save the final HF checkpoint, write plots, print the reward curve."""

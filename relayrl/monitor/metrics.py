@@ -24,6 +24,7 @@ from relayrl.config import LoggingConfig
 from relayrl.monitor.schema import (
     POLICY_APPROX_KL,
     POLICY_KL,
+    POLICY_SKIPPED_GROUPS,
     REWARD_MEAN,
     REWARD_PASS_RATE,
     REWARD_STD,
@@ -101,8 +102,8 @@ class JsonlSink:
 class ConsoleSink:
     """One compact line per step, and on a terminal a live progress bar under the lines.
 
-    Line: ``step 3/20 | reward 0.512 ±0.210 | pass 0.38 | kl 1.2e-03 | stale 1 | 4.3 s/step | ETA 1:12``
-    (fields whose metric the step lacks are left out).
+    Line: ``step 3/20 | reward 0.512 ±0.210 | pass 0.38 | skipped 2 flat groups | kl 1.2e-03 | stale 1 | 4.3 s/step |
+    ETA 1:12`` (fields whose metric the step lacks, or a 0 count of skipped groups, are left out).
     Bar: ``train ━━━━━━━━━          3/20 reward 0.512 | stale 1 | ETA 1:12 0:00:13`` (+ elapsed time).
     The bar is drawn only when the console is a terminal, so CI logs and pipes keep plain lines.
     ETA = mean step seconds so far x steps left (the mean is steadier than the last step alone).
@@ -167,6 +168,8 @@ class ConsoleSink:
             )
         if REWARD_PASS_RATE in metrics:
             parts.append(f"pass {metrics[REWARD_PASS_RATE]:.2f}")
+        if metrics.get(POLICY_SKIPPED_GROUPS):
+            parts.append(f"skipped {metrics[POLICY_SKIPPED_GROUPS]:.0f} flat groups")
         kl = next((k for k in KL_KEYS if k in metrics), None) or next((k for k in metrics if is_kl_key(k)), None)
         if kl is not None:
             parts.append(f"kl {metrics[kl]:.2e}")

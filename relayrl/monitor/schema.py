@@ -32,6 +32,8 @@ REWARD_STD = "reward/std"
 REWARD_FN = "reward/<fn>"
 REWARD_PASS_RATE = "reward/pass_rate"
 REWARD_SPREAD_GROUPS = "reward/spread_groups"
+REWARD_ZERO_STD_GROUPS = "reward/zero_std_groups"
+POLICY_SKIPPED_GROUPS = "policy/skipped_groups"
 POLICY_KL = "policy/kl"
 POLICY_APPROX_KL = "policy/approx_kl"
 ROLLOUT_COMPLETIONS = "rollout/completions"
@@ -100,7 +102,7 @@ SCHEMA: tuple[Metric, ...] = (
         "trainable groups whose rewards vary (what dynamic sampling keeps)",
         reduce="sum",
     ),
-    M("reward/zero_std_groups", "fraction", "prompt groups whose completions all scored the same (no GRPO signal)"),
+    M(REWARD_ZERO_STD_GROUPS, "fraction", "prompt groups whose completions all scored the same (no GRPO signal)"),
     M("reward/errors", "count", "completions excluded because a reward function failed on them", reduce="sum"),
     M("reward/error_rate", "fraction", "excluded completions / all completions"),
     M(
@@ -125,6 +127,12 @@ SCHEMA: tuple[Metric, ...] = (
     M("policy/lr", "lr", "learning rate of the step"),
     M("policy/tokens", "tokens", "completion tokens in the loss (all ranks)"),
     M("policy/sequences", "count", "sequences trained on"),
+    M(
+        POLICY_SKIPPED_GROUPS,
+        "groups",
+        "groups left out of the update: rewards all equal, so nothing to learn (algorithm.drop_zero_spread)",
+    ),
+    M("policy/skipped_micro_batches", "count", "micro-batches whose advantages were all 0: no forward or backward"),
     M("policy/loss_denominator", "count", "the loss aggregation's denominator (tokens for token-mean)"),
     M("policy/value_loss", "loss", "PPO critic: clipped value regression loss per token", "gae"),
     M("policy/value_clip_frac", "fraction", "PPO critic: tokens where the clipped value term was larger", "gae"),

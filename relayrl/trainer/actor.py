@@ -8,7 +8,8 @@ below runs over dp only.
 
 A train step, on every rank (``train_step``; right: where each part is done):
 
-    ray.get(group refs) -> DAPO's dynamic sampling                       Objective.select_groups (objective.py)
+    ray.get(group refs) -> zero-spread groups out (drop_zero_spread, or DAPO's dynamic sampling)
+                           none left: no update                                Objective.select_groups (objective.py)
     build_train_batch (whole step, identical on all ranks; DAPO's overlong penalty) -> split_batch over dp
     micro-batches: padded rows, or packed rows of <= max_tokens_per_micro_batch real tokens (``batch.py``;
                    shared_prefix: each group's prompt once), as many on every dp rank
@@ -16,6 +17,7 @@ A train step, on every rank (``train_step``; right: where each part is done):
     ref logprobs if kl_coef > 0                               once, before any update
     PPO (algorithm.name=gae): V_old = critic(batch); r_t = R at the last token - kl_coef * KL_t
                               A, R_t = GAE(r, V_old); A whitened over the step    Critic.advantages (critic.py)
+    micro-batches whose advantages are all 0 (no KL/entropy term): skipped on every rank    learnable (step.py)
     for epoch in 1..E:  for micro-batch:                       PolicyStep.epochs -> train_micro (step.py)
                             per_token = POLICY_LOSSES[policy_loss] [+ kl_coef * KL_ESTIMATORS[kl_estimator]]
                                         [- entropy_coef * H]          (PPO: KL is in the reward instead)
@@ -55,7 +57,7 @@ from relayrl.trainer.batch import MicroBatch, build_train_batch, fetch_groups, m
 from relayrl.trainer.critic import Critic, GaeTargets
 from relayrl.trainer.hf import export, hf_state_dict, load_sharded, pad_token_id
 from relayrl.trainer.optim import policy_adamw
-from relayrl.trainer.step import PolicyStep, step_totals
+from relayrl.trainer.step import PolicyStep, learnable, step_totals
 from relayrl.trainer.tp import build_mesh
 from relayrl.types import TrainBatch
 from relayrl.vllm_import import import_vllm
@@ -194,7 +196,7 @@ class TrainerActor:
         """
         t0 = time.perf_counter()
         groups, shaping_stats = self.objective.select_groups(fetch_groups(group_refs))
-        if not groups:  # dynamic sampling left nothing to learn from: no update (same on every rank)
+        if not groups:  # no group with anything to learn from (select_groups): no update, the same on every rank
             return {**shaping_stats, "tokens": 0.0, "sequences": 0.0, "step_seconds": time.perf_counter() - t0}
         batch = build_train_batch(
             groups, self.pad_token_id, self.algo.name, self.objective.reward_shaping, self.algo.whiten
@@ -203,11 +205,20 @@ class TrainerActor:
         n_tokens, denom = self._step_totals(micro)
         t1 = time.perf_counter()
         old, ref, targets = self._before_update(micro, n_tokens)
+        live = learnable(micro, self.objective, self._all_reduce) if self.critic is None else [True] * len(micro)
+        counts = {
+            "tokens": float(n_tokens),
+            "sequences": float(len(batch)),
+            "skipped_micro_batches": float(live.count(False)),
+        }
+        if not any(live):  # every advantage 0 and no other term: no gradient, so no AdamW step (it would still
+            return {**shaping_stats, **counts, "step_seconds": time.perf_counter() - t0}  # move the weights)
+        trained_tokens = self._all_reduce(torch.stack([mb.loss_mask.sum() * on for mb, on in zip(micro, live)]).sum())
         t2 = time.perf_counter()
         sums, grad_norms = self.policy_step.epochs(
-            self.model, self.optimizer, micro, old, ref, denom, self.dp_size, self.cfg.epochs, self.cfg.grad_clip
+            self.model, self.optimizer, micro, old, ref, denom, self.dp_size, self.cfg.epochs, self.cfg.grad_clip, live
         )
-        out = {**sums.reduce(self._all_reduce, self.cfg.epochs, n_tokens, denom), **shaping_stats}
+        out = {**sums.reduce(self._all_reduce, self.cfg.epochs, trained_tokens, denom), **shaping_stats, **counts}
         if targets is not None and self.critic is not None:  # PPO: the critic learns too; its KL is the step's
             out |= targets.stats | self.critic.train(micro, targets, n_tokens, self.cfg.epochs)
         t3 = time.perf_counter()
@@ -215,9 +226,7 @@ class TrainerActor:
         out.update(nonfinite_skips=float(len(grad_norms) - len(finite)))
         out.update(
             grad_norm=sum(finite) / len(finite) if finite else float("nan"),
-            tokens=float(n_tokens),
             loss_denominator=float(denom),
-            sequences=float(len(batch)),
             fetch_seconds=t1 - t0,
             logprob_seconds=t2 - t1,
             train_seconds=t3 - t2,

@@ -211,14 +211,20 @@ class PolicyStep:
         dp_size: int,
         epochs: int,
         grad_clip: float,
+        live: list[bool],
     ) -> tuple[StepStats, list[float]]:
         """``epochs`` passes over the micro-batches, each ending in a clipped AdamW step; returns the summed
-        stats and each epoch's pre-clip gradient norm. Fills ``old`` in the first epoch."""
+        stats and each epoch's pre-clip gradient norm. Fills ``old`` in the first epoch.
+
+        Micro-batch i runs only where ``live[i]`` (``learnable``: the same list on every dp rank, so FSDP's
+        collectives still pair up). The caller makes no call with none live: AdamW would still move the
+        weights by its momentum and weight decay."""
         sums, grad_norms = StepStats.zeros(denom.device), []
         for _ in range(epochs):
             for i, mb in enumerate(micro):
-                stats, old[i] = self.train_micro(model, mb, old[i], ref[i] if ref else None, denom, dp_size)
-                sums.add_(stats)
+                if live[i]:
+                    stats, old[i] = self.train_micro(model, mb, old[i], ref[i] if ref else None, denom, dp_size)
+                    sums.add_(stats)
             grad_norms.append(clip_and_step(model, optimizer, grad_clip))
         return sums, grad_norms
 
@@ -258,6 +264,29 @@ class PolicyStep:
         scaled = to_batch(logits.float() / self.temperature)  # [b, T, V] aligned with loss_mask
         term, stats = entropy_bonus(scaled, mb.loss_mask, self.objective.entropy_coef)
         return term, stats["entropy"] * mb.loss_mask.sum()
+
+
+def learnable(micro: list[MicroBatch], objective: Objective, all_reduce: AllReduce) -> list[bool]:
+    """Per micro-batch: whether it has anything to learn on some dp rank, the same list on every rank.
+
+    A micro-batch whose trained tokens all have advantage 0 adds exactly 0 to the loss and its gradient when
+    the advantage is the loss's only weight (``Objective.only_advantages``), so its forward and backward are
+    skipped: the step's gradient is unchanged, its time is not spent (a group whose rewards don't vary, the
+    filler rows that even out the ranks' shares). One all-reduce (max) over the dp ranks.
+    """
+    if not micro or not objective.only_advantages:
+        return [True] * len(micro)
+    local = torch.stack([_has_signal(mb) for mb in micro]).float()
+    return [bool(v) for v in all_reduce(local, dist.ReduceOp.MAX)]
+
+
+def _has_signal(mb: MicroBatch) -> torch.Tensor:
+    """True where a trained token of ``mb`` has a non-zero advantage ([b] per sequence or [b, T] per token)."""
+    trained = mb.loss_mask > 0
+    nonzero = mb.advantages != 0
+    if mb.advantages.dim() == 1:
+        return (nonzero & trained.any(dim=1)).any()
+    return (nonzero & trained).any()
 
 
 def step_totals(

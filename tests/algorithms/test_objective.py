@@ -77,6 +77,7 @@ def test_select_groups_drops_flat_groups_and_reports_the_overlong_penalty():
     )
     assert [g.prompt_id for g in groups] == [0, 2]
     assert stats == {
+        "skipped_groups": 0.0,  # dynamic sampling's drop is counted as DAPO's
         "dapo/dropped_groups": 1.0,
         "dapo/kept_groups": 2.0,
         "dapo/overlong_penalty": pytest.approx(-1.5 / 4),
@@ -87,3 +88,40 @@ def test_select_groups_drops_flat_groups_and_reports_the_overlong_penalty():
 def test_overlong_buffer_needs_its_max_len():
     with pytest.raises(ValueError, match=re.escape("overlong_max_len is None; set it to rollout.max_tokens")):
         build_loss(AlgorithmConfig(overlong_buffer=4))
+
+
+FLAT_STEP = [_group(0, [1.0, 0.0], [2, 2]), _group(1, [0.5, 0.5], [2, 2]), _group(2, [0.0, 0.0], [3, 3])]
+
+
+def test_zero_spread_groups_are_left_out_by_default():
+    groups, stats = build_loss(AlgorithmConfig()).select_groups(FLAT_STEP)
+    assert [g.prompt_id for g in groups] == [0]
+    assert stats == {"skipped_groups": 2.0}
+
+
+@pytest.mark.parametrize(
+    "algo",
+    [
+        AlgorithmConfig(drop_zero_spread=False),
+        AlgorithmConfig(kl_coef=0.01),  # the KL term still reaches a flat group's tokens
+        AlgorithmConfig(entropy_coef=0.01),
+        AlgorithmConfig(name="reinforce_pp_baseline"),  # whitened over the batch: a flat group's A is not 0
+        AlgorithmConfig(name="reinforce_pp", group_size=1),
+        AlgorithmConfig(name="gae"),
+    ],
+    ids=["off", "kl", "entropy", "reinforce_pp_baseline", "reinforce_pp", "gae"],
+)
+def test_zero_spread_groups_stay_where_they_still_carry_a_loss(algo):
+    groups, stats = build_loss(algo).select_groups(FLAT_STEP)
+    assert [g.prompt_id for g in groups] == [0, 1, 2] and stats["skipped_groups"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_dropped_groups_are_exactly_those_the_estimator_gives_zero_advantage(name):
+    from relayrl.algorithms.advantages import ADVANTAGES
+
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.0, 0.0])
+    advantages = ADVANTAGES[name](rewards, torch.tensor([0, 0, 1, 1, 2, 2]))
+    kept, _ = build_loss(AlgorithmConfig(name=name)).select_groups(FLAT_STEP)
+    zero = [bool((advantages[2 * i : 2 * i + 2] == 0).all()) for i in range(3)]
+    assert zero == [g.prompt_id not in {k.prompt_id for k in kept} for g in FLAT_STEP] == [False, True, True]

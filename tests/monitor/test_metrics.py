@@ -62,10 +62,12 @@ def test_console_line_has_progress_reward_kl_time_and_eta():
             "timing/step": 4.0,
         },
     )
-    sink.log(2, {"reward/mean": 0.625, "timing/step": 8.0})
+    sink.log(2, {"reward/mean": 0.625, "timing/step": 8.0, "policy/skipped_groups": 0.0})
+    sink.log(3, {"reward/mean": 0.0, "timing/step": 0.0, "policy/skipped_groups": 4.0})
     lines = out.getvalue().splitlines()
     assert lines[0] == "step 1/10 | reward 0.500 ±0.250 | pass 0.38 | kl 1.23e-03 | 4.0 s/step | ETA 0:36"
     assert lines[1] == "step 2/10 | reward 0.625 | 8.0 s/step | ETA 0:48"  # mean 6 s x 8 steps left
+    assert lines[2] == "step 3/10 | reward 0.000 | skipped 4 flat groups | 0.0 s/step | ETA 0:28"
 
 
 def test_console_prefers_reference_kl_and_shows_staleness():
