@@ -17,6 +17,7 @@ One module per section::
     placement   PlacementConfig                 reward      RewardSpec, RewardConfig
     logging     LoggingConfig                   eval        EvalConfig
     run         RunConfig                       root        Config, register_configs (ConfigStore)
+    sft         SftConfig (warm start)
     validation  validate, fill_defaults         load        load_config, RECIPES_DIR
     runtime     has_cuda and the Ray workers' environment (WORKER_ENV, CPU_MALLOC_ENV)
 """
@@ -36,6 +37,7 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.config.root import Config, register_configs
 from relayrl.config.run import RunConfig
 from relayrl.config.runtime import CPU_MALLOC_ENV, WORKER_ENV, has_cuda, malloc_env, with_env
+from relayrl.config.sft import SftConfig
 from relayrl.config.trainer import LLAMA_LINEARS, LoraConfig, TrainerConfig
 from relayrl.config.validation import validate
 from relayrl.config.weightsync import WeightSyncConfig
@@ -64,6 +66,7 @@ __all__ = [
     "RewardSpec",
     "RolloutConfig",
     "RunConfig",
+    "SftConfig",
     "TrainerConfig",
     "WeightSyncConfig",
     "has_cuda",

@@ -16,6 +16,8 @@ Task = Literal[GeneratedTask, FileTask]
 
 FILE_TASKS: tuple[str, ...] = get_args(FileTask)
 """``data.task`` values that read a local dataset (``data.path``); the others generate their rows."""
+OPS_TASKS: tuple[str, ...] = ("countdown", "wordproblem")
+"""Generated tasks whose problems take a number of operations (``data.ops``)."""
 GENERATED_TASKS: tuple[str, ...] = get_args(GeneratedTask)
 """``data.task`` values whose rows are generated, seeded, from ``num_prompts``/``max_operand``/``seed``."""
 
@@ -55,6 +57,11 @@ class DataConfig:
     max_operand: int = 9
     """Generated tasks: ``arith`` operands are drawn from [0, max_operand]; ``countdown`` numbers and
     ``wordproblem`` quantities from [1, max_operand]."""
+    ops: list[int] = field(default_factory=list)
+    """``wordproblem`` and ``countdown``: how many operations a problem takes, each problem drawing one of these
+    (wordproblem: its steps; countdown: its numbers less one). Empty: the task's own mix (wordproblem 2-4
+    steps; countdown 3 or 4 numbers, TinyZero's). E.g. ``data.ops=[1]``: one-step problems, two-number
+    Countdown."""
     chat_template: bool = True
     """Wrap each prompt in the tokenizer's chat template (instruct models); ``messages`` prompts need it."""
     seed: int = 0
@@ -72,6 +79,15 @@ class DataConfig:
                     "(.jsonl/.json/.parquet/.csv file or save_to_disk directory)"
                 )
         self._check_file_fields()
+        self._check_ops()
+
+    def _check_ops(self) -> None:
+        if self.ops and self.task not in OPS_TASKS:
+            raise ConfigError(
+                f"data.ops applies to {' and '.join(OPS_TASKS)}, not data.task={self.task}; drop data.ops"
+            )
+        if any(k < 1 for k in self.ops):
+            raise ConfigError(f"data.ops={list(self.ops)} must hold counts >= 1; e.g. data.ops=[1,2]")
 
     def _check_file_fields(self) -> None:
         """Fields that only a file task (or only ``hf``) reads must not be set for another task."""

@@ -21,6 +21,7 @@ from relayrl.config.placement import PlacementConfig, PlacementMode
 from relayrl.config.reward import RewardConfig, RewardSpec
 from relayrl.config.rollout import RolloutConfig
 from relayrl.config.run import RunConfig
+from relayrl.config.sft import SftConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.weightsync import WeightSyncConfig
 
@@ -47,6 +48,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
     mode: str = "sync"
     """sync: generate -> score -> train -> sync, strictly on-policy. async: rollout keeps generating while
     the trainer trains, at most buffer.max_staleness versions ahead; weights land in flight."""

@@ -53,6 +53,10 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     run = RunDir.reopen(cfg, resume[0], resume[2]) if resume else RunDir.create(cfg)
     placement = None
     try:  # from here on, status.json says how the run ended
+        if cfg.sft.steps:  # before Ray: the warm start has the cores to itself
+            from relayrl.trainer.sft import warm_start
+
+            model_path = warm_start(cfg, model_path, run.path / "sft")
         start_ray(cfg.run.ray_address, cfg.placement, needed_cpus(cfg.rollout, cfg.trainer, cfg.placement))
         placement = make_placement(cfg.rollout, cfg.trainer, cfg.placement)
         run.logger.ready()  # wandb started beside ray.init; its error stops us before actors

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from relayrl.config import ConfigError, DataConfig
+from relayrl.config.data import OPS_TASKS
+from relayrl.data import countdown, wordproblem
 from relayrl.data.arith import ARITH_QUESTION, make_arith_rows
 from relayrl.data.countdown import make_countdown_rows
 from relayrl.data.files import load_hf
@@ -37,6 +39,7 @@ __all__ = [
     "make_arith_rows",
     "prompt_text",
     "split_heldout",
+    "worked_examples",
 ]
 
 Rows = list[dict[str, Any]]
@@ -48,13 +51,28 @@ GENERATORS: dict[str, Callable[[int, int, int | str], Rows]] = {
 }
 """Generated tasks: ``make(num_prompts, max_operand, seed) -> rows``, the same rows for the same arguments."""
 
+WORKED_ANSWERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "countdown": countdown.worked_answer,
+    "wordproblem": wordproblem.worked_answer,
+}
+"""Generated tasks whose rows carry a solution: ``row -> the reply`` a supervised warm start teaches (``sft``)."""
+
 
 def load_task(data_cfg: DataConfig) -> Rows:
     """The training rows of ``data_cfg.task``: generated, or a file's rows less the held-out prompts."""
     if data_cfg.task in GENERATORS:
-        return GENERATORS[data_cfg.task](data_cfg.num_prompts, data_cfg.max_operand, data_cfg.seed)
+        return generate(data_cfg, data_cfg.num_prompts, data_cfg.seed)
     rows = _read(data_cfg, data_cfg.path, data_cfg.split)
     return split_heldout(rows, data_cfg.heldout_fraction, data_cfg.seed)[0]
+
+
+def generate(data_cfg: DataConfig, n: int, seed: int | str) -> Rows:
+    """``n`` rows of the generated task ``data_cfg.task`` drawn with ``seed`` (``data.ops`` to the tasks that
+    take it)."""
+    make = GENERATORS[data_cfg.task]
+    if data_cfg.task in OPS_TASKS:
+        return make(n, data_cfg.max_operand, seed, tuple(data_cfg.ops))  # type: ignore[call-arg]
+    return make(n, data_cfg.max_operand, seed)
 
 
 def load_heldout(data_cfg: DataConfig, n: int, seed: int) -> tuple[Rows, str] | None:
@@ -78,10 +96,23 @@ def load_heldout(data_cfg: DataConfig, n: int, seed: int) -> tuple[Rows, str] | 
     return None
 
 
-def _fresh_problems(data_cfg: DataConfig, n: int, seed: int) -> tuple[Rows, str]:
-    """Up to ``n`` distinct generated problems that no training row holds, from ``2 n + 100`` draws."""
+def worked_examples(data_cfg: DataConfig, n: int) -> Rows:
+    """``n`` prompt/completion rows (TRL's prompt-completion format) for a supervised warm start: fresh problems
+    of a generated task that no training row holds, each with its worked answer (``WORKED_ANSWERS``)."""
+    if data_cfg.task not in WORKED_ANSWERS:
+        raise ConfigError(
+            f"sft: data.task={data_cfg.task} has no worked solutions to learn from (only "
+            f"{', '.join(WORKED_ANSWERS)}); set sft.path to a jsonl of prompt/completion rows or sft.steps=0"
+        )
+    rows, _ = _fresh_problems(data_cfg, n, "sft", "sft")
+    return [{"prompt": row["question"], "completion": WORKED_ANSWERS[data_cfg.task](row)} for row in rows]
+
+
+def _fresh_problems(data_cfg: DataConfig, n: int, seed: int | str, use: str = "heldout") -> tuple[Rows, str]:
+    """Up to ``n`` distinct generated problems that no training row holds, from ``2 n + 100`` draws seeded by
+    ``use`` (what they are for: each use its own draw) and ``seed``."""
     seen = {prompt_text(row["question"]) for row in load_task(data_cfg)}
-    drawn = GENERATORS[data_cfg.task](2 * n + 100, data_cfg.max_operand, f"heldout/{seed}")
+    drawn = generate(data_cfg, 2 * n + 100, f"{use}/{seed}")
     rows: Rows = []
     for row in drawn:
         key = prompt_text(row["question"])

@@ -26,21 +26,23 @@ TARGET_MAX = 1000
 OPS = ("+", "-", "*", "/")
 
 
-def make_countdown_rows(n: int, max_number: int, seed: int | str) -> list[dict]:
-    """``n`` problems with numbers uniform in ``[1, max_number]``, seeded: same arguments, same rows."""
+def make_countdown_rows(n: int, max_number: int, seed: int | str, ops: tuple[int, ...] = ()) -> list[dict]:
+    """``n`` problems with numbers uniform in ``[1, max_number]``, seeded: same arguments, same rows. ``ops``: how
+    many operations a problem takes (its numbers less one), drawn from these; empty: ``COUNTS``' numbers."""
     if n <= 0 or max_number < 1:
         raise ValueError(
             f"countdown needs num_prompts > 0 and max_operand >= 1, got {n} and {max_number}; "
             "set data.num_prompts / data.max_operand"
         )
     rng = random.Random(f"relayrl-countdown/{seed}")
-    return [_problem(rng, max_number) for _ in range(n)]
+    counts = tuple(k + 1 for k in ops) or COUNTS
+    return [_problem(rng, max_number, counts) for _ in range(n)]
 
 
-def _problem(rng: random.Random, max_number: int) -> dict:
+def _problem(rng: random.Random, max_number: int, counts: tuple[int, ...]) -> dict:
     """Draw numbers and an expression over them until its value is a whole number in [1, TARGET_MAX]."""
     while True:
-        nums = [rng.randint(1, max_number) for _ in range(rng.choice(COUNTS))]
+        nums = [rng.randint(1, max_number) for _ in range(rng.choice(counts))]
         value, text = _combine(rng, nums)
         if value is not None and value.denominator == 1 and 1 <= value <= TARGET_MAX:
             target = int(value)
@@ -66,3 +68,9 @@ def _combine(rng: random.Random, nums: list[int]) -> tuple[Fraction | None, str]
         terms.append((value, f"({ta} {op} {tb})"))
     value, text = terms[0]
     return value, text[1:-1] if text.startswith("(") else text
+
+
+def worked_answer(row: dict) -> str:
+    """The reply a supervised warm start teaches for ``row``: the solution and its value in ``<think>``, the
+    expression in ``<answer>``."""
+    return f"<think> {row['solution']} = {row['target']} </think> <answer> {row['solution']} </answer>"

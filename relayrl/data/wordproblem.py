@@ -21,21 +21,22 @@ MIN_STEPS, MAX_STEPS = 2, 4
 TIMES = {2: "doubled", 3: "tripled"}
 
 
-def make_wordproblem_rows(n: int, max_number: int, seed: int | str) -> list[dict[str, str]]:
-    """``n`` problems whose quantities are drawn from ``[1, max_number]``, seeded."""
+def make_wordproblem_rows(n: int, max_number: int, seed: int | str, ops: tuple[int, ...] = ()) -> list[dict[str, str]]:
+    """``n`` problems whose quantities are drawn from ``[1, max_number]``, seeded; ``ops``: how many steps a problem
+    takes, drawn from these (empty: MIN_STEPS to MAX_STEPS)."""
     if n <= 0 or max_number < 1:
         raise ValueError(
             f"wordproblem needs num_prompts > 0 and max_operand >= 1, got {n} and {max_number}; "
             "set data.num_prompts / data.max_operand"
         )
     rng = random.Random(f"relayrl-wordproblem/{seed}")
-    return [_problem(rng, max_number) for _ in range(n)]
+    return [_problem(rng, max_number, ops) for _ in range(n)]
 
 
-def _problem(rng: random.Random, max_number: int) -> dict[str, str]:
+def _problem(rng: random.Random, max_number: int, ops: tuple[int, ...]) -> dict[str, str]:
     name, item, value = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(min(2, max_number), max_number)
     sentences, steps = [f"{name} has {value} {item}."], []
-    for _ in range(rng.randint(MIN_STEPS, MAX_STEPS)):
+    for _ in range(rng.choice(ops) if ops else rng.randint(MIN_STEPS, MAX_STEPS)):
         op, b = _step(rng, value, max_number)
         new = value + b if op == "+" else value - b if op == "-" else value * b if op == "*" else value // b
         sentences.append(_sentence(op, b, name, item))
@@ -65,3 +66,8 @@ def _sentence(op: str, b: int, name: str, item: str) -> str:
     if op == "*":
         return f"Then {name}'s {item} are {TIMES[b]}."
     return f"{name} splits the {item} into {b} equal groups and keeps one group."
+
+
+def worked_answer(row: dict[str, str]) -> str:
+    """The reply a supervised warm start teaches for ``row``: its steps in ``<think>``, the number in ``<answer>``."""
+    return f"<think> {row['solution']} </think> <answer> {row['answer']} </answer>"

@@ -3,7 +3,9 @@ rewards accept."""
 
 from __future__ import annotations
 
-from relayrl.config import DataConfig
+import pytest
+
+from relayrl.config import ConfigError, DataConfig
 from relayrl.data import load_task
 from relayrl.data.countdown import make_countdown_rows
 from relayrl.data.wordproblem import INSTRUCTION, MAX_STEPS, MIN_STEPS, make_wordproblem_rows
@@ -55,3 +57,22 @@ def test_load_task_generates_the_configured_task():
     rows = load_task(DataConfig(task="countdown", num_prompts=5, max_operand=9, seed=1))
     assert rows == make_countdown_rows(5, 9, 1)
     assert load_task(DataConfig(task="wordproblem", num_prompts=4, seed=2)) == make_wordproblem_rows(4, 9, 2)
+
+
+def test_ops_sets_the_operations_per_problem():
+    cd = load_task(DataConfig(task="countdown", num_prompts=100, max_operand=9, ops=[1]))
+    assert {len(r["nums"]) for r in cd} == {2}
+    assert all(countdown_value(r["solution"], r["nums"]) == r["target"] for r in cd)
+    wp = load_task(DataConfig(task="wordproblem", num_prompts=100, ops=[1, 2]))
+    assert {len(r["solution"].split("; ")) for r in wp} == {1, 2}
+    default = load_task(DataConfig(task="countdown", num_prompts=100))
+    assert default == make_countdown_rows(100, 9, 0)  # no ops: the rows drawn before the field existed
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"task": "arith", "ops": [1]}, "data.ops applies to countdown and wordproblem"), ({"ops": [0]}, r">= 1")],
+)
+def test_ops_errors_name_the_field(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        DataConfig(**{"task": "wordproblem", **kwargs})

@@ -1,0 +1,85 @@
+"""The supervised warm start (``sft``): worked examples, TRL's prompt-completion jsonl, and a fine-tune that
+learns its rows, writes a model vLLM and the trainer can load, and is reused on resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from relayrl.config import ConfigError, DataConfig, load_config
+from relayrl.data import load_task, worked_examples
+from relayrl.rewards.tasks import answer_tag_correct, countdown_correct, think_answer_format
+from relayrl.trainer.sft import read_prompt_completion, warm_start
+
+
+@pytest.mark.parametrize("task", ["wordproblem", "countdown"])
+def test_worked_examples_are_fresh_problems_with_answers_the_rewards_pay_for(task):
+    cfg = DataConfig(task=task, num_prompts=64)
+    rows = worked_examples(cfg, 16)
+    training = {r["question"] for r in load_task(cfg)}
+    assert len(rows) == 16 and not {r["prompt"] for r in rows} & training
+    completions = [r["completion"] for r in rows]
+    assert think_answer_format([""] * 16, completions) == [1.0] * 16
+    if task == "wordproblem":
+        answers = [c.rsplit("<answer>", 1)[1].split("</answer>")[0].strip() for c in completions]
+        assert answer_tag_correct([""] * 16, completions, answers) == [1.0] * 16
+    else:
+        nums = [json.loads(r["prompt"].split("numbers ")[1].split("]")[0] + "]") for r in rows]
+        targets = [int(r["prompt"].split("equals ")[1].split(".")[0]) for r in rows]
+        assert countdown_correct([""] * 16, completions, nums=nums, target=targets) == [1.0] * 16
+
+
+def test_worked_examples_need_a_task_with_solutions():
+    with pytest.raises(ConfigError, match=r"sft\.path"):
+        worked_examples(DataConfig(task="arith"), 4)
+
+
+def test_prompt_completion_jsonl_names_a_bad_line(tmp_path):
+    path = tmp_path / "sft.jsonl"
+    path.write_text('{"prompt": "1+1?", "completion": "2"}\n\n{"prompt": "2+2?"}\n')
+    with pytest.raises(ConfigError, match="line 3 needs"):
+        read_prompt_completion(path)
+    path.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "completion": "2"}\nnot json\n')
+    with pytest.raises(ConfigError, match="line 2 is not JSON"):
+        read_prompt_completion(path)
+
+
+def test_negative_steps_and_missing_file_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"sft\.steps=-1"):
+        load_config("grpo_tiny", ["sft.steps=-1"])
+    with pytest.raises(ConfigError, match=r"sft\.path="):
+        load_config("grpo_tiny", [f"sft.path={tmp_path / 'none.jsonl'}"])
+
+
+def test_warm_start_learns_its_rows_and_is_reused(tiny_llama, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from relayrl.trainer.sft import encode
+
+    rows = [{"prompt": f"say {w}", "completion": f"{w} {w} {w}"} for w in ("apple", "river", "stone", "cloud")]
+    path = tmp_path / "sft.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(
+        "grpo_tiny",
+        [f"model.path={tiny_llama}", f"sft.path={path}", "sft.steps=30", "sft.batch_size=4", "sft.lr=1e-3"],
+    )
+    out = warm_start(cfg, tiny_llama, tmp_path / "sft")
+    assert (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file()
+    losses = json.loads((out / "sft.json").read_text())["losses"]
+    assert len(losses) == 30 and sum(losses[-5:]) < 0.5 * sum(losses[:5])
+
+    def completion_nll(model_dir) -> float:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": "say river"}], tokenize=False, add_generation_prompt=True
+        )
+        ids, labels = encode(tok, str(prompt), "river river river")
+        with torch.no_grad():
+            return float(model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss)
+
+    assert completion_nll(out) < 0.5 * completion_nll(tiny_llama)
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    assert warm_start(cfg, tiny_llama, out) == out and (out / "model.safetensors").stat().st_mtime_ns == mtime
