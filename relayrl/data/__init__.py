@@ -105,6 +105,11 @@ def worked_examples(data_cfg: DataConfig, n: int) -> Rows:
             f"{', '.join(WORKED_ANSWERS)}); set sft.path to a jsonl of prompt/completion rows or sft.steps=0"
         )
     rows, _ = _fresh_problems(data_cfg, n, "sft", "sft")
+    if not rows:
+        raise ConfigError(
+            f"sft: every {data_cfg.task} problem with data.max_operand={data_cfg.max_operand} is already a "
+            "training prompt, so none is left to warm up on; raise data.max_operand or lower data.num_prompts"
+        )
     return [{"prompt": row["question"], "completion": WORKED_ANSWERS[data_cfg.task](row)} for row in rows]
 
 

@@ -40,6 +40,6 @@ def no_signal_line(streak: int, flat: float, reward_mean: float) -> str:
         f"relayrl: no learning signal: for {streak} steps in a row at least {FLAT_FRACTION:.0%} of prompt groups "
         f"gave every completion the same reward (last step {flat:.0%}, reward mean {reward_mean:.3f}), so their "
         "advantages are 0 and the updates learn nothing; the task is too hard (or already solved) for this "
-        "model: try an easier task, a reward with partial credit, a few-shot prompt (data.few_shot), a larger "
-        "algorithm.group_size, or see docs/learning.md"
+        "model: try a supervised warm start (sft.steps=10), easier problems (data.ops, data.max_operand), a "
+        "reward with partial credit or a larger algorithm.group_size; see docs/learning.md"
     )

@@ -83,3 +83,8 @@ def test_warm_start_learns_its_rows_and_is_reused(tiny_llama, tmp_path):
     assert completion_nll(out) < 0.5 * completion_nll(tiny_llama)
     mtime = (out / "model.safetensors").stat().st_mtime_ns
     assert warm_start(cfg, tiny_llama, out) == out and (out / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_no_fresh_problem_left_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"raise data\.max_operand or lower data\.num_prompts"):
+        worked_examples(DataConfig(task="countdown", ops=[1], max_operand=3), 8)

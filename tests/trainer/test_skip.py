@@ -50,6 +50,9 @@ def _train(ws: int, micro: int, algo: AlgorithmConfig, groups: list[TrajectoryGr
         trainer.shutdown()
 
 
+pytestmark = pytest.mark.slow  # four trainer groups start up: about two minutes on 2 cores
+
+
 @pytest.fixture(scope="module")
 def skip_runs(ray_session, tiny_llama):
     groups = _flat_last(_synthetic_groups(vocab=_hf_model(tiny_llama).config.vocab_size))
