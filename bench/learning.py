@@ -27,7 +27,8 @@ GOAL_RISE, GOAL_MINUTES = 0.25, 20.0
 def measure(recipe: str, overrides: list[str], work: Path) -> dict[str, float]:
     """One run of ``recipe``: the rise of its correctness reward, first-5 -> last-5, and its times."""
     cfg = load_config(recipe, overrides)
-    correct, fmt = (f"reward/{spec.fn.rsplit(':', 1)[-1]}" for spec in (*cfg.rewards, cfg.rewards[0])[:2])
+    names = [f"reward/{spec.fn.rsplit(':', 1)[-1]}" for spec in cfg.rewards]
+    correct, fmt = names[0], names[-1]  # the task's reward first, the format reward (if any) after it
     side = run_relayrl(recipe, cfg.run.steps, overrides, work / recipe)
     assert side.run_dir is not None  # run_relayrl read the run's metrics from it
     rows = _rows(side.run_dir)

@@ -53,8 +53,8 @@ class Objective:
     dynamic_sampling: bool
     """DAPO: drop groups whose rewards don't vary."""
     drop_zero_spread: bool
-    """Leave out groups whose rewards don't vary: their whole loss is 0 (``algorithm.drop_zero_spread`` where it
-    applies: a group-baseline estimator and no KL or entropy term)."""
+    """``algorithm.drop_zero_spread`` under an estimator that gives a group whose rewards don't vary advantage 0;
+    such groups are left out where that is their whole loss (``only_advantages``)."""
     reward_shaping: Callable[[torch.Tensor], torch.Tensor] | None
     """DAPO's overlong penalty: completion lengths [N] -> reward terms [N]; None: off."""
 
@@ -85,7 +85,7 @@ class Objective:
         if self.dynamic_sampling:
             groups, dropped = dynamic_sampling_filter(trainable_groups(groups))
             stats |= {"dapo/dropped_groups": float(dropped), "dapo/kept_groups": float(len(groups))}
-        elif self.drop_zero_spread:
+        elif self.drop_zero_spread and self.only_advantages:
             groups, dropped = dynamic_sampling_filter(trainable_groups(groups))
             stats["skipped_groups"] = float(dropped)
         if self.reward_shaping is not None and groups:
@@ -108,16 +108,9 @@ def build_loss(algo: AlgorithmConfig) -> Objective:
         kl_estimator=algo.kl_estimator,
         entropy_coef=algo.entropy_coef,
         dynamic_sampling=algo.dynamic_sampling,
-        drop_zero_spread=drops_zero_spread(algo),
+        drop_zero_spread=algo.drop_zero_spread and algo.name in ZERO_SPREAD_ESTIMATORS,
         reward_shaping=reward_shaping(algo),
     )
-
-
-def drops_zero_spread(algo: AlgorithmConfig) -> bool:
-    """Whether ``algorithm.drop_zero_spread`` applies: a zero-spread group's loss is 0 only under an estimator
-    that gives it advantage 0 and with no KL or entropy term (which would still reach its tokens)."""
-    no_other_term = algo.kl_coef == 0 and algo.entropy_coef == 0
-    return algo.drop_zero_spread and algo.name in ZERO_SPREAD_ESTIMATORS and no_other_term
 
 
 def policy_loss_kwargs(algo: AlgorithmConfig) -> dict[str, float]:

@@ -213,7 +213,7 @@ class TrainerActor:
         }
         if not any(live):  # every advantage 0 and no other term: no gradient, so no AdamW step (it would still
             return {**shaping_stats, **counts, "step_seconds": time.perf_counter() - t0}  # move the weights)
-        trained_tokens = self._all_reduce(torch.stack([mb.loss_mask.sum() * on for mb, on in zip(micro, live)]).sum())
+        trained_tokens = n_tokens if all(live) else self._trained_tokens(micro, live)
         t2 = time.perf_counter()
         sums, grad_norms = self.policy_step.epochs(
             self.model, self.optimizer, micro, old, ref, denom, self.dp_size, self.cfg.epochs, self.cfg.grad_clip, live
@@ -258,6 +258,10 @@ class TrainerActor:
     def param_counts(self) -> tuple[int, int]:
         """(trainable, total) parameters of the policy; with LoRA, trainable counts the adapters only."""
         return lora.param_counts(self.model)
+
+    def _trained_tokens(self, micro: list[MicroBatch], live: list[bool]) -> torch.Tensor:
+        """Completion tokens of the micro-batches that run, on all dp ranks: what per-token stats average over."""
+        return self._all_reduce(torch.stack([mb.loss_mask.sum() * on for mb, on in zip(micro, live)]).sum())
 
     def _step_totals(self, micro: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         return step_totals(micro, self.objective, self._all_reduce)

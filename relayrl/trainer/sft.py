@@ -2,7 +2,7 @@
 
 A model that never produces the task's answer format gives GRPO nothing to compare (every group scores 0).
 A short SFT phase on worked solutions, the step that DeepSeek-R1's cold start and TRL's ``SFTTrainer`` take,
-teaches the format; RL then improves what the answers say. It runs in the driver process before Ray starts
+teaches the format; RL then improves what the answers say. It runs in a child of the driver before Ray starts
 (the engines and ranks are not up yet, so it has the cores), on the rows of ``worked_examples`` (a generated
 task's fresh problems with their solutions) or a local jsonl in TRL's prompt-completion format.
 
