@@ -61,6 +61,17 @@ class RolloutConfig:
     generate_timeout_s: float = 600.0
     """Deadline of one generate call; past it the replica counts as dead (hung engine): its actor is killed,
     a new one started and the chunk generated again under the same seq. 0: no deadline."""
+    stream: bool = False
+    """Admit work one group at a time instead of one chunk per call: each replica keeps ``in_flight``
+    sequences generating, a group starts when its slots free up and leaves (scored, into the buffer) as soon
+    as its last completion ends, so no replica waits for a chunk's longest completion with its batch
+    emptying (``controller/scheduler.py``). Admission, the staleness bound and the start-order buffer are
+    those of chunks. false: each call generates prompts_per_step / num_replicas prompts."""
+    in_flight: int = 0
+    """With ``stream``: sequences each replica keeps generating, in whole groups (``in_flight //
+    algorithm.group_size`` groups at a time); 0: a chunk's worth, prompts_per_step / num_replicas groups. More
+    than a step's worth helps only with ``mode=async`` (admission lets at most (k + 1) x prompts_per_step
+    groups start ahead of the trainer)."""
 
     def __post_init__(self) -> None:
         positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "kv_cache_gb")
@@ -79,6 +90,10 @@ class RolloutConfig:
             raise ConfigError(
                 f"rollout.queue_poll_us={self.queue_poll_us} must be >= 0 (0: vLLM's spin); "
                 "set rollout.queue_poll_us=200"
+            )
+        if self.in_flight < 0:
+            raise ConfigError(
+                f"rollout.in_flight={self.in_flight} must be >= 0 (0: a chunk's worth); set rollout.in_flight=0"
             )
         for name in ("start_timeout_s", "generate_timeout_s"):
             if getattr(self, name) < 0:

@@ -25,6 +25,11 @@ def validate(cfg: Config) -> Config:
             f"{cfg.run.prompts_per_step}: a step could never fill; raise it or set null"
         )
     algo = cfg.algorithm
+    if cfg.rollout.stream and 0 < cfg.rollout.in_flight < algo.group_size:
+        raise ConfigError(
+            f"rollout.in_flight={cfg.rollout.in_flight} holds less than one group of algorithm.group_size="
+            f"{algo.group_size} sequences; set rollout.in_flight to a multiple of it (0: a chunk's worth)"
+        )
     if algo.overlong_buffer and algo.overlong_max_len is not None and algo.overlong_buffer > algo.overlong_max_len:
         raise ConfigError(
             f"algorithm.overlong_buffer={algo.overlong_buffer} exceeds overlong_max_len="
@@ -83,11 +88,14 @@ def _validate_env(cfg: Config) -> None:
 def fill_defaults(cfg: Config) -> Config:
     """Defaults that depend on another section: ``algorithm.norm_len`` and ``algorithm.overlong_max_len`` =
     ``rollout.max_tokens`` (Dr.GRPO's L, DAPO's L_max);
-    ``algorithm.off_policy=auto`` -> tis when training can be off-policy (async, k >= 1), else none."""
+    ``algorithm.off_policy=auto`` -> tis when training can be off-policy (async, k >= 1), else none;
+    ``rollout.in_flight`` = a chunk's sequences when streaming."""
     if cfg.algorithm.norm_len is None:
         cfg.algorithm.norm_len = cfg.rollout.max_tokens
     if cfg.algorithm.overlong_max_len is None:
         cfg.algorithm.overlong_max_len = cfg.rollout.max_tokens
+    if cfg.rollout.stream and not cfg.rollout.in_flight:
+        cfg.rollout.in_flight = cfg.run.prompts_per_step // cfg.rollout.num_replicas * cfg.algorithm.group_size
     if cfg.algorithm.off_policy == "auto":
         off = cfg.mode == "async" and cfg.buffer.max_staleness >= 1
         cfg.algorithm.off_policy = "tis" if off else "none"

@@ -98,10 +98,18 @@ class PolicyConfig:
     colocated: bool = False
     refill: bool = False  # DAPO dynamic sampling: only groups with reward spread fill a step
     max_sampling_batches: int = 0  # refill: a step draws at most this many x B groups (0: no cap)
+    stream: bool = False  # chunks of one group, ``slots`` of them in flight per replica
+    slots: int = 1  # chunks submitted to a replica at once (streaming: twice the groups its engine runs)
+
+    @property
+    def chunk(self) -> int:
+        """Groups per generate call: one when streaming, else B / replicas."""
+        return 1 if self.stream else self.prompts_per_step // self.replicas
 
     @classmethod
     def from_config(cls, cfg: Config, replicas: int) -> PolicyConfig:
-        algo = cfg.algorithm
+        algo, chunk = cfg.algorithm, cfg.run.prompts_per_step // replicas
+        stream = cfg.rollout.stream
         return cls(
             cfg.buffer.max_staleness if cfg.mode == "async" else 0,
             cfg.run.prompts_per_step,
@@ -111,6 +119,8 @@ class PolicyConfig:
             cfg.placement.mode == "colocated",
             algo.dynamic_sampling,
             algo.max_sampling_batches,
+            stream,
+            2 * max(1, (cfg.rollout.in_flight or chunk * algo.group_size) // algo.group_size) if stream else 1,
         )
 
 
@@ -120,7 +130,7 @@ class StepPolicy:
 
     def __init__(self, pc: PolicyConfig, draw: Callable[[], Prompts], sampler: Resumable | None = None):
         self.pc, self.draw, self.sampler = pc, draw, sampler
-        self.B, self.chunk = pc.prompts_per_step, pc.prompts_per_step // pc.replicas
+        self.B, self.chunk = pc.prompts_per_step, pc.chunk
         self.admission = Admission(pc.max_staleness, self.B)
         self.buffer = ReplayBuffer(pc.max_staleness, pc.capacity, pc.drop_stale)
         self.max_groups = pc.max_sampling_batches * self.B if pc.refill and pc.max_sampling_batches else None
@@ -136,8 +146,9 @@ class StepPolicy:
 
     # ---- rollout side ----------------------------------------------------------------------------
     def launches(self, idle: list[int]) -> list[Flight]:
-        """Chunks to start now on the ``idle`` replicas (in that order): chunks to regenerate first
-        (already admitted), then new ones while admission and the buffer's capacity allow."""
+        """Chunks to start now on the ``idle`` slots (replica indexes, in that order; a streaming replica
+        is listed once per free slot): chunks to regenerate first (already admitted), then new ones while
+        admission and the buffer's capacity allow."""
         if self.pc.colocated and self.training is not None:
             return []
         out, free = [], list(idle)
@@ -152,7 +163,7 @@ class StepPolicy:
     def _issue(self) -> int:
         prompts = self.pending.pop(0) if self.pending else self.draw()
         seq, self.next_seq = self.next_seq, self.next_seq + 1
-        self.admission.start(self.chunk)
+        self.admission.start(len(prompts))
         self.outstanding[seq] = prompts
         self.counts["issued"] += len(prompts)
         return seq
@@ -258,7 +269,8 @@ class StepPolicy:
         self.version = state["step"]
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
-        self.pending = [[Prompt.from_json(p) for p in c] for c in state["pending"]]
+        unfinished = [Prompt.from_json(p) for c in state["pending"] for p in c]  # regrouped: the chunk may differ
+        self.pending = [unfinished[i : i + self.chunk] for i in range(0, len(unfinished), self.chunk)]
         self.admission.started = self.version * self.B
         self.next_seq = state.get("seq", self.version * self.pc.replicas)  # before refills: n calls a step
         self.buffer.skip_to(self.next_seq)

@@ -31,7 +31,10 @@ which admits step v+1's prompts only after step v's weights are synced: strictly
 asleep and the trainer on-loaded while it trains (on CPU the switch is made but frees nothing).
 
 Generate, score and train calls are all waited on in the one ``ray.wait``: scoring one chunk never holds
-up a step that finished meanwhile. A replica stays busy until its chunk is scored. What a failed call
+up a step that finished meanwhile. A replica's slot stays taken until its chunk is scored: one slot per
+replica, or with ``rollout.stream`` one per group, twice as many as the engine runs (``max_num_seqs`` =
+``rollout.in_flight``), so that vLLM's continuous batching starts a waiting sequence the moment one ends
+and a group is scored and buffered the moment its last sequence ends. What a failed call
 leads to (a replica replaced, ``GenerateError``, ``TrainerDied``) is tabled in ``controller/faults.py``;
 the weight sync, its probe and the colocated hand-over are ``System``'s.
 
@@ -56,6 +59,7 @@ from relayrl.controller.system import System, generate_remote
 from relayrl.controller.training_eval import TrainingEval
 from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_SYNC, TIMING_TRAIN
 from relayrl.rewards.scoring import Scored
+from relayrl.rollout.occupancy import occupancy_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +75,14 @@ class Scheduler:
         self.policy = StepPolicy(PolicyConfig.from_config(cfg, self.n), system.sampler.next_batch, system.sampler)
         self.generate_calls: dict[ray.ObjectRef, Flight] = {}  # generate ref -> the policy's flight
         self.score_calls: dict[ray.ObjectRef, Flight] = {}  # Scored ref -> the policy's flight
-        self.idle = list(range(self.n))
+        self.idle = [r for _ in range(self.policy.pc.slots) for r in range(self.n)]  # free slots, by replica
         self.idle_since = time.perf_counter()
         self.bad_steps = 0  # consecutive steps skipped for a NaN/inf gradient
         self.calls = [0] * self.n  # generate calls scored, per replica
         self.log = StepLog(cfg, run, self.n, getattr(system, "startup", {}), self.policy.pc.refill)
         self.evaluator = TrainingEval(cfg, system, run)  # eval.every: held-out prompts drawn once
+        pc = self.policy.pc  # the sequences an engine is meant to run: rollout.occupancy's target
+        self.target = cfg.rollout.in_flight if pc.stream else pc.chunk * cfg.algorithm.group_size
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -157,7 +163,7 @@ class Scheduler:
         flight = self.generate_calls.pop(ref)
         now = time.perf_counter()
         flight.generated, flight.generate_s, flight.score_t0 = ref, now - flight.t0, now
-        self.log.clock.generated(flight.t0, now)
+        self.log.clock.generated(flight.replica, flight.t0, now)
         (flight.scored,), scored = self.system.score([ref])
         self.score_calls[scored] = flight
 
@@ -212,6 +218,7 @@ class Scheduler:
             **train_stats,
             **sync_stats,
             **self.policy.buffer.stats(),
+            **occupancy_metrics(self.system.occupancy(), self.target),
             **self.evaluator.after_step(self.policy.version),  # engines hold this version now
             TIMING_TRAIN: t1 - t0,
             TIMING_SYNC: t2 - t1,
@@ -222,7 +229,7 @@ class Scheduler:
             stats,
             self.policy.counts,
             self.system.restarts,
-            [f.t0 for f in self.generate_calls.values()],
+            [(f.replica, f.t0) for f in self.generate_calls.values()],
         )
         every = self.cfg.run.checkpoint_every
         if every and self.policy.version % every == 0:

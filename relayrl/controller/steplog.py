@@ -31,9 +31,14 @@ class Clock:
     switches: int = 0  # colocated mode switches
     offloaded: float = 0.0  # bytes of trainer state moved at the last colocated switch
 
-    def generated(self, t0: float, t1: float) -> None:
-        """A generate call ran from ``t0`` to ``t1``: credit the part inside this window."""
-        self.rollout_busy += t1 - max(t0, self.start)
+    covered: dict[int, float] = field(default_factory=dict)  # replica -> end of its time credited so far
+
+    def generated(self, replica: int, t0: float, t1: float) -> None:
+        """A generate call ran on ``replica`` from ``t0`` to ``t1`` (calls reported as they end): credit the
+        part inside this window that no earlier call on the replica covered (streaming overlaps them)."""
+        start = max(t0, self.start, self.covered.get(replica, self.start))
+        self.rollout_busy += max(0.0, t1 - start)
+        self.covered[replica] = max(t1, self.covered.get(replica, t1))
 
     def metrics(self, replicas: int) -> dict[str, float]:
         wall = max(time.perf_counter() - self.start, 1e-9)
@@ -65,13 +70,14 @@ class StepLog:
         stats: dict[str, Any],
         counts: dict[str, int],
         restarts: int,
-        running_since: list[float],
+        running_since: list[tuple[int, float]],
     ) -> None:
         """Step ``version + 1``'s metrics; ``version``: the weights it was trained at (staleness).
-        ``running_since``: start times of generate calls still running, credited to the closing window."""
+        ``running_since``: (replica, start time) of generate calls still running, credited to the closing
+        window."""
         now = time.perf_counter()
-        for t0 in running_since:
-            self.clock.generated(t0, now)
+        for replica, t0 in sorted(running_since, key=lambda call: call[1]):
+            self.clock.generated(replica, t0, now)
         colocated = self.cfg.placement.mode == "colocated"
         rows = [row for e in entries for row in e.metrics.get("_samples", [])]
         out = {

@@ -15,6 +15,7 @@ import ray
 
 from relayrl.config import Config
 from relayrl.controller.cluster import Placement, rollout_config, sync_config
+from relayrl.controller.policy import PolicyConfig
 from relayrl.controller.replicas import actor_process, answers, restart_backoff_s, wait_engines_up
 from relayrl.data.sampler import Prompt, PromptSampler
 from relayrl.monitor.schema import (
@@ -215,6 +216,15 @@ class System:
             kill_process_tree(where[1])
         ray.kill(self.rollouts[i], no_restart=True)
 
+    def occupancy(self, timeout_s: float = 10.0) -> list[dict[str, float]]:
+        """Every replica's engine steps and mean running sequences since the last call
+        (``rollout.occupancy``); a replica that does not answer (dying, being replaced) is left out."""
+        out = []
+        for rollout in self.rollouts:
+            with contextlib.suppress(Exception):  # a metric: a dead replica is the fault table's business
+                out.append(ray.get(rollout.occupancy.remote(), timeout=timeout_s))
+        return out
+
     def score(self, group_refs: list[ray.ObjectRef]) -> tuple[list[ray.ObjectRef], ray.ObjectRef]:
         """Start scoring: scored-group refs (one per input ref) and the ref of their ``Scored`` (useful
         groups, version span, the reward and rollout metrics), to read with ``rewards.result``; that raises
@@ -347,7 +357,8 @@ def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.Obj
 
 
 def make_sampler(cfg: Config, model_path: Path) -> PromptSampler:
-    """Prompts from the configured task, formatted with the model's chat template, in per-replica chunks."""
+    """Prompts from the configured task, formatted with the model's chat template, in per-replica chunks (one
+    prompt each with ``rollout.stream``)."""
     from relayrl.data import load_task
     from relayrl.data.sampler import chat_formatter
     from relayrl.models import load_tokenizer
@@ -356,7 +367,7 @@ def make_sampler(cfg: Config, model_path: Path) -> PromptSampler:
     rows = load_task(cfg.data)
     return PromptSampler(
         rows,
-        cfg.run.prompts_per_step // cfg.rollout.num_replicas,
+        PolicyConfig.from_config(cfg, cfg.rollout.num_replicas).chunk,
         cfg.data.seed,
         chat_formatter(tokenizer, cfg.data.chat_template),
         sampling_seed=cfg.run.seed,

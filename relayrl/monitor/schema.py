@@ -163,6 +163,14 @@ SCHEMA: tuple[Metric, ...] = (
     M(ROLLOUT_MIN_VERSION, "version", "oldest policy version among the step's tokens", reduce="min"),
     M(ROLLOUT_MAX_VERSION, "version", "newest policy version among the step's tokens", reduce="max"),
     M("rollout/restarts", "count", "rollout replicas replaced so far after their actor or engine died"),
+    M("rollout/running", "sequences", "mean sequences an engine ran per engine step (vLLM's scheduler)"),
+    M("rollout/waiting", "sequences", "mean sequences waiting in an engine per engine step"),
+    M(
+        "rollout/occupancy",
+        "fraction",
+        "rollout/running / the target: rollout.in_flight when streaming, else a chunk's sequences",
+    ),
+    M("rollout/engine_steps", "count", "engine steps (prefill or decode) of all replicas in the step", reduce="sum"),
     # staleness/*
     M(STALENESS_LAG, "count", "groups trained whose oldest token is d versions behind the trainer"),
     M(STALENESS_MAX, "versions", "largest d of the step (<= buffer.max_staleness)"),

@@ -28,6 +28,7 @@ from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.logs import show_on_console
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
+from relayrl.rollout.occupancy import Occupancy
 from relayrl.rollout.outputs import model_turn, parse_version
 from relayrl.rollout.queuepoll import POLL_ENV
 from relayrl.types import Trajectory, TrajectoryGroup
@@ -67,6 +68,13 @@ def box_engine_args(model_cfg: ModelConfig, rollout_cfg: RolloutConfig) -> BoxEn
     return box
 
 
+def stream_engine_args(rollout_cfg: RolloutConfig) -> dict[str, int]:
+    """``rollout.stream``: the engine runs at most ``in_flight`` sequences (vLLM's ``max_num_seqs``). The
+    driver keeps twice that many submitted, so a sequence that ends is replaced at the next engine step by a
+    waiting one (vLLM's continuous batching), never by a round trip to the driver."""
+    return {"max_num_seqs": rollout_cfg.in_flight} if rollout_cfg.stream and rollout_cfg.in_flight else {}
+
+
 def engine_args(
     model_path: str, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, seed: int, sync_cfg: WeightSyncConfig
 ) -> Any:
@@ -102,6 +110,7 @@ def engine_args(
         disable_log_stats=True,
         tensor_parallel_size=rollout_cfg.tp_size,
         distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
+        **stream_engine_args(rollout_cfg),
         **box_engine_args(model_cfg, rollout_cfg),
     )
 
@@ -132,7 +141,10 @@ class Rollout:
         import_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(engine_args(model_path, model_cfg, rollout_cfg, seed, self.sync_cfg))
+        self.batch = Occupancy()  # sequences running at each engine step (``occupancy``)
+        self.engine = AsyncLLM.from_engine_args(
+            engine_args(model_path, model_cfg, rollout_cfg, seed, self.sync_cfg), stat_loggers=[self.batch.logger()]
+        )
         self._paused = False
         self._pause_here = False
         self._update: tuple[int, float] | None = None  # (version, start time) of the open weight update
@@ -304,6 +316,11 @@ class Rollout:
         abort (``v<version>: <reason>``; the watchdog's ends in "(watchdog)"): what tells who ended an
         update whose trainer died, in tests and for an engine whose version did not move."""
         return {"open": self._update[0] if self._update else None, "aborts": self.aborts, "last_abort": self.last_abort}
+
+    def occupancy(self) -> dict[str, float]:
+        """Engine steps since the last call and the mean sequences running and waiting in them
+        (``relayrl.rollout.occupancy``)."""
+        return self.batch.take()
 
     async def weight_version(self) -> int:
         """The version label new tokens are tagged with."""

@@ -1,0 +1,71 @@
+"""How full an engine's batch is: the sequences vLLM's scheduler runs at each engine step.
+
+A decode step on CPU reads every weight whatever the batch, so a step that runs 4 sequences where 32 fit
+costs nearly what the full step costs: occupancy (mean running sequences over the target) is the share of
+that work put to use. A chunk's batch empties through its tail (its short completions end, the longest
+goes on alone); streaming (``rollout.stream``) refills it.
+
+vLLM hands its ``SchedulerStats`` (``num_running_reqs``, ``num_waiting_reqs``) after every engine step to
+the stat loggers the ``AsyncLLM`` was built with; ``Occupancy.logger`` is one. Each of a request's ``n``
+samples is a request of its own in vLLM's scheduler, so these count sequences. Steps run only while
+there is work: idle time is ``idle/rollout``'s, not this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Occupancy:
+    """Sums over the engine steps since the last ``take``."""
+
+    steps: int = 0
+    running: int = 0
+    waiting: int = 0
+
+    def add(self, running: int, waiting: int) -> None:
+        self.steps += 1
+        self.running += running
+        self.waiting += waiting
+
+    def take(self) -> dict[str, float]:
+        """``steps``, mean ``running`` and ``waiting`` sequences per engine step since the last call; resets."""
+        n = max(self.steps, 1)
+        out = {"steps": float(self.steps), "running": self.running / n, "waiting": self.waiting / n}
+        self.steps = self.running = self.waiting = 0
+        return out
+
+    def logger(self) -> Any:
+        """A vLLM per-engine stat logger factory that adds every step's counts here (imports vLLM)."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        occupancy = self
+
+        class Recorder(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+                if scheduler_stats is not None:
+                    occupancy.add(scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return Recorder
+
+
+def occupancy_metrics(replies: list[dict[str, float]], target: int) -> dict[str, float]:
+    """The step's ``rollout/*`` occupancy metrics from each replica's ``Occupancy.take``, weighted by the
+    engine steps each ran; ``target``: the sequences a replica is meant to run."""
+    steps = sum(r["steps"] for r in replies)
+    running = sum(r["running"] * r["steps"] for r in replies) / max(steps, 1)  # no engine step: 0
+    waiting = sum(r["waiting"] * r["steps"] for r in replies) / max(steps, 1)
+    return {
+        "rollout/running": running,
+        "rollout/waiting": waiting,
+        "rollout/occupancy": running / max(target, 1),
+        "rollout/engine_steps": steps,
+    }
