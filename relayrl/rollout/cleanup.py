@@ -1,19 +1,25 @@
-"""Remove shared-memory segments that a killed vLLM engine left behind.
+"""Remove shared-memory segments and semaphores that killed processes left behind.
 
 vLLM's message queue between the engine client and its EngineCore lives in a POSIX shared-memory segment
 (``/dev/shm/psm_<hex>``, Python's ``SharedMemory`` naming, ~160 MB). A clean shutdown unlinks it; a
 process killed with SIGKILL cannot, so every replica death used to leave one behind until the host ran
-out of ``/dev/shm``.
+out of ``/dev/shm``. The same holds for ``multiprocessing``'s named semaphores (``/dev/shm/sem.mp-<rand>``,
+32 bytes each: every lock or queue made in a process started by forkserver or spawn, such as tqdm's lock in
+vLLM's worker). Their resource tracker unlinks both when it outlives their creator
+(``forkserver.own_resource_tracker``); these functions remove what was left where it did not.
 
-A segment is an orphan when no live process holds it: none maps it (``/proc/<pid>/maps``) and none has it
-open (``/proc/<pid>/fd``, which also covers the moment between ``shm_open`` and ``mmap``). Only segments
-this user owns are considered: Python creates them with mode 0600, so no other user's process can hold
-them, and another user's segments are not ours to judge. Limits: processes this ``/proc`` does not show
+A segment or semaphore is an orphan when no live process holds it: none maps it (``/proc/<pid>/maps``) and
+none has it open (``/proc/<pid>/fd``, which also covers the moment between ``shm_open`` and ``mmap``).
+Holders are matched by inode, not name: glibc creates a semaphore under a temporary name, maps it and then
+links it to its own name, so its creator's maps show the temporary one. Nothing of ``multiprocessing`` is
+meant to outlive its creator: it unlinks a name when it drops the object, so a name nobody maps is garbage.
+Only files this user owns are considered: Python creates them with mode 0600, so no other user's process
+can hold them, and another user's are not ours to judge. Limits: processes this ``/proc`` does not show
 (another PID namespace sharing ``/dev/shm``) are invisible; so are those whose maps the kernel hides even
 from their own user (an init process, non-dumpable programs; counted in ``Cleanup.blind``) - vLLM engines
 are ordinary Python processes, always readable by the user who started them; and a segment that some
 process is about to attach by name while nobody holds it would be removed (vLLM's writer holds its queue
-for its lifetime).
+for its lifetime; ``multiprocessing``'s creator holds a semaphore until it unlinks it).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,11 +38,13 @@ logger = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
 VLLM_PREFIX = "psm_"
 """Python ``SharedMemory`` names its segments ``psm_<hex>``; vLLM's message queues are such segments."""
+SEMAPHORE_PREFIX = "sem.mp-"
+"""``multiprocessing``'s named semaphores (``/mp-<rand>``; glibc keeps ``/name`` as ``/dev/shm/sem.name``)."""
 
 
 @dataclass
 class Cleanup:
-    removed: list[str] = field(default_factory=list)  # segment names unlinked
+    removed: list[str] = field(default_factory=list)  # file names unlinked
     bytes_freed: int = 0
     blind: int = 0  # processes of this user whose maps/fds the kernel hides from it (reported)
 
@@ -46,31 +55,32 @@ def _process_dirs() -> Iterator[Path]:
             yield Path(entry.path)
 
 
-def _held_by(proc: Path, shm_dir: str) -> set[str]:
-    """Paths under ``shm_dir`` that process ``proc`` maps or has open (raises OSError if it can't be read)."""
+def held_by(proc: Path, shm_dir: str) -> set[int]:
+    """Inodes of the files under ``shm_dir`` that process ``proc`` maps or has open (raises OSError if it
+    can't be read). A mapping of a file unlinked since keeps its inode and is shown ``(deleted)``."""
     held = set()
     with open(proc / "maps", encoding="utf-8", errors="replace") as maps:
         for line in maps:
-            if shm_dir in line:
-                held.add(line.split(shm_dir, 1)[1].split(" (deleted)")[0].strip())
+            fields = line.split(maxsplit=5)  # address perms offset dev inode path
+            if len(fields) == 6 and fields[5].startswith(shm_dir):
+                held.add(int(fields[4]))
     for fd in os.scandir(proc / "fd"):
         try:
-            target = os.readlink(fd.path)
+            if os.readlink(fd.path).startswith(shm_dir):
+                held.add(os.stat(fd.path).st_ino)
         except OSError:
             continue  # the fd was closed while we looked
-        if target.startswith(shm_dir):
-            held.add(target[len(shm_dir) :])
     return held
 
 
-def segments_in_use(shm_dir: Path = SHM_DIR) -> tuple[set[str], int]:
-    """Names of segments under ``shm_dir`` that some live process maps or has open, and how many of this
+def segments_in_use(shm_dir: Path = SHM_DIR) -> tuple[set[int], int]:
+    """Inodes of files under ``shm_dir`` that some live process maps or has open, and how many of this
     user's processes could not be read (they might hold one). A process that exits during the scan holds
-    nothing; another user's process cannot open our 0600 segments."""
+    nothing; another user's process cannot open our 0600 files."""
     prefix, held, blind, uid = f"{shm_dir}/", set(), 0, os.getuid()
     for proc in _process_dirs():
         try:
-            held |= _held_by(proc, prefix)
+            held |= held_by(proc, prefix)
         except PermissionError:
             blind += _owner(proc) == uid
         except OSError:
@@ -85,47 +95,54 @@ def _owner(proc: Path) -> int | None:
         return None
 
 
-def remove_orphaned_segments(prefix: str = VLLM_PREFIX, shm_dir: Path = SHM_DIR) -> Cleanup:
-    """Unlink every segment ``shm_dir/<prefix>*`` owned by this user that no live process holds.
+def remove_orphaned_segments(
+    prefixes: tuple[str, ...] = (VLLM_PREFIX, SEMAPHORE_PREFIX), shm_dir: Path = SHM_DIR
+) -> Cleanup:
+    """Unlink every file ``shm_dir/<prefix>*`` owned by this user that no live process holds.
 
-    Segments are listed *before* the processes are scanned, so a segment created after the listing is
-    never a candidate, and one created before it is held (open fd) by its creator during the scan.
+    Files are listed *before* the processes are scanned, so a file created after the listing is never a
+    candidate, and one created before it is held (mapped or open) by its creator during the scan.
     """
     uid, result = os.getuid(), Cleanup()
-    candidates = [p for p in shm_dir.glob(f"{prefix}*") if _owned_file(p, uid)]
+    candidates = [(p, st) for prefix in prefixes for p in shm_dir.glob(f"{prefix}*") if (st := _owned_file(p, uid))]
     if not candidates:
         return result
     held, result.blind = segments_in_use(shm_dir)
-    for path in candidates:
-        if path.name in held:
+    for path, st in candidates:
+        if st.st_ino in held:
             continue
         try:
-            size = path.stat().st_size
+            if path.lstat().st_ino != st.st_ino:
+                continue  # unlinked and made again under its name since the listing: not the file we judged
             path.unlink()
         except FileNotFoundError:
             continue  # its owner unlinked it meanwhile
         result.removed.append(path.name)
-        result.bytes_freed += size
+        result.bytes_freed += st.st_size
     return result
 
 
-def _owned_file(path: Path, uid: int) -> bool:
+def _owned_file(path: Path, uid: int) -> os.stat_result | None:
+    """``path``'s stat if it is a regular file (not a link) that ``uid`` owns."""
     try:
         st = path.lstat()
     except FileNotFoundError:
-        return False
-    return st.st_uid == uid and path.is_file() and not path.is_symlink()
+        return None
+    return st if st.st_uid == uid and stat.S_ISREG(st.st_mode) else None
 
 
 def cleanup_engine_segments() -> Cleanup:
     """Call where a dead replica is replaced and at start-up: removes dead engines' message-queue segments
-    and prints one line when it freed any."""
+    and dead processes' ``multiprocessing`` semaphores, and prints one line when it freed any."""
     result = remove_orphaned_segments()
     if result.removed:
+        semaphores = sum(name.startswith(SEMAPHORE_PREFIX) for name in result.removed)
         logger.info(
-            "relayrl: removed %d shared-memory segment(s) of dead vLLM engines (%.0f MiB in %s)",
-            len(result.removed),
+            "relayrl: removed %d shared-memory segment(s) of dead vLLM engines (%.0f MiB) and %d semaphore(s) "
+            "of dead processes in %s",
+            len(result.removed) - semaphores,
             result.bytes_freed / 2**20,
+            semaphores,
             SHM_DIR,
         )
     return result

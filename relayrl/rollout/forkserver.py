@@ -21,6 +21,8 @@ behaves as if spawned:
   nobody has used yet is safe, running one is not - the server never computes). The pool's threads share
   the worker's cores rather than each being pinned to one;
 - its own children come from the same server (``adopt_server``; Python would start a second one);
+- the engine's first process (its host) starts the resource tracker the engine's processes share, which
+  unlinks what they leave in /dev/shm when they are killed (``own_resource_tracker``);
 - its vLLM queue readers sleep between checks instead of spinning (``queuepoll``, ``rollout.queue_poll_us``).
 
 The server is single-threaded and computes nothing; it exits when the actor and every child it made have
@@ -67,6 +69,8 @@ SHARED_ENV = "RELAYRL_FORKSERVER"
 """Set on rollout actors (``shared_actor_env``) while the driver's server runs: its ``SharedServer`` as JSON."""
 OWNER_ENV = "RELAYRL_ENGINE_OWNER"
 """In the environment of engine processes forked from the driver's server: the pid of their rollout actor."""
+TRACKER_ENV = "RELAYRL_ENGINE_TRACKER"
+"""In the environment of an engine's processes once the first of them runs its own resource tracker: its pid."""
 
 
 def _run(env: dict[str, str], streams: _StdStreams, target: Callable, args: tuple, kwargs: dict) -> Any:
@@ -78,6 +82,7 @@ def _run(env: dict[str, str], streams: _StdStreams, target: Callable, args: tupl
     streams.install()
     if owner := env.get(OWNER_ENV):
         belong_to(int(owner))
+    own_resource_tracker()
     adopt_server()
     patch_vllm()
     sleep_between_polls_if_asked()
@@ -123,6 +128,42 @@ def belong_to(owner: int) -> None:
     except ProcessLookupError:  # it died while this process started
         os._exit(1)
     threading.Thread(target=_die_with, args=(pidfd,), name="relayrl-owner", daemon=True).start()
+
+
+def own_resource_tracker() -> None:
+    """In the first process of an engine (its host): start a resource tracker of its own, which the engine's
+    later processes inherit (``TRACKER_ENV``), instead of the one of the process that asked for it.
+
+    In a process started by forkserver (or spawn) every ``multiprocessing`` lock or queue is a named POSIX
+    semaphore, ``/dev/shm/sem.mp-*`` (the vLLM worker's is tqdm's write lock, made by the weight-loading bar
+    and kept for the process's life), and vLLM's queues are ``SharedMemory`` segments, ``/dev/shm/psm_*``.
+    Their creator unlinks them when it exits cleanly; when it is killed, its resource tracker unlinks them,
+    once every process that writes to that tracker is gone. A forkserver child writes to the tracker of the
+    process that asked for it: the rollout actor's, the actor's child. That tracker dies with the actor (Ray
+    SIGKILLs a worker's children when the worker exits: a run killed, a driver gone; ``kill_process_tree``
+    kills the actor's tree), so a killed engine's names stayed in /dev/shm. The host's own tracker is outside
+    the actor's tree and process group (``belong_to``) and unlinks them once the host, the engine core and
+    the worker are all gone, then exits; it ignores SIGINT and SIGTERM. (Under an actor's own server the
+    engine, tracker included, is in the actor's tree, which ``kill_process_tree`` kills whole; an engine's
+    start removes what that leaves: ``cleanup.cleanup_engine_segments``.)"""
+    if os.environ.get(TRACKER_ENV):
+        return
+    tracker = cast(_TrackerState, resource_tracker._resource_tracker)
+    if tracker._fd is not None:
+        os.close(tracker._fd)  # the asking process's tracker: it lives and dies with that process
+    tracker._fd = tracker._pid = None
+    tracker.ensure_running()
+    os.environ[TRACKER_ENV] = str(tracker._pid)  # copied into the children this process starts (_Process)
+
+
+class _TrackerState(Protocol):
+    """The private state of CPython's ``multiprocessing.resource_tracker.ResourceTracker`` (3.10-3.13) that
+    ``own_resource_tracker`` resets: a forkserver child starts with the asking process's pipe in ``_fd``."""
+
+    _fd: int | None
+    _pid: int | None
+
+    def ensure_running(self) -> None: ...
 
 
 def _die_with(pidfd: int) -> None:

@@ -55,11 +55,11 @@ def test_segments_of_a_killed_process_go_and_those_of_a_live_one_stay():
         dead.wait()
         suffixes = ("mapped", "opened")
         assert _names(prefix) == {f"{prefix}{who}_{s}" for who in ("dead", "live") for s in suffixes}
-        result = remove_orphaned_segments(prefix=prefix)
+        result = remove_orphaned_segments(prefixes=(prefix,))
         assert sorted(result.removed) == [f"{prefix}dead_{s}" for s in suffixes]
         assert result.bytes_freed == (1 << 20) + 4096
         assert _names(prefix) == {f"{prefix}live_{s}" for s in suffixes}  # mapped-only and fd-only both held
-        assert remove_orphaned_segments(prefix=prefix).removed == []
+        assert remove_orphaned_segments(prefixes=(prefix,)).removed == []
     finally:
         for proc in (dead, live):
             if proc.poll() is None:
@@ -69,9 +69,48 @@ def test_segments_of_a_killed_process_go_and_those_of_a_live_one_stay():
             Path(SHM_DIR / name).unlink(missing_ok=True)
 
 
+SEMAPHORE_CHILD = """
+import multiprocessing, sys, time
+from multiprocessing import process, resource_tracker
+
+process.current_process()._config["semprefix"] = "/" + sys.argv[1]  # multiprocessing's "/mp", made ours
+lock = multiprocessing.get_context("spawn").Lock()                  # named, as in a forkserver child
+resource_tracker.unregister(lock._semlock.name, "semaphore")          # as if killed with its tracker
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_semaphores_of_a_killed_process_go_and_those_of_a_live_one_stay():
+    """A semaphore's creator maps it under glibc's temporary name (``sem.XXXXXX (deleted)``), not its own:
+    holders are matched by inode."""
+    prefix = f"relayrl_test_{uuid.uuid4().hex[:8]}_"
+    procs = {}
+    try:
+        for who in ("dead", "live"):
+            procs[who] = subprocess.Popen(
+                [sys.executable, "-c", SEMAPHORE_CHILD, prefix + who], stdout=subprocess.PIPE, text=True
+            )
+            assert procs[who].stdout.readline().strip() == "ready"
+        os.kill(procs["dead"].pid, signal.SIGKILL)
+        procs["dead"].wait()
+        dead, live = (_names(f"sem.{prefix}{who}") for who in ("dead", "live"))
+        assert len(dead) == len(live) == 1
+        result = remove_orphaned_segments(prefixes=(f"sem.{prefix}",))
+        assert result.removed == list(dead) and result.bytes_freed == 32
+        assert _names(f"sem.{prefix}") == live
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for name in _names(f"sem.{prefix}"):
+            Path(SHM_DIR / name).unlink(missing_ok=True)
+
+
 def test_nothing_to_remove_without_candidates(tmp_path):
     (tmp_path / "other_segment").write_bytes(b"x")
-    assert remove_orphaned_segments(prefix="psm_", shm_dir=tmp_path).removed == []
+    assert remove_orphaned_segments(prefixes=("psm_",), shm_dir=tmp_path).removed == []
     assert (tmp_path / "other_segment").exists()
 
 

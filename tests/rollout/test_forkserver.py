@@ -158,6 +158,17 @@ def _gone(pid: int, within_s: float = 30.0) -> bool:
     return False
 
 
+def _unlinked(paths: list[Path], within_s: float = 30.0) -> bool:
+    import time
+
+    deadline = time.time() + within_s
+    while any(p.exists() for p in paths):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _stopped(pid: int, within_s: float = 30.0) -> bool:
     import time
 
@@ -211,6 +222,64 @@ def test_engine_processes_of_the_drivers_server_live_as_in_their_actors_tree():
         for pid in [*info["children"], *([actor.pid] if actor is not None else [])]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        driver.communicate(timeout=60)
+    assert driver.returncode == 0
+
+
+ACTOR_LOCKS = """
+import sys
+from relayrl.rollout import forkserver
+from tests.rollout.test_forkserver import _hold_a_lock
+assert forkserver.adopt_shared()
+forkserver.CONTEXT.Process(target=_hold_a_lock, args=(True,)).start()
+sys.stdin.read()
+"""
+
+
+def _hold_a_lock(start_child: bool) -> None:
+    """An engine process: holds a lock of its default context, as vLLM's worker holds tqdm's (a named
+    semaphore in a forkserver child); the first (the host) starts one more such process."""
+    import multiprocessing
+    import time
+
+    lock = multiprocessing.RLock()
+    print("lock", lock._semlock.name, os.environ.get(forkserver.TRACKER_ENV), flush=True)  # type: ignore[attr-defined]
+    if start_child:
+        forkserver.CONTEXT.Process(target=_hold_a_lock, args=(False,)).start()
+    time.sleep(600)
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+def test_semaphores_of_killed_engine_processes_are_unlinked():
+    """The chaos path: ``kill_process_tree(actor)`` SIGKILLs the actor, its children (its resource tracker among
+    them) and the engine processes registered under it, all at once, as Ray kills an actor's children when
+    the actor exits. The engine's own resource tracker, started by its first process, is none of them: it
+    unlinks the semaphores they left in /dev/shm and exits."""
+    from relayrl.rollout.cleanup import kill_process_tree
+
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    actor = None
+    try:
+        spec = json.loads(driver.stdout.readline())
+        actor = subprocess.Popen(
+            [sys.executable, "-c", ACTOR_LOCKS],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **spec["env"], "RELAYRL_TEST_SHARED": "1"},
+        )
+        said = [line.split() for line in _lines(actor, 2)]
+        files = [Path(f"/dev/shm/sem.{name.lstrip('/')}") for _, name, _ in said]
+        trackers = {tracker for *_, tracker in said}
+        assert len(files) == 2 and all(f.exists() for f in files)
+        assert kill_process_tree(actor.pid) >= 3  # the actor (and its children) and the two engine processes
+        actor.wait()
+        assert _unlinked(files), [f.name for f in files if f.exists()]
+        assert len(trackers) == 1  # the host's, which its child writes to as well
+        assert _gone(int(trackers.pop()))  # it exits once it has cleaned up
+    finally:
+        if actor is not None:
+            kill_process_tree(actor.pid)
         driver.communicate(timeout=60)
     assert driver.returncode == 0
 
