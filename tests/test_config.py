@@ -71,6 +71,14 @@ def test_overrides_are_typed():
         (["algorithm.norm_len=0"], "algorithm.norm_len=0 must be > 0"),
         (["algorithm.entropy_coef=-0.1"], "algorithm.entropy_coef=-0.1 must be >= 0"),
         (["algorithm.kl_coef=-1"], "algorithm.kl_coef=-1.0 must be >= 0"),
+        (["rollout.in_flight=-1"], "rollout.in_flight=-1 must be >= 0 (0: a chunk's worth); set rollout.in_flight=0"),
+        (
+            ["rollout.stream=true", "rollout.in_flight=3"],
+            (
+                "rollout.in_flight=3 holds less than one group of algorithm.group_size=4 sequences; "
+                "set rollout.in_flight to a multiple of it"
+            ),
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_the_field(overrides, expected):
@@ -128,6 +136,20 @@ def test_cli_prints_one_line_and_exits_2_before_ray_starts():
 )
 def test_off_policy_auto_resolves_from_mode_and_staleness(overrides, expected):
     assert load_config("grpo_tiny", overrides).algorithm.off_policy == expected
+
+
+@pytest.mark.parametrize(
+    "overrides, in_flight",
+    [
+        (["rollout.stream=true"], 8),  # a chunk's sequences: 2 prompts / 1 replica x 4
+        (["rollout.stream=true", "rollout.num_replicas=2", "run.prompts_per_step=4"], 8),  # 4 / 2 x 4
+        (["rollout.stream=true", "run.prompts_per_step=6", "algorithm.group_size=2"], 12),  # 6 / 1 x 2
+        (["rollout.stream=true", "rollout.in_flight=12"], 12),  # set: kept
+        ([], 0),  # not streaming: max_num_seqs stays vLLM's
+    ],
+)
+def test_in_flight_defaults_to_a_chunks_sequences_when_streaming(overrides, in_flight):
+    assert load_config("grpo_tiny", overrides).rollout.in_flight == in_flight
 
 
 def test_async_needs_an_equal_share_per_replica():

@@ -138,7 +138,7 @@ class StepPolicy:
         self.outstanding: dict[int, Prompts] = {}  # seq -> prompts issued, not yet taken by a step
         self.generating: dict[int, Flight] = {}  # seq -> chunk launched, not yet scored or failed
         self.retry: list[int] = []  # seqs whose replica died: generate again first
-        self.pending: list[Prompts] = []  # chunks unfinished at a checkpoint: issue first
+        self.pending: Prompts = []  # drawn, not yet issued (a resume's unfinished prompts): issued first
         self.training: Step | None = None  # the step being trained
         self.counts = {"issued": 0, "trained": 0, "dropped": 0}
         self.dropped_before_resume = 0  # restored drops: the buffer's own count starts at 0
@@ -161,7 +161,11 @@ class StepPolicy:
         return out
 
     def _issue(self) -> int:
-        prompts = self.pending.pop(0) if self.pending else self.draw()
+        """The next chunk: ``pending`` prompts first, topped up from ``draw`` (whose surplus waits there when a
+        resume's unfinished prompts do not fill whole chunks of this run's size)."""
+        while len(self.pending) < self.chunk:
+            self.pending += self.draw()
+        prompts, self.pending = self.pending[: self.chunk], self.pending[self.chunk :]
         seq, self.next_seq = self.next_seq, self.next_seq + 1
         self.admission.start(len(prompts))
         self.outstanding[seq] = prompts
@@ -254,26 +258,28 @@ class StepPolicy:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resume needs (JSON): the data cursor, the unfinished chunks (regenerated first), counts."""
-        unfinished = [self.outstanding[s] for s in sorted(self.outstanding)] + self.pending
+        """What a resume needs (JSON): the data cursor, the unfinished chunks (regenerated first) and the
+        prompts drawn but not yet issued after them, counts. Taken between steps (nothing training)."""
+        unfinished = [self.outstanding[s] for s in sorted(self.outstanding)] + [self.pending]
         return {
             "sampler": self.sampler.state_dict() if self.sampler is not None else {},
             "counts": dict(self.counts),
             "seq": min(self.outstanding, default=self.next_seq),
-            "pending": [[p.to_json() for p in chunk] for chunk in unfinished],
+            "pending": [[p.to_json() for p in chunk] for chunk in unfinished if chunk],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at ``state["step"]``: admission as if every earlier step's chunks were started, the
-        buffer expecting the first unfinished seq, the pending chunks' prompts issued again."""
+        buffer expecting the first unfinished seq, the pending prompts issued again, first, in this run's
+        chunks (the checkpoint's may differ: ``rollout.stream`` switched)."""
         self.version = state["step"]
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
-        unfinished = [Prompt.from_json(p) for c in state["pending"] for p in c]  # regrouped: the chunk may differ
-        self.pending = [unfinished[i : i + self.chunk] for i in range(0, len(unfinished), self.chunk)]
+        self.pending = [Prompt.from_json(p) for chunk in state["pending"] for p in chunk]
         self.admission.started = self.version * self.B
         self.next_seq = state.get("seq", self.version * self.pc.replicas)  # before refills: n calls a step
         self.buffer.skip_to(self.next_seq)
         self.counts = dict(state["counts"])
-        self.counts["issued"] -= sum(len(c) for c in self.pending)  # counted again when re-issued
+        # issued = trained + dropped + in flight, and what was in flight is pending: counted when re-issued
+        self.counts["issued"] = self.counts["trained"] + self.counts["dropped"]
         self.dropped_before_resume = self.counts["dropped"]

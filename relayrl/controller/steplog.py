@@ -31,14 +31,20 @@ class Clock:
     switches: int = 0  # colocated mode switches
     offloaded: float = 0.0  # bytes of trainer state moved at the last colocated switch
 
-    covered: dict[int, float] = field(default_factory=dict)  # replica -> end of its time credited so far
+    covered: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # replica -> its busy spans
 
     def generated(self, replica: int, t0: float, t1: float) -> None:
-        """A generate call ran on ``replica`` from ``t0`` to ``t1`` (calls reported as they end): credit the
-        part inside this window that no earlier call on the replica covered (streaming overlaps them)."""
-        start = max(t0, self.start, self.covered.get(replica, self.start))
-        self.rollout_busy += max(0.0, t1 - start)
-        self.covered[replica] = max(t1, self.covered.get(replica, t1))
+        """A generate call ran on ``replica`` from ``t0`` to ``t1``: credit the part inside this window that no
+        other call on the replica covered (streaming overlaps them). The replica's credited time is kept as
+        disjoint spans, not only its end: a long call can cover a gap between two short ones that ended first."""
+        t0 = max(t0, self.start)
+        if t1 <= t0:
+            return
+        spans = self.covered.setdefault(replica, [])
+        self.rollout_busy += (t1 - t0) - sum(max(0.0, min(t1, b) - max(t0, a)) for a, b in spans)
+        touching = [(a, b) for a, b in spans if a <= t1 and b >= t0]
+        merged = (min([t0] + [a for a, _ in touching]), max([t1] + [b for _, b in touching]))
+        self.covered[replica] = [s for s in spans if s not in touching] + [merged]
 
     def metrics(self, replicas: int) -> dict[str, float]:
         wall = max(time.perf_counter() - self.start, 1e-9)
@@ -76,7 +82,7 @@ class StepLog:
         ``running_since``: (replica, start time) of generate calls still running, credited to the closing
         window."""
         now = time.perf_counter()
-        for replica, t0 in sorted(running_since, key=lambda call: call[1]):
+        for replica, t0 in running_since:
             self.clock.generated(replica, t0, now)
         colocated = self.cfg.placement.mode == "colocated"
         rows = [row for e in entries for row in e.metrics.get("_samples", [])]

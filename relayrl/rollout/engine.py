@@ -68,7 +68,13 @@ def box_engine_args(model_cfg: ModelConfig, rollout_cfg: RolloutConfig) -> BoxEn
     return box
 
 
-def stream_engine_args(rollout_cfg: RolloutConfig) -> dict[str, int]:
+class StreamEngineArgs(TypedDict, total=False):
+    """The engine arguments of ``rollout.stream``, typed for the same check as ``BoxEngineArgs``."""
+
+    max_num_seqs: int
+
+
+def stream_engine_args(rollout_cfg: RolloutConfig) -> StreamEngineArgs:
     """``rollout.stream``: the engine runs at most ``in_flight`` sequences (vLLM's ``max_num_seqs``). The
     driver keeps twice that many submitted, so a sequence that ends is replaced at the next engine step by a
     waiting one (vLLM's continuous batching), never by a round trip to the driver."""
@@ -130,8 +136,8 @@ class Rollout:
         from relayrl.rollout.cleanup import cleanup_engine_segments
 
         show_on_console()  # INFO lines to this process's stdout: the actor's, which Ray streams
-        # On this engine's host, before it starts: the message-queue segments of engines that died here
-        # (a replica this one replaces, earlier runs killed with SIGKILL) go; live engines' stay.
+        # On this engine's host, before it starts: the message-queue segments and semaphores of engines that
+        # died here (a replica this one replaces, earlier runs killed with SIGKILL) go; live ones' stay.
         self.shm_removed = len(cleanup_engine_segments().removed)
         self.rollout_cfg = rollout_cfg
         self.sync_cfg = sync_cfg or WeightSyncConfig()

@@ -91,19 +91,24 @@ def kill_after_step(cmd: list[str], out: Path, step: int) -> None:
     kill_group(start_until(cmd, ready, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
-def crash_and_resume(tiny_llama: Path, tmp_path: Path, *extra: str) -> tuple[Path, list[dict]]:
-    """The resume tests' common part: an uninterrupted run (the reference), then one SIGKILLed once step 3
-    is logged and continued with ``run.resume=auto``. Asserts that the resumed run says which checkpoint it
-    resumed from and trains exactly the reference's prompts, step by step, none twice, with one metrics row
-    per step. Returns the crashed run's directory and its ``metrics.jsonl`` rows."""
+def crash_and_resume(
+    tiny_llama: Path, tmp_path: Path, *extra: str, expected: list[list[int]] | None = None
+) -> tuple[Path, list[dict]]:
+    """The resume tests' common part: an uninterrupted run (the reference; or ``expected``, the prompts one
+    trained), then one SIGKILLed once step 3 is logged and continued with ``run.resume=auto``. Asserts that
+    the resumed run says which checkpoint it resumed from and trains exactly the reference's prompts, step by
+    step, none twice, with one metrics row per step. Returns the crashed run's directory and its
+    ``metrics.jsonl`` rows."""
     reference, crashed = tmp_path / "reference", tmp_path / "crashed"
-    run_to_end(command(tiny_llama, reference, *extra))
+    if expected is None:
+        run_to_end(command(tiny_llama, reference, *extra))
+        expected = prompt_log(reference)
     kill_after_step(command(tiny_llama, crashed, *extra), crashed, step=3)
     (run,) = crashed.glob("grpo_tiny-*")
     name = killed_at(run)
     resumed = run_to_end(command(tiny_llama, crashed, *extra, "run.resume=auto"))
     assert "resumed" in resumed.stdout and name in resumed.stdout
-    expected, got = prompt_log(reference), prompt_log(crashed)
+    got = prompt_log(crashed)
     assert got == expected and len(got) == STEPS
     flat = [p for ids in got for p in ids]
     assert len(flat) == len(set(flat))  # no prompt trained twice

@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from relayrl.config import load_config
-from relayrl.controller import train
 from relayrl.monitor.schema import schema_gaps
+from tests.controller.tiny_run import TinyRun, train_tiny
 
 
-def run_rows(ray_session, tiny_llama, out, overrides):
-    cfg = load_config(
-        "grpo_tiny",
-        [
-            f"model.path={tiny_llama}",
-            f"run.output_dir={out}",
-            "run.steps=4",
-            "rollout.num_cpus=0.5",
-            "trainer.num_cpus=0.5",
-            *overrides,
-        ],
-    )
-    result = train(cfg)
-    return cfg, [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def async_rows(ray_session, tiny_llama, tmp_path_factory):
-    return run_rows(ray_session, tiny_llama, tmp_path_factory.mktemp("async"), ["mode=async", "buffer.max_staleness=1"])
+@pytest.fixture
+def async_rows(async_run: TinyRun):
+    return async_run.cfg, async_run.rows
 
 
 def test_async_runs_one_version_ahead_within_the_bound(async_rows):
@@ -53,9 +34,7 @@ def test_async_logs_every_schema_metric_and_nothing_else(async_rows):
 
 
 def test_colocated_switches_the_bundle_every_step(ray_session, tiny_llama, tmp_path):
-    _, rows = run_rows(
-        ray_session, tiny_llama, tmp_path, ["placement=colocated", "run.steps=2", "weightsync.verify_every=1"]
-    )
+    rows = train_tiny(tiny_llama, tmp_path, ["placement=colocated", "run.steps=2", "weightsync.verify_every=1"]).rows
     assert [r["colocated/switches"] for r in rows] == [2.0, 2.0]  # engines asleep to train, awake to sync
     assert all(r["staleness/max"] == 0 and r["weightsync/version"] == r["step"] for r in rows)
     assert all(r["mismatch/max_abs"] < 1e-3 for r in rows)  # the probe split around the hand-over still agrees

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relayrl.config import load_config
 from relayrl.controller.buffer import Admission, Entry, ReplayBuffer, StalenessError, staleness_histogram
 from relayrl.controller.policy import PolicyConfig, ShortStep, StepPolicy
 from relayrl.data import Prompt
@@ -97,8 +99,15 @@ class Trace:
 
 
 def make_policy(k: int, replicas: int, chunk: int, **kw) -> StepPolicy:
-    sampler = Counter(chunk)
-    return StepPolicy(PolicyConfig(k, replicas * chunk, replicas, **kw), sampler.next_batch, sampler)
+    """B = ``replicas * chunk`` groups a step, in chunks of ``chunk`` (of one group with ``stream=True``)."""
+    pc = PolicyConfig(k, replicas * chunk, replicas, **kw)
+    sampler = Counter(pc.chunk)
+    return StepPolicy(pc, sampler.next_batch, sampler)
+
+
+def stream_kw(stream: bool, slots: int) -> dict:
+    """PolicyConfig's streaming fields: ``slots`` one-group calls in flight per replica, or chunk mode."""
+    return {"stream": True, "slots": slots} if stream else {}
 
 
 def drive(
@@ -109,14 +118,19 @@ def drive(
     useful: list[float] | None = None,
     deaths: list[bool] | None = None,
 ) -> Trace:
-    """Run ``policy`` to ``steps`` steps in simulated time. Generate calls take ``gen`` durations (cycled),
-    steps ``train``; a finished call has ``useful`` share of its groups with reward spread, or dies
-    instead when the next ``deaths`` draw says so. Engines are at the policy's version (a sync is part
-    of a step). Checks after every event that the accounting holds and colocated never overlaps."""
+    """Run ``policy`` to ``steps`` steps in simulated time. Each replica has ``policy.pc.slots`` slots (a
+    streaming replica runs several one-group calls at once, as the scheduler's ``idle`` lists them). Generate
+    calls take ``gen`` durations (cycled), so they finish out of start order; steps take ``train``. A
+    finished call has ``useful`` share of its groups with reward spread, or its replica dies instead when the
+    next ``deaths`` draw says so: every call in flight on that replica fails with it. Engines are at the
+    policy's version (a sync is part of a step). Checks after every event that the accounting holds and
+    colocated never overlaps. Returns once step ``steps`` is trained, with calls still in flight (a
+    checkpoint there is the scheduler's: taken right after ``on_trained``)."""
     gens, trains = itertools.cycle(gen), itertools.cycle(train)
     shares, dies = itertools.cycle(useful or [1.0]), itertools.cycle(deaths or [False])
     trace, events, order = Trace(), [], itertools.count()
-    idle, now, training = list(range(policy.pc.replicas)), 0.0, False
+    idle = [r for _ in range(policy.pc.slots) for r in range(policy.pc.replicas)]
+    now, training = 0.0, False
     while policy.version < steps:
         for launch in policy.launches(idle):
             assert not (policy.pc.colocated and training)
@@ -139,10 +153,14 @@ def drive(
         if launch is None:  # the step trained and synced
             training = False
             trace.trained += policy.on_trained()
-        elif next(dies):  # the replica died mid-call
+        elif next(dies):  # the replica died mid-call: so did every other call on it
             trace.deaths += 1
-            idle.append(launch.replica)
-            policy.on_failed(launch.seq)
+            lost = [launch] + [e[2] for e in events if e[2] is not None and e[2].replica == launch.replica]
+            events = [e for e in events if e[2] is None or e[2].replica != launch.replica]
+            heapq.heapify(events)
+            for flight in lost:
+                idle.append(flight.replica)
+                policy.on_failed(flight.seq)
         else:
             idle.append(launch.replica)
             policy.on_scored(
@@ -162,7 +180,7 @@ def drive(
 times = st.lists(st.floats(0.01, 10.0), min_size=1, max_size=7)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     k=st.integers(0, 3),
     replicas=st.integers(1, 3),
@@ -173,16 +191,21 @@ times = st.lists(st.floats(0.01, 10.0), min_size=1, max_size=7)
     deaths=st.lists(st.booleans(), min_size=1, max_size=5),
     colocated=st.booleans(),
     capacity=st.sampled_from([None, 1, 2]),
+    stream=st.booleans(),
+    slots=st.integers(1, 6),
 )
 def test_staleness_bound_never_violated_and_every_group_trained_once(
-    k, replicas, chunk, steps, gen, train, deaths, colocated, capacity
+    k, replicas, chunk, steps, gen, train, deaths, colocated, capacity, stream, slots
 ):
-    """Whatever the speeds, replica deaths (the chunk regenerated under its seq), colocation or buffer
-    capacity (in steps' worth of groups): staleness <= k, full steps in start order, none twice."""
+    """Whatever the speeds, replica deaths (its chunks regenerated under their seqs), colocation, buffer
+    capacity (in steps' worth of groups) or streaming (one-group calls, ``slots`` of them in flight per
+    replica, finishing out of order): staleness <= k, full steps of B groups in start order, none twice."""
     B = replicas * chunk
-    policy = make_policy(k, replicas, chunk, colocated=colocated, capacity=capacity and capacity * B)
+    kw = stream_kw(stream, slots)
+    policy = make_policy(k, replicas, chunk, colocated=colocated, capacity=capacity and capacity * B, **kw)
     trace = drive(policy, steps, gen, train, deaths=[*deaths, False])  # a call that always dies never ends
     assert max(trace.stale) <= k
+    assert [drawn for _, drawn in trace.taken] == [B] * steps  # every step exactly B groups
     assert len(trace.trained) == len(set(trace.trained)) == steps * B  # none twice, a full batch a step
     assert trace.trained == list(range(steps * B))  # in start order, none skipped
     assert policy.counts["trained"] == steps * B and policy.counts["dropped"] == 0
@@ -201,15 +224,19 @@ def test_staleness_bound_never_violated_and_every_group_trained_once(
     train=times,
     useful=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6),
     cap=st.sampled_from([None, 2, 10]),
+    stream=st.booleans(),
+    slots=st.integers(1, 4),
 )
 def test_dynamic_sampling_refills_every_step_within_the_staleness_bound(
-    k, replicas, chunk, steps, gen, train, useful, cap
+    k, replicas, chunk, steps, gen, train, useful, cap, stream, slots
 ):
     """DAPO refill: calls whose groups lack reward spread free admission for more prompts; every step
-    still gets B useful groups (or the run stops at the cap), in start order, never staler than k."""
+    still gets B useful groups (or the run stops at the cap), in start order, never staler than k; in
+    chunks or streaming one group a call."""
     B = replicas * chunk
-    useful = useful if any(round(u * chunk) for u in useful) else [*useful, 1.0]  # else nothing ever fills
-    policy = make_policy(k, replicas, chunk, refill=True, max_sampling_batches=cap or 0)
+    policy = make_policy(k, replicas, chunk, refill=True, max_sampling_batches=cap or 0, **stream_kw(stream, slots))
+    calls = policy.chunk  # groups a call
+    useful = useful if any(round(u * calls) for u in useful) else [*useful, 1.0]  # else nothing ever fills
     trace = drive(policy, steps, gen, train, useful)
     assert max(trace.stale, default=0) <= k
     assert len(trace.trained) == len(set(trace.trained))
@@ -220,6 +247,42 @@ def test_dynamic_sampling_refills_every_step_within_the_staleness_bound(
     else:  # ... or the run stopped, only at the cap
         assert cap is not None and trace.short.drawn >= cap * B and trace.short.useful < B
         assert policy.version < steps
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    k=st.integers(0, 3),
+    replicas=st.integers(1, 3),
+    chunk=st.integers(1, 3),
+    runs=st.lists(
+        st.tuples(st.booleans(), st.integers(1, 3), times, times, st.lists(st.booleans(), min_size=1, max_size=4)),
+        min_size=2,
+        max_size=4,
+    ),
+    slots=st.integers(1, 6),
+)
+def test_resumes_train_what_an_uninterrupted_run_trains(k, replicas, chunk, runs, slots):
+    """A run killed and resumed, again and again: each of ``runs`` (streaming?, steps, generate and train
+    times, deaths) is a process that loads the last checkpoint (``state_dict`` after its last step, through
+    JSON as ``driver.json``; calls in flight are lost with the process), trains its steps and checkpoints.
+    Together they train prompts 0, 1, 2, ... in steps of B groups, as one uninterrupted run does, within the
+    bound, and the accounting holds: in chunks or streaming on either side of a resume (the unfinished
+    prompts regrouped into the resumed run's chunks), with replicas dying, and when a checkpoint comes
+    before a resumed run has issued all the prompts it resumed with."""
+    B, state, trained, taken, stale = replicas * chunk, None, [], [], []
+    for stream, steps, gen, train, deaths in runs:
+        policy = make_policy(k, replicas, chunk, **stream_kw(stream, slots))
+        if state is not None:
+            policy.load_state_dict(state)
+        trace = drive(policy, policy.version + steps, gen, train, deaths=[*deaths, False])
+        trained, taken, stale = trained + trace.trained, taken + trace.taken, stale + trace.stale
+        state = json.loads(json.dumps({"step": policy.version, **policy.state_dict()}))
+    total = sum(run[1] for run in runs)
+    assert trained == list(range(total * B))  # same prompts, same order, none twice
+    assert [drawn for _, drawn in taken] == [B] * total
+    assert max(stale) <= k
+    c = policy.counts
+    assert c["trained"] == total * B and c["issued"] == c["trained"] + c["dropped"] + policy.in_flight()
 
 
 def test_a_failed_chunk_is_regenerated_first_with_the_same_seq_and_prompts():
@@ -289,3 +352,75 @@ def test_state_dict_round_trip_regenerates_unfinished_chunks_first():
     assert [(x.seq, x.prompt_ids) for x in again] == [(1, [2, 3]), (2, [4, 5])]
     assert resumed.counts == policy.counts
     assert resumed.sampler.next == policy.sampler.next
+
+
+def ids(flights) -> list[tuple[int, int, list[int]]]:
+    return [(x.seq, x.replica, x.prompt_ids) for x in flights]
+
+
+@pytest.mark.parametrize(
+    "overrides, replicas, chunk, slots",
+    [
+        ([], 1, 2, 1),  # grpo_tiny: B=2 on one replica, one call of 2 groups at a time
+        (["rollout.stream=true"], 1, 1, 4),  # in_flight = 2 x 4 sequences = 2 groups; twice that in flight
+        (["rollout.stream=true", "rollout.in_flight=12"], 1, 1, 6),  # 12 / 4 = 3 groups, x 2
+        (["rollout.stream=true", "rollout.in_flight=6"], 1, 1, 2),  # 6 sequences hold 1 whole group, x 2
+        (["rollout.stream=true", "rollout.num_replicas=2", "run.prompts_per_step=4"], 2, 1, 4),  # 8 per replica
+    ],
+)
+def test_policy_config_from_the_run_config(overrides, replicas, chunk, slots):
+    """``rollout.stream``: chunks of one group, ``slots`` = twice the groups ``rollout.in_flight`` holds."""
+    pc = PolicyConfig.from_config(load_config("grpo_tiny", overrides), replicas)
+    assert (pc.stream, pc.chunk, pc.slots) == (bool(overrides), chunk, slots)
+
+
+def test_a_streaming_replica_that_dies_regenerates_every_group_it_was_running():
+    """Stream, 2 replicas x 2 slots, k=1: four one-group calls start at v0 (2 steps' worth); replica 0 dies
+    with two of them in flight: both start again on its slots under their seqs, with their prompts, and
+    nothing new is issued (admission is full)."""
+    policy = make_policy(k=1, replicas=2, chunk=1, stream=True, slots=2)
+    assert policy.chunk == 1
+    first = policy.launches([0, 1, 0, 1])
+    assert ids(first) == [(0, 0, [0]), (1, 1, [1]), (2, 0, [2]), (3, 1, [3])]
+    policy.on_failed(0), policy.on_failed(2)
+    assert ids(policy.launches([0, 0])) == [(0, 0, [0]), (2, 0, [2])]
+    assert policy.counts["issued"] == 4 and set(policy.generating) == {0, 1, 2, 3}
+    for seq in (3, 1, 2, 0):  # they finish out of start order
+        policy.on_scored(Entry(seq, None, [seq], 0, 0))
+    assert [e.seq for e in policy.take_step().entries] == [0, 1]  # the step: B=2 groups in start order
+
+
+def test_a_chunk_checkpoint_resumes_streaming_one_group_a_call():
+    """A chunk-mode checkpoint at step 1 (k=1, one replica, B=2: chunk [2, 3] scored, [4, 5] in flight)
+    resumed with ``rollout.stream`` (4 slots): the same prompts, now one group a call, then new draws."""
+    policy = make_policy(k=1, replicas=1, chunk=2)
+    for x in policy.launches([0]) + policy.launches([0]):
+        policy.on_scored(Entry(x.seq, None, x.prompt_ids, 0, 0))
+    policy.take_step(), policy.on_trained()
+    assert ids(policy.launches([0])) == [(2, 0, [4, 5])]
+    resumed = make_policy(k=1, replicas=1, chunk=2, stream=True, slots=4)
+    resumed.load_state_dict(json.loads(json.dumps({"step": 1, **policy.state_dict()})))
+    again = resumed.launches([0, 0, 0, 0])  # v1, k=1: 2 x 2 groups ahead
+    assert ids(again) == [(1, 0, [2]), (2, 0, [3]), (3, 0, [4]), (4, 0, [5])]
+    assert resumed.counts == policy.counts  # {issued 6, trained 2, dropped 0}
+    for x in again[::-1]:
+        resumed.on_scored(Entry(x.seq, None, x.prompt_ids, 1, 1))
+    assert [p for e in resumed.take_step().entries for p in e.prompt_ids] == [2, 3]
+    resumed.on_trained()
+    assert ids(resumed.launches([0])) == [(5, 0, [6])]  # then the sampler's next prompt
+
+
+def test_a_streaming_checkpoint_with_an_odd_group_out_resumes_in_whole_chunks():
+    """Stream (B=2, k=1) checkpointed at step 1 with one group, [2], in flight, resumed in chunks of 2: the
+    unfinished prompt is topped up from the next draw, so step 2 trains [2, 3] (B groups), not [2] + [3, 4];
+    the draw's surplus [4] leads the next chunk."""
+    policy = make_policy(k=1, replicas=1, chunk=2, stream=True, slots=4)
+    first = policy.launches([0, 0, 0])
+    for x in first[:2]:
+        policy.on_scored(Entry(x.seq, None, x.prompt_ids, 0, 0))
+    policy.take_step(), policy.on_trained()
+    resumed = make_policy(k=1, replicas=1, chunk=2)
+    resumed.load_state_dict(json.loads(json.dumps({"step": 1, **policy.state_dict()})))
+    assert ids(resumed.launches([0])) == [(2, 0, [2, 3])]
+    assert ids(resumed.launches([0])) == [(3, 0, [4, 5])]
+    assert resumed.check_accounting().startswith("prompts: issued 6 = trained 2 + dropped 0")
