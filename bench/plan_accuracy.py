@@ -29,18 +29,21 @@ SHARED = f"shared:{CORES}:{CORES}:sync:0"
 
 
 def parse_layout(text: str) -> Layout:
-    """``placement:rollout:trainer:mode:k``, e.g. ``separate:1:1:async:1`` or ``shared:2:2:sync:0``."""
+    """``placement:rollout:trainer:mode:k[:stream]``, e.g. ``separate:1:1:async:1``, ``shared:2:2:sync:0`` or
+    ``separate:1:1:async:1:stream``."""
     try:
-        placement, r, t, mode, k = text.split(":")
-        return Layout(placement, int(r), int(t), mode, int(k))
+        placement, r, t, mode, k, *stream = text.split(":")
+        if stream not in ([], ["stream"]):
+            raise ValueError(text)
+        return Layout(placement, int(r), int(t), mode, int(k), bool(stream))
     except ValueError:
         raise SystemExit(
-            f"--layouts {text!r}: write placement:rollout:trainer:mode:k, e.g. separate:1:1:async:1"
+            f"--layouts {text!r}: write placement:rollout:trainer:mode:k[:stream], e.g. separate:1:1:async:1"
         ) from None
 
 
 def name(layout: Layout) -> str:
-    return f"{layout.placement} {layout.split()} {layout.mode}" + (f" k={layout.k}" if layout.mode == "async" else "")
+    return f"{layout.placement} {layout.split()} {layout.schedule}"
 
 
 def verdict(checks: list[Check]) -> list[str]:

@@ -42,6 +42,7 @@ ROLLOUT_CALLS = "rollout/calls"
 ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 ROLLOUT_MIN_VERSION = "rollout/min_version"
 ROLLOUT_MAX_VERSION = "rollout/max_version"
+ROLLOUT_OCCUPANCY = "rollout/occupancy"
 STALENESS_LAG = "staleness/<d>"
 STALENESS_MAX = "staleness/max"
 TIMING_GENERATE = "timing/generate"
@@ -166,7 +167,7 @@ SCHEMA: tuple[Metric, ...] = (
     M("rollout/running", "sequences", "mean sequences an engine ran per engine step (vLLM's scheduler)"),
     M("rollout/waiting", "sequences", "mean sequences waiting in an engine per engine step"),
     M(
-        "rollout/occupancy",
+        ROLLOUT_OCCUPANCY,
         "fraction",
         "rollout/running / the target: rollout.in_flight when streaming, else a chunk's sequences",
     ),

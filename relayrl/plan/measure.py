@@ -34,7 +34,8 @@ def run_layout(
     from relayrl.config import load_config
     from relayrl.controller import train
 
-    name = f"plan-{layout.placement}-{layout.split().replace(':', 'x')}-{layout.mode}{layout.k}"
+    stream = "-stream" if layout.stream else ""
+    name = f"plan-{layout.placement}-{layout.split().replace(':', 'x')}-{layout.mode}{layout.k}{stream}"
     cfg = load_config(
         recipe,
         [

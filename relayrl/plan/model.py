@@ -24,6 +24,7 @@ and the step is
     separate, sync  (or k = 0):  step = Tg(r) + Tr + Tt(t) + Ts + O
     separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s,
                                             train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
+    separate, async streaming:   the same with Tg * u,  u = occupancy of the profile run / STREAM_OCCUPANCY
     colocated (sync), N devices: step = c * Tg(N) + Tr + Tt(N) + Ts + 2 * switch_s + O
     shared (CPU, sync), N cores: step = Tg(N) + Tr + Tt(N) + Ts + O   (Tg with g, Tt with e(N))
 
@@ -40,6 +41,14 @@ why the profile must measure them rather than assume them away. In async mode th
 while the trainer trains (admission control lets it run k >= 1 versions ahead), so the slower of the two
 paths sets the pace; each sync pauses the engines for ``stall_s``. Colocated placement time-shares all
 N devices: phases run one after the other, plus two hand-overs (engines sleep, trainer wakes, and back).
+
+Streaming (``rollout.stream``): a chunk's batch empties through its tail, and a decode step costs about the
+same however many of its slots are filled (it reads every weight), so the profile's Tg is a cost at its
+engine occupancy (``rollout/occupancy``, mean running sequences per engine step over the target). A
+streaming engine that has work waiting keeps its batch full: Tg shrinks by that occupancy over
+``STREAM_OCCUPANCY``. Where the trainer is the slower path a streaming engine idles between admissions and
+its Tg is off the critical path, as in any async layout. Sync streaming admits one step's groups at a time
+and keeps the tail, so it is not a layout of its own.
 
 Shared is relayrl's default on a CPU box: ``placement=separate mode=sync`` with one replica and one rank
 whose ``num_threads=0`` each take every core. Sync mode runs one side at a time, so each has all N cores
@@ -75,7 +84,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from relayrl.plan.profile import CPU_COLOCATED_GEN_SLOWDOWN, Profile
+from relayrl.plan.profile import CPU_COLOCATED_GEN_SLOWDOWN, STREAM_OCCUPANCY, Profile
 
 PLACEMENTS = ("separate", "colocated", "shared")
 """A layout's placements; shared is the config's ``placement=separate`` with every core on each side."""
@@ -88,11 +97,19 @@ class Layout:
     trainer_devices: int  # t: trainer ranks (FSDP2) (shared: N threads of the one rank)
     mode: str = "sync"  # sync | async
     k: int = 0  # buffer.max_staleness (async)
+    stream: bool = False  # rollout.stream (async): groups admitted as slots free up, no chunk tail
 
     @property
     def overlaps(self) -> bool:
         """Rollout and training run at the same time: separate placement, async, k >= 1."""
         return self.placement == "separate" and self.mode == "async" and self.k >= 1
+
+    @property
+    def schedule(self) -> str:
+        """``sync``, ``async k=<k>`` or ``async k=<k> stream``: the mode column of a plan."""
+        if self.mode != "async":
+            return "sync"
+        return f"async k={self.k}" + (" stream" if self.stream else "")
 
     @property
     def threads(self) -> int:
@@ -125,6 +142,8 @@ def predict(profile: Profile, layout: Layout) -> Prediction:
         )
     colocated = layout.placement == "colocated"
     tg = profile.gen_s(layout.rollout_devices, layout.threads) * (colocated_slowdown(profile) if colocated else 1.0)
+    if layout.stream:
+        tg *= stream_speedup(profile)
     tt = profile.train_s(layout.trainer_devices)
     ph = {
         "generate": tg,
@@ -160,6 +179,17 @@ def predict(profile: Profile, layout: Layout) -> Prediction:
     )
 
 
+def stream_speedup(profile: Profile) -> float:
+    """The factor streaming puts on Tg: the profile's engine occupancy over a streaming engine's
+    (``STREAM_OCCUPANCY``), since a decode step costs about the same however many of its slots are used."""
+    if profile.gen_occupancy is None:
+        raise ValueError(
+            "a streaming layout needs the profile's engine occupancy (rollout/occupancy); "
+            "profile a run that logs it, or give gen_occupancy"
+        )
+    return min(1.0, profile.gen_occupancy / STREAM_OCCUPANCY)
+
+
 def colocated_slowdown(profile: Profile) -> float:
     """c: how much slower colocated replicas generate than the per-device cost says (module docstring)."""
     if profile.colocated_gen_slowdown is not None:
@@ -178,6 +208,8 @@ def overlap_slowdown(profile: Profile, layout: Layout) -> float:
 def _check_layout(layout: Layout) -> None:
     if layout.placement not in PLACEMENTS or layout.mode not in ("sync", "async"):
         raise ValueError(f"layout {layout}: placement must be {'|'.join(PLACEMENTS)} and mode sync|async")
+    if layout.stream and not layout.overlaps:
+        raise ValueError(f"layout {layout}: streaming is modelled for separate placement, async, k >= 1")
     if layout.rollout_devices < 1 or layout.trainer_devices < 1 or layout.k < 0:
         raise ValueError(f"layout {layout}: needs >= 1 rollout and trainer device and k >= 0")
     if layout.placement == "shared" and (layout.mode != "sync" or layout.rollout_devices != layout.trainer_devices):
@@ -187,8 +219,11 @@ def _check_layout(layout: Layout) -> None:
         )
 
 
-def layouts(devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,), cpu: bool = False) -> list[Layout]:
-    """Every layout of ``devices`` devices: separate r:(N-r) for r = 1..N-1 in sync and async (each k),
+def layouts(
+    devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,), cpu: bool = False, stream: bool = False
+) -> list[Layout]:
+    """Every layout of ``devices`` devices: separate r:(N-r) for r = 1..N-1 in sync and async (each k; with
+    ``stream`` also async streaming),
     colocated on all N (sync: colocated never generates and trains at once, so async gains nothing there),
     and when devices are CPU cores (``cpu``) shared on all N (one replica: it divides any prompt count).
     Replica counts that do not divide ``prompts_per_step`` are left out (the config rejects them)."""
@@ -200,6 +235,7 @@ def layouts(devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,), cpu
             continue
         out.append(Layout("separate", r, devices - r, "sync", 0))
         out += [Layout("separate", r, devices - r, "async", k) for k in ks if k >= 1]
+        out += [Layout("separate", r, devices - r, "async", k, True) for k in ks if k >= 1 and stream]
     if prompts_per_step % devices == 0:
         out.append(Layout("colocated", devices, devices, "sync", 0))
     if cpu:
@@ -209,7 +245,8 @@ def layouts(devices: int, prompts_per_step: int, ks: tuple[int, ...] = (1,), cpu
 
 def rank(profile: Profile, devices: int, ks: tuple[int, ...] = (1,)) -> list[Prediction]:
     """Predictions for every layout of ``devices`` devices, fastest first (ties: smaller k, i.e. fresher data)."""
-    preds = [predict(profile, lay) for lay in layouts(devices, profile.prompts_per_step, ks, profile.cpu)]
+    stream = profile.gen_occupancy is not None
+    preds = [predict(profile, lay) for lay in layouts(devices, profile.prompts_per_step, ks, profile.cpu, stream)]
     if not preds:
         raise ValueError(
             f"no layout of {devices} devices divides run.prompts_per_step={profile.prompts_per_step}; "
@@ -243,6 +280,8 @@ def overrides(layout: Layout, cpu: bool = False) -> list[str]:
     ]
     if layout.mode == "async":
         out.append(f"buffer.max_staleness={layout.k}")
+    if layout.stream:
+        out.append("rollout.stream=true")
     if cpu:
         out += ["rollout.num_cpus=1", "rollout.num_threads=1", "trainer.num_cpus=1", "trainer.num_threads=1"]
     return out

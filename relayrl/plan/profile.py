@@ -18,6 +18,7 @@ from typing import Any
 from relayrl.monitor.runs import read_records
 from relayrl.monitor.schema import (
     ROLLOUT_COMPLETIONS,
+    ROLLOUT_OCCUPANCY,
     ROLLOUT_TOKENS,
     TIMING_GENERATE,
     TIMING_REWARD,
@@ -53,6 +54,7 @@ class Profile:
     overlap_slowdown: float | None = None  # s: Tg and Tt's per-token part run this much slower while they
     # overlap; None: (2r + t) / (r + t) if cpu, else 1
     colocated_gen_slowdown: float | None = None  # c: colocated generation this much slower; None: 2 if cpu
+    gen_occupancy: float | None = None  # the profile run's engine occupancy (rollout/occupancy); None: not logged
     cpu: bool = False  # devices are CPU cores of one host (profiled with --cores)
     source: str = "given"  # the run dir(s) or file it came from
 
@@ -129,6 +131,7 @@ class Profile:
         y = [s["gen"] for s in samples]
         gen_call, gen_tok = _fit_line(x, y)
         avg = {k: statistics.fmean(s[k] for s in samples) for k in _AVERAGED}
+        occupancies = [s["gen_occupancy"] for s in samples if s["gen_occupancy"] > 0]
         return cls(
             gen_call_s=gen_call,
             gen_dev_s_per_token=gen_tok,
@@ -137,6 +140,7 @@ class Profile:
             cpu=cores is not None,
             source=", ".join(str(p) for p in paths),
             prompts_per_step=int(samples[0]["prompts_per_step"]),  # an int in a dict of floats
+            gen_occupancy=statistics.fmean(occupancies) if len(occupancies) == len(samples) else None,
             **avg,
         )
 
@@ -173,6 +177,10 @@ def gen_efficiency(profile: Profile, threads: int) -> float:
 CPU_COLOCATED_GEN_SLOWDOWN = 2.0
 """c on CPU profiles: r one-thread engines generate about half as fast as r data-parallel ones would
 (measured; memory bandwidth, module docstring)."""
+
+STREAM_OCCUPANCY = 1.0
+"""Engine occupancy a streaming engine holds while it has work waiting (vLLM refills a freed slot at the next
+engine step)."""
 
 FIT_SPREAD = 1.5
 """Fit a per-call cost only when tokens per rollout device differ by this factor between runs: runs of one
@@ -248,6 +256,7 @@ def _run_sample(
         "sync_fixed_s": max(0.0, med[TIMING_SYNC] - med[WEIGHTSYNC_BYTES] / bw),
         "stall_s": med[WEIGHTSYNC_STALL_S],
         "overhead_s": _overhead(cfg, rows),
+        "gen_occupancy": med[ROLLOUT_OCCUPANCY],  # 0: not logged (an older run)
     }
 
 
@@ -259,6 +268,7 @@ def replica_threads(cfg: dict[str, Any], cores: int | None) -> int:
 
 _OPTIONAL = (
     "timing/logprob",
+    ROLLOUT_OCCUPANCY,
     TIMING_REWARD,
     ROLLOUT_COMPLETIONS,
     WEIGHTSYNC_BYTES,

@@ -71,6 +71,8 @@ def profile_lines(profile: Profile) -> list[str]:
             else f"{1.0 if p.overlap_slowdown is None else p.overlap_slowdown:g}"
         )
         + f" | colocated generation slowdown {colocated_slowdown(p):g}",
+        "  engine occupancy "
+        + ("not logged: no streaming layouts" if p.gen_occupancy is None else f"{p.gen_occupancy:.2f}"),
     ]
 
 
@@ -100,12 +102,11 @@ def plan_table(preds: list[Prediction]) -> Any:
     )
     for i, p in enumerate(preds, 1):
         lay = p.layout
-        mode = f"async k={lay.k}" if lay.mode == "async" else "sync"
         table.add_row(
             str(i),
             lay.placement,
             lay.split(),
-            mode,
+            lay.schedule,
             f"{p.step_s:.3f}",
             f"{p.completions_per_s:.2f}",
             f"{p.tokens_per_s:.1f}",

@@ -314,3 +314,41 @@ def test_profile_of_a_real_run_predicts_the_overlap(tiny_llama, tmp_path):
     no_contention = dataclasses.replace(profile, overlap_slowdown=1.0)
     assert predict(no_contention, async_k1).step_s < predict(no_contention, sync).step_s
     assert predict(profile, async_k1).step_s > predict(no_contention, async_k1).step_s
+
+
+def test_streaming_scales_generation_by_the_profiles_occupancy():
+    half = Profile(**{**P.to_dict(), "gen_occupancy": 0.5})  # the profile's engines ran half full
+    stream = Layout("separate", 1, 3, "async", 1, stream=True)
+    assert stream.schedule == "async k=1 stream"
+    # Tg = 2.2 x 0.5 = 1.1; trainer path Tt(3) + Ts = 1.611 + 0.6: now the trainer is the slower path
+    p = predict(half, stream)
+    assert p.phases["generate"] == pytest.approx(1.1)
+    assert p.step_s == pytest.approx(0.5 + 3 / 2.7 + 0.6 + 0.2) and p.bottleneck == "train"
+    assert predict(half, Layout("separate", 1, 3, "async", 1)).bottleneck == "generate"  # chunks: 2.8 s
+    full = Profile(**{**P.to_dict(), "gen_occupancy": 1.0})  # nothing to gain from a full batch
+    assert predict(full, stream).step_s == pytest.approx(predict(full, Layout("separate", 1, 3, "async", 1)).step_s)
+    assert overrides(stream)[-1] == "rollout.stream=true"
+
+
+def test_streaming_layouts_need_the_occupancy_and_an_overlap():
+    assert not any(lay.stream for lay in layouts(4, 4, (1,), stream=False))
+    with_stream = [lay for lay in layouts(4, 4, (1, 2), stream=True) if lay.stream]
+    assert {(lay.rollout_devices, lay.k) for lay in with_stream} == {
+        (r, k) for r in (1, 2, 3) for k in (1, 2) if 4 % r == 0
+    }
+    assert not any(p.layout.stream for p in rank(P, 4))  # P logged no occupancy
+    assert any(p.layout.stream for p in rank(Profile(**{**P.to_dict(), "gen_occupancy": 0.4}), 4))
+    with pytest.raises(ValueError, match="occupancy"):
+        predict(P, Layout("separate", 1, 1, "async", 1, stream=True))
+    with pytest.raises(ValueError, match="streaming"):
+        predict(P, Layout("separate", 1, 1, "sync", 0, stream=True))
+
+
+def test_profile_reads_the_occupancy_of_runs_that_log_it(tmp_path):
+    assert Profile.from_run(fake_run(tmp_path / "old")).gen_occupancy is None  # logged before rollout/occupancy
+    run = fake_run(tmp_path / "new")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row, occ in zip(rows, (0.9, 0.3, 0.5, 0.4)):  # the warm-up step is left out: median of 0.3, 0.5, 0.4
+        row["rollout/occupancy"] = occ
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert Profile.from_run(run).gen_occupancy == pytest.approx(0.4)
