@@ -72,6 +72,12 @@ class RolloutConfig:
     algorithm.group_size`` groups at a time); 0: a chunk's worth, prompts_per_step / num_replicas groups. More
     than a step's worth helps only with ``mode=async`` (admission lets at most (k + 1) x prompts_per_step
     groups start ahead of the trainer)."""
+    pause_while_training: bool = False
+    """Pause the engines while a step trains: running sequences freeze (nothing is lost) and go on after it,
+    under the new weights once they are synced (their version spans record the switch). Engines and trainer
+    then never compute at once, so with ``mode=async`` on a CPU box each takes every core instead of a split
+    (``cluster.split_cores``). With ``stream`` and k >= 1 the next steps' groups fill the slots that a step's
+    tail frees, so the engines generate at full batch in their turns: the time-shared async of a small box."""
 
     def __post_init__(self) -> None:
         positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "kv_cache_gb")

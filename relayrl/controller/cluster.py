@@ -67,8 +67,8 @@ def split_cores(cfg: Config, cores: int | None = None) -> Config:
     trainer rank taking all cores would oversubscribe them (each spinning OpenMP pool slows the other).
     There, each replica and rank left at 0 gets ``cores // (replicas + ranks)`` threads (at least 1); the
     engines bind the last cores (``rollout.actor.cpu_thread_env``), so the trainer keeps the first ones.
-    Explicit thread counts are kept."""
-    if has_cuda() or cfg.mode != "async" or cfg.placement.mode != "separate":
+    Explicit thread counts are kept. ``rollout.pause_while_training`` never overlaps the two: no split."""
+    if has_cuda() or cfg.mode != "async" or cfg.placement.mode != "separate" or cfg.rollout.pause_while_training:
         return cfg
     actors = cfg.rollout.num_replicas + cfg.trainer.world_size
     share = max(1, (cores or os.cpu_count() or 1) // actors)

@@ -27,8 +27,11 @@ trainer        the buffer's next entries  rank 0's train_step ref, then the   th
 and a sync lands in flight (the engine pauses, loads, resumes; unfinished completions go on under the
 new weights, their version spans recording the switch). ``mode=sync`` is this same loop with k = 0,
 which admits step v+1's prompts only after step v's weights are synced: strictly on-policy.
-``placement=colocated`` time-shares the bundles: never generating and training at once, engines
-asleep and the trainer on-loaded while it trains (on CPU the switch is made but frees nothing).
+``rollout.pause_while_training`` pauses the engines (running sequences frozen, nothing lost) while a step
+trains, so that on a small box both sides take turns on every core and, with ``rollout.stream``, the frozen
+tail is carried over into a batch the next steps' groups keep full. ``placement=colocated`` time-shares the
+bundles: never generating and training at once, engines asleep and the trainer on-loaded while it trains (on
+CPU the switch is made but frees nothing).
 
 Generate, score and train calls are all waited on in the one ``ray.wait``: scoring one chunk never holds
 up a step that finished meanwhile. A replica's slot stays taken until its chunk is scored: one slot per
@@ -195,6 +198,8 @@ class Scheduler:
         if self.colocated:
             self.log.clock.switches += 1
             self.system.to_trainer()
+        elif self.cfg.rollout.pause_while_training:
+            self.system.pause_rollouts()
         step.refs = self.system.trainer.train_step_async([e.ref for e in step.entries])
         step.t0 = time.perf_counter()
 
@@ -202,7 +207,11 @@ class Scheduler:
         step = self.policy.training
         assert step is not None, "called once the step being trained has finished"
         entries, t0 = step.entries, step.t0
-        train_stats = trainer_result(self.system.trainer, step.refs)
+        try:
+            train_stats = trainer_result(self.system.trainer, step.refs)
+        finally:  # before the sync, which pauses the engines itself (and whose probe generates)
+            if self.cfg.rollout.pause_while_training and not self.colocated:
+                self.system.pause_rollouts(False)
         self._check_finite(train_stats)
         t1 = time.perf_counter()
         sync_stats, offloaded = self.system.sync_and_verify(self.policy.version + 1, [entries[0].ref])

@@ -216,6 +216,14 @@ class System:
             kill_process_tree(where[1])
         ray.kill(self.rollouts[i], no_restart=True)
 
+    def pause_rollouts(self, pause: bool = True) -> None:
+        """``rollout.pause_while_training``: freeze the engines' running sequences (``pause("keep")``) or let
+        them go on. A replica that fails to answer is left to the fault path: its generate calls fail."""
+        calls = [r.pause.remote("keep") if pause else r.resume.remote() for r in self.rollouts]
+        for call in calls:
+            with contextlib.suppress(Exception):
+                ray.get(call, timeout=60)
+
     def occupancy(self, timeout_s: float = 10.0) -> list[dict[str, float]]:
         """Every replica's engine steps and mean running sequences since the last call
         (``rollout.occupancy``); a replica that does not answer (dying, being replaced) is left out."""
