@@ -126,6 +126,17 @@ def _say(i: int) -> None:
     time.sleep(600)
 
 
+def _start_actor(script: str, spec: dict) -> subprocess.Popen:
+    """A stand-in rollout actor running ``script`` with the environment the driver's server told it to use."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **spec["env"], "RELAYRL_TEST_SHARED": "1"},
+    )
+
+
 def _lines(proc: subprocess.Popen, n: int, timeout_s: float = 120.0) -> list[str]:
     """The first ``n`` lines ``proc`` prints; fewer if it prints no more within ``timeout_s``."""
     import queue
@@ -194,13 +205,7 @@ def test_engine_processes_of_the_drivers_server_live_as_in_their_actors_tree():
     try:
         spec = json.loads(driver.stdout.readline())
         assert spec["env"] and spec["mismatch"] == {}  # an actor with other values is not told
-        actor = subprocess.Popen(
-            [sys.executable, "-c", ACTOR],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **spec["env"], "RELAYRL_TEST_SHARED": "1"},
-        )
+        actor = _start_actor(ACTOR, spec)
         lines = _lines(actor, 3)  # the children print to the actor's stdout
         info = json.loads(next(x for x in lines if x.startswith("{")))
         said = sorted(x.split()[1:] for x in lines if x.startswith("child"))
@@ -261,13 +266,7 @@ def test_semaphores_of_killed_engine_processes_are_unlinked():
     actor = None
     try:
         spec = json.loads(driver.stdout.readline())
-        actor = subprocess.Popen(
-            [sys.executable, "-c", ACTOR_LOCKS],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **spec["env"], "RELAYRL_TEST_SHARED": "1"},
-        )
+        actor = _start_actor(ACTOR_LOCKS, spec)
         said = [line.split() for line in _lines(actor, 2)]
         files = [Path(f"/dev/shm/sem.{name.lstrip('/')}") for _, name, _ in said]
         trackers = {tracker for *_, tracker in said}
