@@ -57,6 +57,9 @@ class Trajectory:
     env_reward: float | None = None
     """The episode's reward from its environment (sum of its ``step`` rewards); None without an environment.
     Reward functions read it as the ``env_reward`` column (built-in reward ``env_reward``)."""
+    env_metrics: dict[str, float] = field(default_factory=dict)
+    """The episode's turns, whether it timed out, and its environment's ``metrics()`` (tool calls and errors
+    of a ``ToolEnv``); the step logs their means as ``env/*``. Empty without an environment."""
 
     @property
     def min_version(self) -> PolicyVersion:

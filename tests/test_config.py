@@ -206,7 +206,7 @@ def test_each_section_checks_its_own_fields_when_built(build, expected):
 
 def test_tiny_recipes_share_the_tiny_scale_and_keep_their_own_keys():
     """recipes/scale/tiny.yaml sets the tiny scale once; a recipe's own keys (after it) win."""
-    for name in ("grpo_tiny", "dapo_tiny", "drgrpo_tiny", "rloo_tiny", "ppo_tiny", "grpo_calc_tiny"):
+    for name in ("grpo_tiny", "dapo_tiny", "drgrpo_tiny", "rloo_tiny", "ppo_tiny", "agent_calc_tiny"):
         cfg = load_config(name)
         assert (cfg.model.path, cfg.rollout.max_tokens, cfg.algorithm.group_size, cfg.logging.wandb) == (
             "tiny-llama",
@@ -214,9 +214,9 @@ def test_tiny_recipes_share_the_tiny_scale_and_keep_their_own_keys():
             4,
             "disabled",
         ), name
-    calc = load_config("grpo_calc_tiny")
+    calc = load_config("agent_calc_tiny")
     assert (calc.run.steps, calc.model.max_model_len, [r.fn for r in calc.rewards]) == (
         2,
-        384,
+        1024,
         ["env_reward", "digit_fraction"],
     )

@@ -54,7 +54,20 @@ def rollout_metrics(groups: list) -> dict[str, float]:
         "rollout/empty_frac": sum(not t.completion_text.strip() for t in trajs) / n,
         ROLLOUT_MIN_VERSION: float(low),
         ROLLOUT_MAX_VERSION: float(high),
+        **env_metrics(trajs),
     }
+
+
+def env_metrics(trajs: list) -> dict[str, float]:
+    """Tool use and turns of the step's episodes (``Trajectory.env_metrics``); nothing for single-turn runs."""
+    episodes = [t.env_metrics for t in trajs if t.env_metrics]
+    if not episodes:
+        return {}
+    n = len(episodes)
+    out = {f"env/{k}": sum(e.get(k, 0.0) for e in episodes) / n for k in ("turns", "tool_calls", "tool_errors")}
+    out["env/tool_call_rate"] = sum(e.get("tool_calls", 0.0) > 0 for e in episodes) / n
+    out["env/timeout_frac"] = sum(e.get("timed_out", 0.0) for e in episodes) / n
+    return out
 
 
 def sample_rows(groups: list, k: int) -> list[dict]:
@@ -360,7 +373,7 @@ def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.Obj
     environment, ``relayrl.rollout.episode``), else G single completions."""
     G, env = cfg.algorithm.group_size, cfg.env
     if env.name:
-        return rollout.generate_episodes.remote(prompts, G, env.name, env.max_turns, env.kwargs)
+        return rollout.generate_episodes.remote(prompts, G, env.name, env.max_turns, env.kwargs, env.episode_timeout_s)
     return rollout.generate.remote(prompts, G)
 
 

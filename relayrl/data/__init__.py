@@ -5,7 +5,8 @@ and, except for an ``hf`` dataset read with ``data.answer_key=null``, ``answer``
 a row is passed to reward functions as a column (TRL's convention: ``fn(prompts, completions, **columns)``).
 ``PromptSampler`` turns rows into ``Prompt`` records (id, formatted text, the row as ``columns``, seed).
 
-    generated (GENERATORS)   arith | countdown | wordproblem    seeded by data.seed; held out by construction
+    generated (GENERATORS)   arith | multiply | countdown | wordproblem | facts
+                             seeded by data.seed; held out by construction
     files                    jsonl (jsonl.py) | hf (files.py)   minus data.heldout_fraction of the prompts
 """
 
@@ -18,8 +19,9 @@ from typing import Any
 from relayrl.config import ConfigError, DataConfig
 from relayrl.config.data import OPS_TASKS
 from relayrl.data import countdown, wordproblem
-from relayrl.data.arith import ARITH_QUESTION, make_arith_rows
+from relayrl.data.arith import ARITH_QUESTION, make_arith_rows, make_multiply_rows
 from relayrl.data.countdown import make_countdown_rows
+from relayrl.data.facts import make_facts_rows
 from relayrl.data.files import load_hf
 from relayrl.data.jsonl import JsonlError, load_jsonl
 from relayrl.data.sampler import Prompt, PromptSampler, chat_formatter, prompt_text
@@ -38,6 +40,7 @@ __all__ = [
     "load_task",
     "make_arith_rows",
     "prompt_text",
+    "sft_problems",
     "split_heldout",
     "worked_examples",
 ]
@@ -46,8 +49,10 @@ Rows = list[dict[str, Any]]
 
 GENERATORS: dict[str, Callable[[int, int, int | str], Rows]] = {
     "arith": make_arith_rows,
+    "multiply": make_multiply_rows,
     "countdown": make_countdown_rows,
     "wordproblem": make_wordproblem_rows,
+    "facts": lambda n, _max_operand, seed: make_facts_rows(n, seed),  # a fixed corpus: no operand range
 }
 """Generated tasks: ``make(num_prompts, max_operand, seed) -> rows``, the same rows for the same arguments."""
 
@@ -104,13 +109,26 @@ def worked_examples(data_cfg: DataConfig, n: int) -> Rows:
             f"sft: data.task={data_cfg.task} has no worked solutions to learn from (only "
             f"{', '.join(WORKED_ANSWERS)}); set sft.path to a jsonl of prompt/completion rows or sft.steps=0"
         )
+    return [
+        {"prompt": row["question"], "completion": WORKED_ANSWERS[data_cfg.task](row)}
+        for row in sft_problems(data_cfg, n)
+    ]
+
+
+def sft_problems(data_cfg: DataConfig, n: int) -> Rows:
+    """``n`` fresh problems of a generated task for a warm start: drawn with their own seed, none a training row."""
+    if data_cfg.task not in GENERATORS:
+        raise ConfigError(
+            f"sft: data.task={data_cfg.task} is not generated, so there are no fresh problems to warm up on; "
+            "set sft.path to a jsonl of prompt/completion rows or sft.steps=0"
+        )
     rows, _ = _fresh_problems(data_cfg, n, "sft", "sft")
     if not rows:
         raise ConfigError(
             f"sft: every {data_cfg.task} problem with data.max_operand={data_cfg.max_operand} is already a "
             "training prompt, so none is left to warm up on; raise data.max_operand or lower data.num_prompts"
         )
-    return [{"prompt": row["question"], "completion": WORKED_ANSWERS[data_cfg.task](row)} for row in rows]
+    return rows
 
 
 def _fresh_problems(data_cfg: DataConfig, n: int, seed: int | str, use: str = "heldout") -> tuple[Rows, str]:

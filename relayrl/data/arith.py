@@ -28,3 +28,26 @@ def make_arith_rows(n: int, max_operand: int, seed: int | str) -> list[dict[str,
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
         rows.append({"question": ARITH_QUESTION.format(a=a, b=b), "answer": str(a + b)})
     return rows
+
+
+MULTIPLY_QUESTION = "What is {a} * {b}? Reply with 'Answer: N'."
+"""Question template of the ``multiply`` task."""
+
+
+def make_multiply_rows(n: int, max_operand: int, seed: int | str) -> list[dict[str, str]]:
+    """``n`` problems ``a * b`` with ``a, b`` uniform in ``[2, max_operand]``, seeded (as ``make_arith_rows``).
+
+    With ``max_operand=999`` most are 3-digit by 3-digit products, which SmolLM2-135M cannot compute in its
+    head but can read off a calculator: the tool-use task of ``recipes/agent_calc.yaml``.
+    """
+    if n <= 0 or max_operand < 2:
+        raise ValueError(
+            f"make_multiply_rows needs n > 0 and max_operand >= 2, got n={n}, max_operand={max_operand}; "
+            "set data.num_prompts and data.max_operand"
+        )
+    rng = random.Random(f"multiply/{seed}")
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(2, max_operand), rng.randint(2, max_operand)
+        rows.append({"question": MULTIPLY_QUESTION.format(a=a, b=b), "answer": str(a * b)})
+    return rows

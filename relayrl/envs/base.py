@@ -14,11 +14,22 @@ Environments are plain classes: one instance per episode, so they may keep per-e
 in them) or plain (run in a worker thread, so a blocking plain ``step`` - a subprocess, an HTTP call -
 does not stall the engine's other episodes). An exception in either ends the generate call with the
 environment's message; the rollout actor stays up and is not restarted (the error would repeat).
+
+Two optional methods: ``setup(tokenizer)``, called before ``reset`` with the engine's tokenizer (tool
+environments render their tools and results through its chat template, ``relayrl.envs.chat``), and
+``metrics() -> dict[str, float]``, read when the episode ends (``tool_calls``, ``tool_errors``: the run's
+``env/*`` metrics).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import asyncio
+import concurrent.futures
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -35,10 +46,25 @@ class Environment(Protocol):
         pipeline built, chat template applied) and return the first model input, usually ``sample["prompt"]``."""
         ...
 
-    def step(self, action: str) -> tuple[str, float, bool]:
+    def step(self, action: str) -> tuple[str, float, bool] | Awaitable[tuple[str, float, bool]]:
         """React to the model's turn ``action`` (its text): ``(observation, reward, done)``.
 
         ``observation`` is appended verbatim after the action when ``done`` is False (it is ignored when
         the episode ends), so include any separators or chat-template markers it needs.
         """
         ...
+
+
+ENV_THREADS = 64
+"""Worker threads for environment work (plain ``reset``/``step``, tool calls). asyncio's default pool has
+``cpu_count + 4`` (6 on a 2-core box): six hanging tools would stall every other episode's calls."""
+
+
+@functools.cache
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(ENV_THREADS, thread_name_prefix="relayrl-env")
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in the environment thread pool, awaited without blocking the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))

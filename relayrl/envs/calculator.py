@@ -11,12 +11,15 @@ and every intermediate result within ``MAX_MAGNITUDE``; a power is checked *befo
 from __future__ import annotations
 
 import ast
+import json
 import math
 import operator
+import re
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
-from relayrl.envs.tools import Tool, ToolEnv, ToolError
+from relayrl.envs.toolenv import ToolEnv
+from relayrl.envs.tools import ToolError
 
 MAX_CHARS = 200
 MAX_MAGNITUDE = 1e100
@@ -47,7 +50,7 @@ def calculate(expression: str) -> str:
     """
     text = expression.strip()
     if not text:
-        raise CalcError("empty expression; write e.g. <calc>3*7</calc>")
+        raise CalcError("empty expression; write e.g. 3*7")
     if len(text) > MAX_CHARS:
         raise CalcError(f"expression has {len(text)} characters; at most {MAX_CHARS}")
     try:
@@ -103,46 +106,71 @@ def _format(value: Number) -> str:
     return f"{value:.10g}"
 
 
-HINT = "You may use a calculator: write <calc>expression</calc> and its result follows."
-FEEDBACK = "\nCall the calculator with <calc>expression</calc>, or end with your final answer as 'Answer: N'.\n"
+FEEDBACK = "Call the calculator, or reply with your final answer as 'Answer: N'."
+"""What the model reads after a turn with neither a tool call nor an answer (a user message)."""
+INSTRUCTIONS = (
+    "Use the calculator tool for any arithmetic: call it, read its result, then reply with the final answer "
+    "as 'Answer: N'."
+)
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly.
+
+    Args:
+        expression: numbers, parentheses and + - * / // % **, e.g. 123*45
+    """
+    return calculate(expression)
 
 
 class CalculatorEnv(ToolEnv):
-    """Arithmetic with a calculator tool: needs the ``answer`` column (an integer), e.g. ``data.task=arith``.
+    """Arithmetic with a calculator tool: needs the ``answer`` column (an integer), e.g. ``data.task=multiply``.
 
-    * ``reset``: the prompt, with ``hint`` written right after the question (found verbatim in the
-      formatted prompt, so it lands inside the user turn of any chat template).
-    * a turn with ``<calc>expr</calc>`` (or ``<tool>calc: expr</tool>``): ``<result>value</result>``, reward 0.
-    * a turn with ``Answer:`` and no call: done; reward 1.0 if the integer after the last ``Answer:``
-      equals ``answer`` (``relayrl.rewards.builtin.parse_answer``, as the ``arith_correct`` reward) else 0.0.
-    * any other turn: ``feedback`` (how to call the tool or answer), reward 0, the episode goes on.
-      Re-prompting instead of ending lets a model recover from a malformed turn within ``max_turns``.
+    * ``reset``: system prompt ``instructions`` plus the tool, user message the row's question.
+    * a turn calling ``calculator``: its result comes back as a tool message; reward 0.
+    * a turn with ``Answer:`` and no call ends the episode: reward 1.0 if the integer after the last ``Answer:``
+      equals ``answer`` (``relayrl.rewards.builtin.parse_answer``, as the ``arith_correct`` reward), else 0.0.
+    * any other turn: ``feedback`` as a user message, reward 0, the episode goes on (a model can recover from a
+      malformed turn within ``env.max_turns``).
     """
 
-    tools: ClassVar[dict[str, Tool]] = {"calc": calculate}
+    tools = (calculator,)
 
-    def __init__(self, hint: str = HINT, feedback: str = FEEDBACK) -> None:
-        super().__init__()
-        self.hint, self.feedback = hint, feedback
+    def __init__(self, instructions: str = INSTRUCTIONS, feedback: str = FEEDBACK, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.system, self.feedback = instructions, feedback
         self.answer = 0
 
-    def prompt(self, sample: dict[str, Any]) -> str:
+    def instructions(self, sample: dict[str, Any]) -> str:
         if "answer" not in sample:
             raise ValueError(
                 f"CalculatorEnv needs an 'answer' column, the sample has {sorted(sample)}; "
-                "use data.task=arith or a jsonl file with integer answers"
+                "use data.task=multiply (or arith) or a jsonl file with integer answers"
             )
         self.answer = int(str(sample["answer"]).strip().replace(",", ""))
-        prompt, question = sample["prompt"], sample.get("question", "")
-        if not self.hint:
-            return prompt
-        if question and question in prompt:
-            return prompt.replace(question, f"{question} {self.hint}", 1)
-        return f"{self.hint}\n{prompt}"
+        return self.system
 
     def finish(self, action: str) -> tuple[str, float, bool]:
         from relayrl.rewards.builtin import ANSWER_TAG, parse_answer
 
         if ANSWER_TAG not in action:
-            return self.feedback, 0.0, False
+            return self._chat().reply(self.feedback), 0.0, False
         return "", float(parse_answer(action) == self.answer), True
+
+    def demonstration(self, sample: dict[str, Any]) -> list[str]:
+        """The model turns of a worked episode (a supervised warm start replays them through this env):
+        one calculator call on the question's expression, then the answer."""
+        expression = expression_of(sample["question"])
+        call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        return [f"<tool_call>\n{call}\n</tool_call>", f"Answer: {calculate(expression)}"]
+
+
+_EXPRESSION = re.compile(r"-?\d+(?:\s*[-+*/]\s*-?\d+)+")
+
+
+def expression_of(question: str) -> str:
+    """The first arithmetic expression in a question (``"What is 12 * 34?"`` -> ``"12 * 34"``)."""
+    match = _EXPRESSION.search(question)
+    if match is None:
+        raise ValueError(f"no arithmetic expression in the question {question!r}; demonstrations need one")
+    return match.group()

@@ -1,29 +1,29 @@
-"""Tool calls in model text and a base class for environments that answer them.
+"""Typed tools: Python functions whose JSON schema comes from their signature and docstring.
 
-A model calls a tool in either of two spellings (the closing tag ends its turn, see ``ToolEnv.stop``)::
+A tool is a plain function with type hints and a Google-style docstring (an ``Args:`` line per
+parameter)::
 
-    <tool>calc: 3*7</tool>        generic: tool name, colon, arguments
-    <calc>3*7</calc>              short: the tool's name is the tag
+    def calculator(expression: str) -> str:
+        \"\"\"Evaluate plain arithmetic.
 
-and the environment appends the tool's output as ``<result>21</result>`` for the model to continue
-from. A turn without a tool call is the model's final answer, which the subclass scores (``finish``).
+        Args:
+            expression: numbers, ( ) and + - * / // % **, e.g. 123*45
+        \"\"\"
+
+``as_tool`` derives its OpenAI-style schema with ``transformers.utils.get_json_schema`` (what
+``apply_chat_template(tools=...)`` itself uses), so the model reads the same description a chat template
+would show. ``call_tool`` checks a call's arguments against that schema before the function runs: a
+model's call with a missing, unknown or mistyped argument gets an error message back, never a crash.
+The chat side (rendering the schemas, parsing calls, writing results) is ``relayrl.envs.chat``; the
+environment that ties them together is ``relayrl.envs.toolenv.ToolEnv``.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar
-
-Tool = Callable[[str], str]
-"""A tool takes the call's argument text and returns the text the model reads back."""
-
-RESULT_FORMAT = "<result>{}</result>\n"
-"""How a tool's output is shown to the model (``{}`` is the output)."""
-
-MAX_RESULT_CHARS = 200
-"""Tool outputs (and error messages) are cut to this many characters: they cost context tokens."""
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class ToolError(ValueError):
@@ -32,77 +32,102 @@ class ToolError(ValueError):
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One call parsed from a model turn: the tool's name and its JSON arguments."""
+
     name: str
-    args: str
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
-_GENERIC = re.compile(r"<tool>\s*([A-Za-z_][\w.-]*)\s*:(.*?)</tool>", re.DOTALL)
+@dataclass(frozen=True)
+class Tool:
+    """A function and its schema (``{"type": "function", "function": {name, description, parameters}}``)."""
 
-
-def parse_tool_call(text: str, tool_names: list[str] | tuple[str, ...]) -> ToolCall | None:
-    """The first complete tool call in ``text``, in either spelling, or None.
-
-    The first one, because a turn stops at the first closing tag (the stop strings), so it is the call
-    that ended the turn. The generic spelling accepts any name (an unknown one gets an error reply);
-    the short spelling only the names in ``tool_names`` (``<b>x</b>`` is not a tool call).
-    """
-    found = []
-    if m := _GENERIC.search(text):
-        found.append((m.start(), ToolCall(m.group(1), m.group(2).strip())))
-    if tool_names:
-        names = "|".join(re.escape(n) for n in tool_names)
-        if m := re.search(rf"<({names})>(.*?)</\1>", text, re.DOTALL):
-            found.append((m.start(), ToolCall(m.group(1), m.group(2).strip())))
-    return min(found, key=lambda f: f[0])[1] if found else None
-
-
-def _one_line(text: str, limit: int = MAX_RESULT_CHARS) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class ToolEnv:
-    """An ``Environment`` whose model turns either call a tool (answered, episode goes on) or finish.
-
-    Subclasses set ``tools`` (name -> ``Tool``) and implement ``finish(action) -> (observation, reward,
-    done)`` for turns without a tool call; they may override ``prompt(sample)`` to change the first
-    model input. Tool calls earn reward 0: the episode's reward comes from ``finish``.
-    """
-
-    tools: ClassVar[dict[str, Tool]] = {}
-
-    def __init__(self) -> None:
-        self.sample: dict[str, Any] = {}
+    fn: Callable[..., Any]
+    schema: dict[str, Any]
 
     @property
-    def stop(self) -> list[str]:
-        """Closing tags of both spellings: the model's turn ends right after a call."""
-        return ["</tool>", *(f"</{name}>" for name in self.tools)]
+    def name(self) -> str:
+        return self.schema["function"]["name"]
 
-    def reset(self, sample: dict[str, Any]) -> str:
-        self.sample = dict(sample)
-        return self.prompt(self.sample)
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self.schema["function"].get("parameters", {})
 
-    def prompt(self, sample: dict[str, Any]) -> str:
-        return sample["prompt"]
 
-    def step(self, action: str) -> tuple[str, float, bool]:
-        call = parse_tool_call(action, tuple(self.tools))
-        if call is None:
-            return self.finish(action)
-        return RESULT_FORMAT.format(self.call(call)), 0.0, False
+_SCHEMAS: dict[Any, dict[str, Any]] = {}
+"""Schemas by function (a bound method's underlying function): derived once per process, not per episode."""
 
-    def call(self, call: ToolCall) -> str:
-        """Run one call; any failure becomes ``error: ...`` for the model to read (never an exception)."""
-        tool = self.tools.get(call.name)
-        if tool is None:
-            return _one_line(f"error: unknown tool {call.name!r}; available: {', '.join(self.tools)}")
-        try:
-            return _one_line(tool(call.args))
-        except ToolError as exc:
-            return _one_line(f"error: {exc}")
-        except Exception as exc:  # noqa: BLE001 - a user tool's bug is the model's problem to read, not a crash
-            return _one_line(f"error: {type(exc).__name__}: {exc}")
 
-    def finish(self, action: str) -> tuple[str, float, bool]:
-        raise NotImplementedError(f"{type(self).__name__} must implement finish(action) -> (obs, reward, done)")
+def as_tool(fn: Callable[..., Any] | Tool) -> Tool:
+    """``fn`` with its schema; raises ``ValueError`` naming the fix when the docstring lacks what the schema
+    needs (a description and an ``Args:`` line for every parameter) or a parameter lacks a type hint."""
+    if isinstance(fn, Tool):
+        return fn
+    key = getattr(fn, "__func__", fn)
+    if key not in _SCHEMAS:
+        _SCHEMAS[key] = _schema(fn)
+    return Tool(fn, _SCHEMAS[key])
+
+
+def _schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    from transformers.utils import get_json_schema
+
+    try:
+        schema = get_json_schema(fn)
+    except Exception as exc:  # noqa: BLE001 - transformers raises several types; all mean the same fix
+        name = getattr(fn, "__name__", repr(fn))
+        raise ValueError(
+            f"tool {name}: cannot derive its schema ({exc}); give every parameter a type hint and the docstring "
+            "a description plus an 'Args:' line per parameter (Google style)"
+        ) from None
+    schema["function"].pop("return", None)  # not part of the tool schemas chat templates expect
+    return schema
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list, tuple),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def check_arguments(tool: Tool, arguments: Any) -> dict[str, Any]:
+    """The call's arguments if they fit the tool's schema, else ``ToolError`` saying what is wrong.
+
+    Checks: an object; no unknown names; every required one present; JSON types (``integer`` takes a
+    whole float such as ``3.0``, ``number`` any int or float; ``bool`` is not a number).
+    """
+    props, required = tool.parameters.get("properties", {}), tool.parameters.get("required", [])
+    if not isinstance(arguments, dict):
+        raise ToolError(f"{tool.name}: arguments must be a JSON object, got {type(arguments).__name__}")
+    if unknown := sorted(set(arguments) - set(props)):
+        raise ToolError(f"{tool.name}: unknown argument {unknown[0]!r}; it takes {', '.join(props) or 'none'}")
+    if missing := [k for k in required if k not in arguments]:
+        raise ToolError(f"{tool.name}: missing argument {missing[0]!r}")
+    return {k: _typed(tool.name, k, v, props[k]) for k, v in arguments.items()}
+
+
+def _typed(tool: str, key: str, value: Any, spec: dict[str, Any]) -> Any:
+    types = spec.get("type")
+    if types is None or (value is None and spec.get("nullable")):  # nullable: an ``X | None`` hint
+        return value
+    for name in types if isinstance(types, list) else [types]:
+        if name == "integer" and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, _JSON_TYPES.get(name, ())) and not (isinstance(value, bool) and name != "boolean"):
+            return value
+    raise ToolError(f"{tool}: argument {key!r} must be {types}, got {type(value).__name__}")
+
+
+def call_tool(tool: Tool, arguments: Any) -> str:
+    """Check ``arguments`` and run the tool; its result as text (a dict or list as JSON). ``ToolError`` for a bad
+    call or an expected failure; any other exception is the tool's own bug and propagates (``ToolEnv`` reports it
+    to the model)."""
+    result = tool.fn(**check_arguments(tool, arguments))
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, default=str) if isinstance(result, (dict, list)) else str(result)

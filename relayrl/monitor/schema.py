@@ -14,8 +14,8 @@ Producers keep their own short names (the trainer returns ``loss``, ``kl``, ...;
 sync sets up the transfer channel); ``drop_stale`` (buffer.drop_stale=true and something was dropped);
 ``first_step`` (the first step a driver process logs: a run's step 1, or the first after a resume);
 ``gae`` (algorithm.name=gae: PPO with a critic); ``dapo`` (algorithm.dynamic_sampling or an overlong buffer);
-``dynamic`` (algorithm.dynamic_sampling); ``eval`` (steps that evaluate: eval.every > 0 divides the step,
-and step 0 with eval.before_first_step).
+``dynamic`` (algorithm.dynamic_sampling); ``env`` (env.name is set: multi-turn episodes); ``eval`` (steps that
+evaluate: eval.every > 0 divides the step, and step 0 with eval.before_first_step).
 """
 
 from __future__ import annotations
@@ -172,6 +172,12 @@ SCHEMA: tuple[Metric, ...] = (
         "rollout/running / the target: rollout.in_flight when streaming, else a chunk's sequences",
     ),
     M("rollout/engine_steps", "count", "engine steps (prefill or decode) of all replicas in the step", reduce="sum"),
+    # env/* - multi-turn episodes (relayrl.controller.system.env_metrics), means over the step's episodes
+    M("env/turns", "turns", "model turns per episode", "env"),
+    M("env/tool_calls", "calls", "well-formed calls of a known tool per episode", "env"),
+    M("env/tool_call_rate", "fraction", "episodes that made at least one tool call", "env"),
+    M("env/tool_errors", "count", "malformed calls, unknown tools and failed calls per episode", "env"),
+    M("env/timeout_frac", "fraction", "episodes ended by env.episode_timeout_s", "env"),
     # staleness/*
     M(STALENESS_LAG, "count", "groups trained whose oldest token is d versions behind the trainer"),
     M(STALENESS_MAX, "versions", "largest d of the step (<= buffer.max_staleness)"),
@@ -259,7 +265,7 @@ SCHEMA: tuple[Metric, ...] = (
 del M
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(m.group for m in SCHEMA))
-"""Sections in order: reward, policy, dapo, rollout, staleness, buffer, accounting, timing, startup, idle,
+"""Sections in order: reward, policy, dapo, rollout, env, staleness, buffer, accounting, timing, startup, idle,
 colocated, weightsync, mismatch, perf, eval."""
 
 RENAMES: dict[str, str] = {

@@ -215,16 +215,19 @@ class Rollout:
         env_name: str,
         max_turns: int,
         env_kwargs: dict[str, Any] | None = None,
+        episode_timeout_s: float | None = None,
     ) -> list[TrajectoryGroup]:
         """Multi-turn: ``group_size`` episodes per prompt of environment ``env_name`` (``relayrl.envs``: a
         built-in name or ``module:Class``, built with ``env_kwargs``), model and environment turns alternating
-        for up to ``max_turns`` model turns. Environment tokens are masked (``relayrl.rollout.episode``)."""
+        for up to ``max_turns`` model turns, each episode ending by ``episode_timeout_s``. Environment tokens are
+        masked (``relayrl.rollout.episode``)."""
         runner = EpisodeRunner(
             vllm_sample_turn(self._final_output, self.rollout_cfg),
             self.engine.tokenizer,
             max_turns,
             self.rollout_cfg.max_tokens,
             self.engine.model_config.max_model_len,
+            episode_timeout_s,
         )
         make_env = env_factory(env_name, env_kwargs)
         return list(await asyncio.gather(*(runner.run_group(p, group_size, make_env) for p in prompts)))

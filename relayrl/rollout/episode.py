@@ -43,7 +43,7 @@ from typing import Any
 
 from relayrl.config import RolloutConfig
 from relayrl.data.sampler import Prompt
-from relayrl.envs.base import Environment
+from relayrl.envs.base import Environment, in_thread
 from relayrl.rollout.outputs import ModelTurn, model_turn
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
@@ -74,6 +74,8 @@ class Episode:
     done: bool = False
     finish_reason: str = "length"
     turns: int = 0
+    timed_out: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def context(self) -> list[int]:
@@ -115,6 +117,7 @@ class Episode:
             gen_seconds=seconds,
             completion_mask=list(self.mask),
             env_reward=self.reward,
+            env_metrics={**self.metrics, "turns": float(self.turns), "timed_out": float(self.timed_out)},
         )
 
 
@@ -123,21 +126,24 @@ class EpisodeError(RuntimeError):
     ordinary exception (the rollout actor and its engine stay up), with the environment's message."""
 
 
-async def _call_env(env: Environment, method: str, arg: Any, where: str) -> Any:
+async def _call_env(env: Environment, method: str, arg: Any, where: str, timeout_s: float | None = None) -> Any:
     """``env.<method>(arg)`` without blocking the event loop: ``async def`` methods are awaited, plain ones
-    run in a worker thread (``asyncio.to_thread``), so a slow or blocking environment cannot stall the
-    engine's other episodes, its weight syncs or its watchdog. Each environment instance is used by one
-    episode, one call at a time, so a plain method never runs on two threads at once.
+    run in the environment thread pool (``relayrl.envs.base.in_thread``), so a slow or blocking environment
+    cannot stall the engine's other episodes, its weight syncs or its watchdog. Each environment instance is
+    used by one episode, one call at a time, so a plain method never runs on two threads at once.
 
-    Any exception, ``SystemExit`` included (it would otherwise end the actor), becomes an ``EpisodeError``.
+    ``timeout_s`` (the episode's time left) raises ``TimeoutError``; any exception, ``SystemExit`` included (it
+    would otherwise end the actor), becomes an ``EpisodeError``.
     """
     fn = getattr(env, method)
-    try:
-        if inspect.iscoroutinefunction(fn):
-            return await fn(arg)
-        result = await asyncio.to_thread(fn, arg)
+
+    async def call() -> Any:
+        result = await fn(arg) if inspect.iscoroutinefunction(fn) else await in_thread(fn, arg)
         return await result if inspect.isawaitable(result) else result
-    except asyncio.CancelledError:
+
+    try:
+        return await asyncio.wait_for(call(), timeout_s)
+    except (asyncio.CancelledError, TimeoutError):
         raise
     except BaseException as exc:  # the env's failure is reported, never allowed to end the actor
         raise EpisodeError(
@@ -166,12 +172,20 @@ class EpisodeRunner:
     """
 
     def __init__(
-        self, sample_turn: SampleTurn, tokenizer: Any, max_turns: int, max_tokens: int, max_model_len: int
+        self,
+        sample_turn: SampleTurn,
+        tokenizer: Any,
+        max_turns: int,
+        max_tokens: int,
+        max_model_len: int,
+        episode_timeout_s: float | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1; set env.max_turns")
         self.sample_turn, self.tokenizer = sample_turn, tokenizer
         self.max_turns, self.max_tokens, self.max_model_len = max_turns, max_tokens, max_model_len
+        self.episode_timeout_s = episode_timeout_s
+        self.special_ids = set(getattr(tokenizer, "all_special_ids", None) or [])
 
     async def run_group(self, prompt: Prompt, group_size: int, make_env: Callable[[], Environment]) -> TrajectoryGroup:
         """``group_size`` concurrent episodes of ``prompt``, a fresh env each."""
@@ -187,9 +201,16 @@ class EpisodeRunner:
         self, env: Environment, sample: dict[str, Any], prompt_id: int, sample_idx: int, seed: int | None = None
     ) -> tuple[str, Trajectory]:
         """One episode; returns (the first model input text, the trajectory). ``seed``: the prompt's (see
-        ``turn_seed``)."""
-        t0 = time.perf_counter()
-        first = await _call_env(env, "reset", sample, f"prompt {prompt_id} sample {sample_idx}")
+        ``turn_seed``). Past ``episode_timeout_s`` no new turn starts and a running environment call is
+        abandoned; the episode ends as it stands (``timed_out``)."""
+        t0, where = time.perf_counter(), f"prompt {prompt_id} sample {sample_idx}"
+        deadline = None if self.episode_timeout_s is None else time.monotonic() + self.episode_timeout_s
+        if callable(getattr(env, "setup", None)):
+            await _call_env(env, "setup", self.tokenizer, where)
+        try:
+            first = await _call_env(env, "reset", sample, where, _left(deadline))
+        except TimeoutError:
+            raise EpisodeError(f"environment {type(env).__name__}.reset timed out on {where}") from None
         episode = Episode(prompt_ids=list(self.tokenizer.encode(first)))
         if len(episode.prompt_ids) >= self.max_model_len:
             raise ValueError(
@@ -197,26 +218,62 @@ class EpisodeRunner:
                 f"model.max_model_len={self.max_model_len}; raise model.max_model_len"
             )
         stop = list(getattr(env, "stop", None) or [])
+        try:
+            await self._turns(env, episode, stop, deadline, seed, sample_idx, where)
+        except TimeoutError:
+            episode.timed_out = True
+        episode.metrics = _env_metrics(env)
+        return first, episode.trajectory(prompt_id, sample_idx, time.perf_counter() - t0)
+
+    async def _turns(
+        self,
+        env: Environment,
+        episode: Episode,
+        stop: list[str],
+        deadline: float | None,
+        seed: Any,
+        idx: int,
+        where: str,
+    ) -> None:
+        """Model and environment turns until the environment is done, turns or context run out, or the deadline."""
         while not episode.done and episode.turns < self.max_turns:
             room = self.max_model_len - len(episode.context)
             if room < 1:
                 break
             turn = await self.sample_turn(
-                episode.context, min(self.max_tokens, room), stop, turn_seed(seed, sample_idx, episode.turns)
+                episode.context, min(self.max_tokens, room), stop, turn_seed(seed, idx, episode.turns)
             )
             episode.add_model_turn(turn)
             obs, reward, done = await _call_env(
-                env, "step", turn.text, f"prompt {prompt_id} sample {sample_idx} turn {episode.turns}"
+                env, "step", turn.text, f"{where} turn {episode.turns}", _left(deadline)
             )
             episode.reward += float(reward)
             episode.done = bool(done)
             if episode.done or episode.turns == self.max_turns:
                 break
             obs_ids = list(self.tokenizer.encode(obs, add_special_tokens=False)) if obs else []
+            if obs_ids and turn.token_ids and obs_ids[0] == turn.token_ids[-1] and obs_ids[0] in self.special_ids:
+                obs_ids = obs_ids[1:]  # the model already wrote the end-of-turn token the observation opens with
             if len(episode.context) + len(obs_ids) >= self.max_model_len:
                 break  # no room for the observation and another model token
+            _left(deadline)  # out of time: end on this model turn, not on an observation nothing answers
             episode.add_env_turn(obs_ids, obs)
-        return first, episode.trajectory(prompt_id, sample_idx, time.perf_counter() - t0)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (None: no deadline); ``TimeoutError`` once it has passed."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def _env_metrics(env: Environment) -> dict[str, float]:
+    """The environment's own ``metrics()`` (tool calls, errors), if it has them."""
+    metrics = getattr(env, "metrics", None)
+    return {k: float(v) for k, v in metrics().items()} if callable(metrics) else {}
 
 
 def vllm_sample_turn(final_output: Callable[[Any, Any], Awaitable[Any]], cfg: RolloutConfig) -> SampleTurn:

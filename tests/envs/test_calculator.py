@@ -3,30 +3,27 @@
 from __future__ import annotations
 
 import ast
+import asyncio
+import json
 import math
 import operator
-from typing import ClassVar
 
 import pytest
 
+import relayrl.envs.calculator as calc_module
 from relayrl.envs import (
     ENVIRONMENTS,
     CalcError,
     CalculatorEnv,
     Environment,
-    ToolCall,
     ToolEnv,
     calculate,
-    calculator,
     env_factory,
     load_env_class,
-    parse_tool_call,
 )
-from relayrl.envs.calculator import FEEDBACK, HINT, MAX_MAGNITUDE
-from relayrl.envs.tools import Tool
+from relayrl.envs.calculator import FEEDBACK, MAX_MAGNITUDE
 
 QUESTION = "What is 3 + 4? Reply with 'Answer: N'."
-PROMPT = f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.mark.parametrize(
@@ -95,7 +92,7 @@ def test_hostile_powers_are_refused_before_they_are_computed(monkeypatch):
         computed.append((base, exp))
         return operator.pow(base, exp)
 
-    monkeypatch.setitem(calculator._BINARY, ast.Pow, recording_pow)
+    monkeypatch.setitem(calc_module._BINARY, ast.Pow, recording_pow)
     for expr in ("9**9**9**9", "(10**64)**64**64", "2**200*2**200", "99999999**64"):
         with pytest.raises(CalcError):
             calculate(expr)
@@ -103,50 +100,66 @@ def test_hostile_powers_are_refused_before_they_are_computed(monkeypatch):
     assert all(abs(b) in (0, 1) or e * math.log10(abs(b)) <= math.log10(MAX_MAGNITUDE) for b, e in computed)
 
 
-@pytest.mark.parametrize(
-    "text, call",
-    [
-        ("let me compute <calc>3*7</calc>", ToolCall("calc", "3*7")),
-        ("<tool>calc: 3 * 7 </tool>", ToolCall("calc", "3 * 7")),
-        ("<tool> search:  who\nwon </tool>", ToolCall("search", "who\nwon")),  # generic spelling: any name
-        ("<calc>1+1</calc> then <tool>calc: 2+2</tool>", ToolCall("calc", "1+1")),  # the first call counts
-        ("<tool>calc: 2+2</tool> then <calc>1+1</calc>", ToolCall("calc", "2+2")),
-        ("<calc>3*7", None),  # not closed
-        ("<b>3*7</b>", None),  # not a known tool's tag
-        ("Answer: 21", None),
-    ],
-)
-def test_parse_tool_call(text, call):
-    assert parse_tool_call(text, ("calc",)) == call
+@pytest.fixture(scope="module")
+def tok():
+    from relayrl.models.tiny import build_tokenizer
+
+    return build_tokenizer()
 
 
-def _env(answer="7") -> CalculatorEnv:
+def _env(tok, answer="7") -> CalculatorEnv:
     env = CalculatorEnv()
-    env.reset({"prompt": PROMPT, "question": QUESTION, "answer": answer})
+    env.setup(tok)
+    env.reset({"prompt": "", "question": QUESTION, "answer": answer})
     return env
 
 
-def test_reset_puts_the_hint_inside_the_user_turn():
-    obs = CalculatorEnv().reset({"prompt": PROMPT, "question": QUESTION, "answer": "7"})
-    assert obs == f"<|im_start|>user\n{QUESTION} {HINT}<|im_end|>\n<|im_start|>assistant\n"
-    assert CalculatorEnv(hint="").reset({"prompt": PROMPT, "question": QUESTION, "answer": "7"}) == PROMPT
-    assert CalculatorEnv().reset({"prompt": "raw", "answer": "7"}) == f"{HINT}\nraw"  # question not found
+def _result(tok, text: str) -> str:
+    """What the calculator environment answers to a calling turn: the default format's tool message."""
+    return f"<|im_end|>\n<|im_start|>tool\n<tool_response>\n{text}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def _call(expression) -> str:
+    return (
+        f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": {json.dumps(expression)}}}}}\n</tool_call>'
+    )
+
+
+def test_reset_renders_instructions_tool_and_question(tok):
+    env = CalculatorEnv(instructions="Be exact.")
+    env.setup(tok)
+    prompt = env.reset({"prompt": "", "question": QUESTION, "answer": "7"})
+    assert prompt.startswith("<|im_start|>system\nBe exact.\n\nYou may call one or more functions")
+    assert prompt.count('"name": "calculator"') == 1 and "Evaluate an arithmetic expression exactly." in prompt
+    assert prompt.endswith(f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n")
+    assert env.stop == ["</tool_call>"]
     with pytest.raises(ValueError, match="needs an 'answer' column"):
-        CalculatorEnv().reset({"prompt": PROMPT})
+        env.reset({"prompt": "", "question": QUESTION})
+    with pytest.raises(RuntimeError, match="setup\\(tokenizer\\) must run"):
+        CalculatorEnv().reset({"prompt": "", "question": QUESTION, "answer": "7"})
 
 
-def test_episode_steps_tool_then_answer():
-    env = _env()
-    assert env.stop == ["</tool>", "</calc>"]
-    assert env.step("I will add. <calc>3+4</calc>") == ("<result>7</result>\n", 0.0, False)
-    assert env.step("<tool>calc: 3/0</tool>") == ("<result>error: division by zero</result>\n", 0.0, False)
-    assert env.step("<tool>web: 3</tool>") == (
-        "<result>error: unknown tool 'web'; available: calc</result>\n",
+def test_episode_steps_tool_then_answer(tok):
+    env = _env(tok)
+    assert asyncio.run(env.step(f"I will add. {_call('3+4')}")) == (_result(tok, "7"), 0.0, False)
+    assert asyncio.run(env.step(_call("3/0"))) == (_result(tok, "error: division by zero"), 0.0, False)
+    web = '<tool_call>{"name": "web", "arguments": {"q": 3}}</tool_call>'
+    assert asyncio.run(env.step(web)) == (
+        _result(tok, "error: unknown tool 'web'; available: calculator"),
         0.0,
         False,
     )
-    assert env.step("so it is 7") == (FEEDBACK, 0.0, False)  # neither call nor answer: re-prompt
-    assert env.step("The result is 7. Answer: 7") == ("", 1.0, True)
+    assert env.metrics() == {"tool_calls": 2.0, "tool_errors": 2.0}
+    feedback = f"<|im_end|>\n<|im_start|>user\n{FEEDBACK}<|im_end|>\n<|im_start|>assistant\n"
+    assert asyncio.run(env.step("so it is 7")) == (feedback, 0.0, False)  # neither call nor answer: re-prompt
+    assert asyncio.run(env.step("The result is 7. Answer: 7")) == ("", 1.0, True)
+
+
+def test_demonstration_replays_to_the_right_answer(tok):
+    env = _env(tok, answer=str(123 * 45))
+    call, answer = env.demonstration({"question": "What is 123 * 45? Reply with 'Answer: N'."})
+    assert asyncio.run(env.step(call)) == (_result(tok, "5535"), 0.0, False)
+    assert answer == "Answer: 5535" and asyncio.run(env.step(answer)) == ("", 1.0, True)
 
 
 @pytest.mark.parametrize(
@@ -159,25 +172,12 @@ def test_episode_steps_tool_then_answer():
         ("Answer: seven", 0.0),
     ],
 )
-def test_final_answer_reward(action, reward):
-    obs, r, done = _env().step(action)
-    assert (obs, r, done) == ("", reward, True)
+def test_final_answer_reward(tok, action, reward):
+    assert asyncio.run(_env(tok).step(action)) == ("", reward, True)
 
 
-def test_answer_column_may_be_text_with_separators():
-    assert _env(answer=" 1,200 ").step("Answer: 1200") == ("", 1.0, True)
-
-
-def test_tool_errors_from_user_tools_become_messages():
-    def boom(args: str) -> str:  # a user tool's bug
-        raise KeyError(args)
-
-    class Boom(ToolEnv):
-        tools: ClassVar[dict[str, Tool]] = {"boom": boom}
-
-    assert Boom().step("<boom>key</boom>") == ("<result>error: KeyError: 'key'</result>\n", 0.0, False)
-    with pytest.raises(NotImplementedError, match="must implement finish"):
-        Boom().step("no call")
+def test_answer_column_may_be_text_with_separators(tok):
+    assert asyncio.run(_env(tok, answer=" 1,200 ").step("Answer: 1200")) == ("", 1.0, True)
 
 
 class Countdown:
@@ -192,6 +192,15 @@ class Countdown:
     def step(self, action):
         self.turns -= 1
         return f"[{self.turns} left]", float(self.turns == 0), self.turns == 0
+
+
+def untyped(x):
+    """A tool without type hints."""
+    return x
+
+
+class Untyped(ToolEnv):
+    tools = (untyped,)
 
 
 def _not_an_env():
@@ -211,10 +220,12 @@ def test_registry_and_import_paths():
 @pytest.mark.parametrize(
     "name, kwargs, match",
     [
-        ("nope", None, "neither a built-in \\(calculator\\) nor an import path"),
+        ("nope", None, "neither a built-in \\(calculator, python"),
         ("no_such_module_xyz:Env", None, "cannot import module 'no_such_module_xyz'"),
         ("tests.envs.test_calculator:Missing", None, "has no class 'Missing'"),
         ("calculator", {"bogus": 1}, "rejects kwargs=\\{'bogus': 1\\}"),
+        ("calculator", {"tool_timeout_s": 0}, "tool_timeout_s=0 must be > 0"),
+        ("tests.envs.test_calculator:Untyped", None, "cannot derive its schema"),
         ("tests.envs.test_calculator:QUESTION", None, "names str, not a class"),
         ("tests.envs.test_calculator:_not_an_env", None, "lacks reset\\(sample\\) or step\\(action\\)"),
     ],

@@ -39,22 +39,24 @@ def test_env_reward_without_an_environment_excludes_with_a_clear_reason():
 
 
 def test_env_config():
-    cfg = load_config("grpo_calc_tiny")
+    cfg = load_config("agent_calc_tiny")
     assert (cfg.env.name, cfg.env.max_turns, cfg.env.kwargs) == ("calculator", 3, {})
     assert load_config("grpo_tiny").env.name is None  # default: single-turn
-    assert load_config("grpo_calc_tiny", ["+env.kwargs.hint='Use a tool.'"]).env.kwargs == {"hint": "Use a tool."}
+    overridden = load_config("agent_calc_tiny", ["+env.kwargs.instructions='Use a tool.'", "env.episode_timeout_s=30"])
+    assert overridden.env.kwargs == {"instructions": "Use a tool."} and overridden.env.episode_timeout_s == 30
 
 
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (["env.name=nope"], "env.name: environment 'nope' is neither a built-in \\(calculator\\) nor an import path"),
+        (["env.name=nope"], "env.name: environment 'nope' is neither a built-in \\(calculator, python"),
         (["env.name=no_such_mod:Env"], "env.name: environment 'no_such_mod:Env': cannot import module"),
         (["env.max_turns=0"], "env.max_turns=0 must be >= 1"),
+        (["env.episode_timeout_s=0"], "env.episode_timeout_s=0.0 must be > 0"),
         (["+env.kwargs.bogus=1"], "env.name: environment 'calculator' rejects kwargs=\\{'bogus': 1\\}"),
         (["env.name=null"], "rewards use env_reward but env.name is not set; set env.name=calculator"),
     ],
 )
 def test_bad_env_config(overrides, match):
     with pytest.raises(ConfigError, match=match):
-        load_config("grpo_calc_tiny", overrides)
+        load_config("agent_calc_tiny", overrides)

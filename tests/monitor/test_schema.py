@@ -11,6 +11,7 @@ def test_groups_are_the_issue_sections_in_order():
         "policy",
         "dapo",
         "rollout",
+        "env",
         "staleness",
         "buffer",
         "accounting",

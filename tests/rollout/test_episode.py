@@ -14,7 +14,7 @@ import torch
 
 from relayrl.config import ModelConfig, RolloutConfig, load_config
 from relayrl.data import Prompt
-from relayrl.envs.calculator import FEEDBACK, HINT, CalculatorEnv
+from relayrl.envs.calculator import FEEDBACK, CalculatorEnv
 from relayrl.rollout.episode import EpisodeError, EpisodeRunner, ModelTurn
 from relayrl.trainer.batch import build_train_batch
 from relayrl.types import TrajectoryGroup, VersionSpan
@@ -241,7 +241,7 @@ def actor(ray_session, tiny_llama):
 
     handle = start_rollout_actor(
         str(tiny_llama),
-        ModelConfig(path=str(tiny_llama), max_model_len=256),
+        ModelConfig(path=str(tiny_llama), max_model_len=1024),  # the calculator's tools block: ~680 tokens
         RolloutConfig(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, kv_cache_gb=0.25, num_cpus=0.5),
         seed=0,
     )
@@ -274,17 +274,23 @@ def _replay(group: TrajectoryGroup, t, tok) -> tuple[float, bool]:
     the env tokens recorded after that turn, and no turn may follow the one that ended the episode.
     Returns (the summed step rewards, whether the env ended the episode): what ``env_reward`` must be."""
     env, total, done = CalculatorEnv(), 0.0, False
-    env.reset({**group.columns, "prompt": group.prompt})
+    env.setup(tok)
+    assert env.reset({**group.columns, "prompt": group.prompt}) == group.prompt
     runs = _runs(t.completion_mask)  # model and env runs alternate, model first and last
     for i, (is_model, start, end) in enumerate(runs):
         if not is_model:
             continue
         assert not done, "a model turn followed the turn that ended the episode"
-        obs, reward, done = env.step(tok.decode(t.completion_token_ids[start:end], skip_special_tokens=True))
+        turn = t.completion_token_ids[start:end]
+        obs, reward, done = asyncio.run(env.step(tok.decode(turn, skip_special_tokens=True)))
         total += reward
         if i + 1 < len(runs):
             _, obs_start, obs_end = runs[i + 1]
-            assert t.completion_token_ids[obs_start:obs_end] == tok.encode(obs, add_special_tokens=False)
+            expected = tok.encode(obs, add_special_tokens=False)
+            if turn[-1] == tok.eos_token_id:  # the model wrote the end-of-turn token the observation opens with
+                assert expected[0] == tok.eos_token_id
+                expected = expected[1:]
+            assert t.completion_token_ids[obs_start:obs_end] == expected
     return total, done
 
 
@@ -292,10 +298,9 @@ def test_env_tokens_are_masked_exactly_where_observations_are(episodes, tiny_lla
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_llama)
-    feedback = tok.encode(FEEDBACK, add_special_tokens=False)
     env_tokens = 0
     for g, p in zip(episodes, PROMPTS):
-        assert HINT in g.prompt and g.columns == p.columns
+        assert '"name": "calculator"' in g.prompt and g.columns == p.columns
         for t in g.trajectories:
             T, mask = len(t.completion_token_ids), t.completion_mask
             assert len(mask) == len(t.behaviour_logprobs) == T and set(mask) <= {0, 1}
@@ -306,8 +311,9 @@ def test_env_tokens_are_masked_exactly_where_observations_are(episodes, tiny_lla
             assert runs[0][0] == 1 and runs[-1][0] == 1  # starts and ends with the model
             assert 1 <= len(model_runs) <= MAX_TURNS and len(env_runs) == len(model_runs) - 1
             for _, start, end in env_runs:  # each zero run is one observation
-                obs = t.completion_token_ids[start:end]
-                assert obs == feedback or tok.decode(obs).startswith("<result>"), tok.decode(obs)
+                obs = tok.decode(t.completion_token_ids[start:end])
+                assert FEEDBACK in obs or "<tool_response>" in obs, obs
+                assert obs.endswith("<|im_start|>assistant\n"), obs
                 assert t.behaviour_logprobs[start:end] == [0.0] * (end - start)
                 env_tokens += end - start
             model_lps = [lp for lp, m in zip(t.behaviour_logprobs, mask) if m]
@@ -376,19 +382,23 @@ def test_train_batch_from_episodes_masks_env_tokens(episodes):
 # ---------------------------------------------------------------------------- end to end: driver + tiny recipe
 @pytest.mark.slow
 def test_multi_turn_training_run(ray_session, tiny_llama, tmp_path):
-    """grpo_calc_tiny for 2 steps: episodes through scoring (env_reward), training and weight sync.
+    """agent_calc_tiny for 2 steps: episodes through scoring (env_reward), training and weight sync.
 
-    The trainer's ``tokens`` is its loss-mask sum; ``rollout/tokens`` counts every completion token. With
-    a random model every observation is the env's fixed FEEDBACK (it never calls the tool), so the
-    difference must be a positive multiple of FEEDBACK's token count: the env tokens, and only they, masked.
+    The trainer's ``tokens`` is its loss-mask sum; ``rollout/tokens`` counts every completion token. A random
+    model never calls the tool or answers, so each observation is the calculator's feedback message as rendered
+    by the chat template (one token shorter when the model's turn ended with the end-of-turn token it opens with):
+    the difference must lie within those bounds for the step's (turns - 1) observations per episode.
     """
-    from transformers import AutoTokenizer
-
     from relayrl.controller import train
+    from relayrl.envs import CalculatorEnv
+    from relayrl.models import load_tokenizer
 
-    feedback = len(AutoTokenizer.from_pretrained(tiny_llama).encode(FEEDBACK, add_special_tokens=False))
+    tok = load_tokenizer(tiny_llama)
+    env = CalculatorEnv()
+    env.setup(tok)
+    feedback = len(tok.encode(env.chat.reply(FEEDBACK), add_special_tokens=False))
     cfg = load_config(
-        "grpo_calc_tiny",
+        "agent_calc_tiny",
         [f"model.path={tiny_llama}", f"run.output_dir={tmp_path}", "trainer.num_cpus=0.5", "rollout.num_cpus=0.5"],
     )
     t0 = time.perf_counter()
@@ -399,10 +409,15 @@ def test_multi_turn_training_run(ray_session, tiny_llama, tmp_path):
         + "; ".join(f"tokens {r['policy/tokens']:.0f}/{r['rollout/tokens']:.0f}" for r in rows)
     )
     assert [r["step"] for r in rows] == [1, 2]
+    from relayrl.monitor.schema import SCHEMA
+
+    assert {m.name for m in SCHEMA if m.when == "env"} <= set(rows[0]), "an env/* metric was not logged"
     for r in rows:
         assert r["rollout/completions"] == cfg.run.prompts_per_step * cfg.algorithm.group_size
         env_tokens = r["rollout/tokens"] - r["policy/tokens"]
-        assert env_tokens > 0 and env_tokens % feedback == 0, (env_tokens, feedback)
+        observations = round((r["env/turns"] - 1) * r["rollout/completions"])
+        assert observations > 0 and r["env/tool_call_rate"] == 0.0 and r["env/tool_errors"] == 0.0
+        assert (feedback - 1) * observations <= env_tokens <= feedback * observations, (env_tokens, feedback)
         # the headline is the weighted sum of the per-function means (env_reward 1.0, digit_fraction 0.1), so a
         # digit_fraction that never reached the total, or an env reward not summed into it, breaks the equality
         assert r["reward/env_reward"] == 0.0 and 0.0 <= r["reward/digit_fraction"] <= 1.0
@@ -410,3 +425,183 @@ def test_multi_turn_training_run(ray_session, tiny_llama, tmp_path):
         assert r["rollout/min_version"] == r["step"] - 1 and r["weightsync/version"] == r["step"]
         for key in ("policy/loss", "policy/grad_norm", "timing/generate", "timing/train", "timing/sync"):
             assert math.isfinite(r[key]), key
+
+
+# -------------------------------------------------------------- scripted engine (no vLLM): concurrency, tools, timeouts
+def test_two_episodes_interleave_while_one_env_step_blocks():
+    """Episode A's plain step blocks its thread until episode B has taken its second and third model turns, and
+    B's first step waits until A's step has started: B's turns can only happen while A's step is blocked if
+    environment work runs off the event loop (on it, both waits would time out and the order below break)."""
+    events: list[str] = []  # appended from the loop and from env threads: list.append is atomic
+    a_in_step, b_done = threading.Event(), threading.Event()
+
+    class StepBlocksUntilBIsDone(ScriptedEnv):
+        def step(self, action):
+            if not self.actions:
+                events.append("A step starts")
+                a_in_step.set()
+                events.append("A step ends" if b_done.wait(timeout=5) else "A step gave up")  # hang guard only
+            return super().step(action)
+
+    class WaitsForA(ScriptedEnv):
+        def step(self, action):
+            if not self.actions:
+                a_in_step.wait(timeout=5)
+            return super().step(action)
+
+    async def engine(context, max_tokens, stop, seed):
+        who = chr(context[1])  # CharTokenizer: [BOS, ord(first prompt character), ...]
+        n = 1 + sum(e.startswith(f"{who} turn") for e in events)
+        events.append(f"{who} turn {n}")
+        if (who, n) == ("B", 3):
+            b_done.set()
+        await asyncio.sleep(0)  # a real engine yields while it samples
+        return _turn([20 + n], [-0.1], "m", [VersionSpan(0, 0, 1)])
+
+    runner = EpisodeRunner(engine, CharTokenizer(), max_turns=4, max_tokens=8, max_model_len=64)
+    env_a = StepBlocksUntilBIsDone([("o", 0.0, False), ("", 1.0, True)])
+    env_b = WaitsForA([("o", 0.0, False), ("o", 0.0, False), ("", 2.0, True)])
+
+    async def both():
+        return await asyncio.gather(
+            runner.run_episode(env_a, {"prompt": "A"}, prompt_id=0, sample_idx=0),
+            runner.run_episode(env_b, {"prompt": "B"}, prompt_id=1, sample_idx=0),
+        )
+
+    (_, a), (_, b) = asyncio.run(both())
+    order = events.index
+    assert order("A step starts") < order("B turn 2") < order("B turn 3") < order("A step ends") < order("A turn 2")
+    assert (a.env_reward, b.env_reward) == (1.0, 2.0) and a.completion_mask == [1, 0, 1]
+    assert b.completion_mask == [1, 0, 1, 0, 1]
+
+
+def _adder_env():
+    """A ToolEnv with one typed tool, ``add``; its final answer is right when it says 7."""
+    from relayrl.envs.toolenv import ToolEnv
+
+    class AdderEnv(ToolEnv):
+        def __init__(self):
+            super().__init__(tool_timeout_s=5)
+            self.tools = (self.add,)
+
+        def add(self, a: int, b: int) -> int:
+            """Add two integers.
+
+            Args:
+                a: the first
+                b: the second
+            """
+            return a + b
+
+        def finish(self, action):
+            return "", float(action.strip() == "Answer: 7"), True
+
+    return AdderEnv()
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    from tests.envs.templates import QWEN_TEMPLATE, tiny_tokenizer
+
+    return tiny_tokenizer(QWEN_TEMPLATE)
+
+
+@pytest.mark.parametrize("ended_with_eos", [False, True])
+def test_tool_episode_masks_exactly_the_observation(ended_with_eos, qwen_tokenizer):
+    """A real tokenizer and a ToolEnv: a call turn, the tool's result, the answer. Mask 1 exactly on the model's
+    ids and 0 exactly on the result's. The result opens with ``<|im_end|>`` (a Hermes turn stops at
+    ``</tool_call>``); when the model's turn ended with that token itself (EOS), the observation's copy is
+    dropped: either way the sequence is the template's own rendering of the conversation, token for token."""
+    tok = qwen_tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    call, answer = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>', "Answer: 7"
+    ids1 = tok.encode(call, add_special_tokens=False) + ([im_end] if ended_with_eos else [])
+    ids2 = [*tok.encode(answer, add_special_tokens=False), im_end]
+    engine = ScriptedEngine(
+        [
+            _turn(ids1, [-0.5] * len(ids1), call, [VersionSpan(0, 0, len(ids1))]),
+            _turn(ids2, [-0.25] * len(ids2), answer, [VersionSpan(0, 0, len(ids2))]),
+        ]
+    )
+    env = _adder_env()
+    runner = EpisodeRunner(engine, tok, max_turns=3, max_tokens=64, max_model_len=4096)
+    sample = {"question": "What is 3 + 4?", "prompt": "unused"}
+    first, t = asyncio.run(runner.run_episode(env, sample, prompt_id=0, sample_idx=0))
+
+    obs = env.chat.results([("add", "7")])
+    obs_ids = tok.encode(obs, add_special_tokens=False)
+    assert obs_ids[0] == im_end and obs.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n7\n")
+    env_ids = obs_ids[1:] if ended_with_eos else obs_ids
+    assert t.prompt_token_ids == tok.encode(first)
+    assert t.completion_token_ids == ids1 + env_ids + ids2
+    assert t.completion_mask == [1] * len(ids1) + [0] * len(env_ids) + [1] * len(ids2)
+    assert t.behaviour_logprobs == [-0.5] * len(ids1) + [0.0] * len(env_ids) + [-0.25] * len(ids2)
+    assert engine.calls[1][0] == t.prompt_token_ids + ids1 + env_ids  # what the second turn conditioned on
+    assert engine.calls[0][2] == ["</tool_call>"]
+    # the whole sequence is the template's rendering of the structured conversation (the last "\n" follows EOS)
+    tool_call = {"type": "function", "function": {"name": "add", "arguments": {"a": 3, "b": 4}}}
+    conversation = [
+        {"role": "user", "content": "What is 3 + 4?"},
+        {"role": "assistant", "content": "", "tool_calls": [tool_call]},
+        {"role": "tool", "name": "add", "content": "7"},
+        {"role": "assistant", "content": answer},
+    ]
+    schemas = [tool.schema for tool in env.toolset.values()]
+    rendered = tok.apply_chat_template(conversation, tools=schemas, tokenize=False)
+    assert tok.decode(t.prompt_token_ids + t.completion_token_ids) + "\n" == rendered
+    assert t.env_reward == 1.0 and t.finish_reason == "stop"
+    assert t.env_metrics == {"tool_calls": 1.0, "tool_errors": 0.0, "turns": 2.0, "timed_out": 0.0}
+
+
+def test_episode_timeout_abandons_a_hanging_step_and_ends_on_a_model_token():
+    """The second step hangs: past episode_timeout_s the runner stops waiting (the thread is left to finish),
+    keeps what it had (the first step's reward and observation) and ends on the model's last turn."""
+    release = threading.Event()
+
+    class HangsOnSecondStep(ScriptedEnv):
+        async def reset(self, sample):  # on the loop: no thread start-up eats into the deadline
+            return super().reset(sample)
+
+        def step(self, action):
+            if self.actions:
+                release.wait(timeout=30)
+            return super().step(action)
+
+        def metrics(self):
+            return {"steps_seen": float(len(self.actions))}
+
+    engine = ScriptedEngine(
+        [_turn([10, 11], [-0.1, -0.2], "p", [VersionSpan(0, 0, 2)]), _turn([12], [-0.3], "q", [VersionSpan(0, 0, 1)])]
+    )
+    env = HangsOnSecondStep([("cd", 0.5, False), ("", 1.0, True)])
+    runner = EpisodeRunner(engine, CharTokenizer(), max_turns=4, max_tokens=8, max_model_len=64, episode_timeout_s=2.0)
+    t0 = time.perf_counter()
+    try:
+        _, t = _run(runner, env)
+        seconds = time.perf_counter() - t0
+    finally:
+        release.set()
+    assert seconds < 15  # the hanging step was abandoned, not waited for (it would take 30 s)
+    assert t.env_metrics == {"steps_seen": 1.0, "turns": 2.0, "timed_out": 1.0}
+    assert t.completion_token_ids == [10, 11, 99, 100, 12] and t.completion_mask == [1, 1, 0, 0, 1]
+    assert t.env_reward == 0.5 and t.finish_reason == "length"
+
+
+def test_a_step_returning_after_the_deadline_leaves_no_trailing_observation():
+    """A step that returns late with an observation (here an ``async def`` that blocks instead of awaiting, so
+    its timeout cannot fire; a thread finishing just before the deadline is the same race): the episode ends on
+    the model's turn, its reward kept and the observation dropped, as any episode ending after a step does."""
+
+    class LateStep(ScriptedEnv):
+        async def reset(self, sample):
+            return super().reset(sample)
+
+        async def step(self, action):
+            time.sleep(1.0)  # blocks the loop past the deadline: bad practice, but it must not break the trajectory
+            return super().step(action)
+
+    engine = ScriptedEngine([_turn([10, 11], [-0.1, -0.2], "p", [VersionSpan(0, 0, 2)])])
+    runner = EpisodeRunner(engine, CharTokenizer(), max_turns=4, max_tokens=8, max_model_len=64, episode_timeout_s=0.3)
+    _, t = _run(runner, LateStep([("cd", 0.5, False)]))
+    assert t.env_metrics == {"turns": 1.0, "timed_out": 1.0} and t.env_reward == 0.5
+    assert t.completion_token_ids == [10, 11] and t.completion_mask == [1, 1] and t.versions == [VersionSpan(0, 0, 2)]
