@@ -62,11 +62,21 @@ def warm_start(cfg: Config, model_path: Path, out: Path) -> Path:
 
 
 def sft_rows(cfg: Config) -> list[dict[str, Any]]:
-    """The warm start's prompt/completion rows: ``sft.path``'s, else worked examples of the task."""
-    from relayrl.data import worked_examples
+    """The warm start's rows: ``sft.path``'s, else the environment's demonstrations of fresh problems (rows
+    ``{"sample": row}``, replayed through the environment in the child: ``env_examples``), else worked
+    examples of the task."""
+    from relayrl.data import sft_problems, worked_examples
+    from relayrl.envs import load_env_class
 
     if cfg.sft.path:
         return read_prompt_completion(Path(cfg.sft.path))
+    if cfg.env.name:
+        if not hasattr(load_env_class(cfg.env.name), "demonstration"):
+            raise ConfigError(
+                f"sft: environment {cfg.env.name} has no demonstration(sample) to learn from; "
+                "set sft.path to a jsonl of prompt/completion rows or sft.steps=0"
+            )
+        return [{"sample": row} for row in sft_problems(cfg.data, cfg.sft.examples)]
     return worked_examples(cfg.data, cfg.sft.examples)
 
 
@@ -110,6 +120,7 @@ def fine_tune_in_child(cfg: Config, model_path: Path, rows: list[dict[str, Any]]
         "steps": cfg.sft.steps,
         "batch_size": cfg.sft.batch_size,
         "lr": cfg.sft.lr,
+        "env": [cfg.env.name, cfg.env.kwargs] if cfg.env.name else None,
     }
     (out / "sft_job.json").write_text(json.dumps(job))
     env = {**os.environ, **CPU_MALLOC_ENV}
@@ -134,8 +145,12 @@ def fine_tune(job: dict[str, Any]) -> list[float]:
     torch.manual_seed(job["seed"])
     tokenizer = AutoTokenizer.from_pretrained(job["model_path"])
     model = AutoModelForCausalLM.from_pretrained(job["model_path"], dtype=getattr(torch, job["dtype"]))
-    fmt = chat_formatter(tokenizer, job["chat_template"])
-    examples = [encode(tokenizer, fmt(r["prompt"]), r["completion"]) for r in job["rows"]]
+    if job.get("env"):
+        env_name, env_kwargs = job["env"]
+        examples = env_examples(tokenizer, env_name, env_kwargs, job["rows"])
+    else:
+        fmt = chat_formatter(tokenizer, job["chat_template"])
+        examples = [encode(tokenizer, fmt(r["prompt"]), r["completion"]) for r in job["rows"]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=job["lr"], weight_decay=0.0)
     losses, steps = [], job["steps"]
     for step, batch in enumerate(batches(examples, job["batch_size"], steps, job["seed"]), 1):
@@ -151,6 +166,37 @@ def fine_tune(job: dict[str, Any]) -> list[float]:
     model.save_pretrained(job["out"])
     tokenizer.save_pretrained(job["out"])
     return losses
+
+
+def env_examples(tokenizer: Any, name: str, kwargs: dict[str, Any], rows: list[dict[str, Any]]) -> list[Example]:
+    """One example per model turn of each row's demonstration (``env.demonstration(sample)``), replayed through
+    a fresh environment: each turn's prompt is the episode so far exactly as the environment renders it in a
+    run (its tools in the chat template, earlier calls and their results), so the warm start teaches the format
+    the episodes will use."""
+    import asyncio
+    import inspect
+
+    from relayrl.envs import env_factory
+
+    make_env, examples = env_factory(name, kwargs), []
+    for row in rows:
+        env: Any = make_env()
+        if hasattr(env, "setup"):
+            env.setup(tokenizer)
+        sample = {**row["sample"], "prompt": ""}
+        text = env.reset(sample)
+        for turn in env.demonstration(sample):
+            examples.append(encode(tokenizer, text, turn))
+            result = env.step(turn)
+            obs, _, done = asyncio.run(_settled(result)) if inspect.isawaitable(result) else result
+            if done:
+                break
+            text += turn + obs
+    return examples
+
+
+async def _settled(result: Any) -> Any:
+    return await result
 
 
 def encode(tokenizer: Any, prompt: str, completion: str) -> Example:
