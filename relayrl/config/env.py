@@ -14,7 +14,8 @@ class EnvConfig:
 
     name: str | None = None
     """A built-in environment (``relayrl.envs.ENVIRONMENTS``: calculator, python, retrieval) or an import path
-    ``module:Class``; None: single-turn generation. Pair it with the ``env_reward`` reward to train on the episode's reward."""
+    ``module:Class``; None: single-turn generation. Pair it with the ``env_reward`` reward to train on the
+    episode's reward."""
     max_turns: int = 4
     """Most model turns per episode (each up to rollout.max_tokens tokens); environment turns go between."""
     kwargs: dict[str, Any] = field(default_factory=dict)
