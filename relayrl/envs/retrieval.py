@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -46,13 +47,32 @@ INSTRUCTIONS = (
 """The system-prompt text of ``RetrievalEnv`` (``{k}``: passages per search)."""
 
 
+def import_bm25s() -> Any:
+    """``bm25s``, imported without numba. bm25s imports numba at import time whenever it is installed (vLLM
+    installs it), and numba's llvmlite objects then sit in ``sys.modules``, where vLLM's kernel-override scan at
+    engine start trips on them (``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'``): a rollout
+    actor or test process that imported the retrieval env could not start an engine after. We use bm25s's
+    numpy backend anyway, so numba is hidden while bm25s imports (``from numba import ...`` then raises
+    ``ImportError``, which bm25s handles)."""
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    hide = "numba" not in sys.modules
+    if hide:
+        sys.modules["numba"] = None  # type: ignore[assignment]
+    try:
+        import bm25s
+    finally:
+        if hide:
+            del sys.modules["numba"]
+    return bm25s
+
+
 class Bm25Index:
     """BM25 (``bm25s``, Lucene scoring) over a fixed list of documents; ``search`` is safe from many threads
     (it only reads the index)."""
 
     def __init__(self, docs: Sequence[str]) -> None:
-        import bm25s
-
+        bm25s = import_bm25s()
         if not docs:
             raise ValueError("Bm25Index needs at least one document")
         self.docs = list(docs)
@@ -61,9 +81,7 @@ class Bm25Index:
 
     @staticmethod
     def _tokens(texts: list[str]) -> list[list[str]]:
-        import bm25s
-
-        return bm25s.tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
+        return import_bm25s().tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
 
     def search(self, query: str, k: int) -> list[tuple[int, str, float]]:
         """The (up to) ``k`` best documents for ``query``, best first: ``(doc_id, text, score)``. Documents

@@ -207,3 +207,19 @@ def test_reset_needs_an_answer_column():
     env = RetrievalEnv()
     with pytest.raises(ValueError, match=r"data\.task=facts"):
         env.reset({"question": "q", "prompt": "q"})
+
+
+def test_the_index_leaves_numba_out_of_the_process():
+    """bm25s imports numba whenever it is installed; its llvmlite objects in ``sys.modules`` break vLLM's
+    kernel-override scan at engine start. A fresh process that builds the index and searches must not hold it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from relayrl.envs.retrieval import facts_index, search_passages\n"
+        "facts_index(); search_passages('town', 2)\n"
+        "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
