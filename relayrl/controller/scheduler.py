@@ -54,7 +54,8 @@ import ray
 from relayrl.config import Config
 from relayrl.controller.buffer import Entry
 from relayrl.controller.faults import GenerateError, generation_error, task_error_line, trainer_result
-from relayrl.controller.policy import Flight, PolicyConfig, StepPolicy
+from relayrl.controller.loop import Event, Loop
+from relayrl.controller.policy import Flight, PolicyConfig, Step, StepPolicy
 from relayrl.controller.replicas import is_death
 from relayrl.controller.run import RunDir
 from relayrl.controller.steplog import StepLog
@@ -67,9 +68,10 @@ from relayrl.rollout.occupancy import occupancy_metrics
 logger = logging.getLogger(__name__)
 
 
-class Scheduler:
-    """The ``ray.wait`` loop around one ``StepPolicy``: the policy holds the work in flight (its ``Flight``
-    records and ``Step``); this loop indexes the flights by the ref it waits on for each."""
+class Scheduler(Loop):
+    """The ``ray.wait`` loop around one ``StepPolicy`` (the loop itself is ``controller/loop.py``'s): the
+    policy holds the work in flight (its ``Flight`` records and ``Step``); this loop indexes the flights by the
+    ref it waits on for each."""
 
     def __init__(self, cfg: Config, system: System, run: RunDir):
         self.cfg, self.system, self.run = cfg, system, run
@@ -103,37 +105,29 @@ class Scheduler:
         if self.colocated and self.cfg.placement.offload_trainer:
             self.system.trainer.offload()  # rollout goes first: the trainer waits in host memory
         self.evaluator.before_first_step(self.policy.version)  # eval.before_first_step: step 0
-        while self.policy.version < self.cfg.run.steps:
-            self._launch()
-            self._start_training()
-            step = self.policy.training
-            refs = [*self.generate_calls, *self.score_calls, *(step.refs[:1] if step else [])]
-            if not refs:
-                raise RuntimeError(
-                    f"scheduler stalled at v{self.policy.version}: nothing generating or "
-                    "training and the buffer cannot fill a step; check buffer.capacity and "
-                    "run.prompts_per_step"
-                )
-            ready, _ = ray.wait(refs, num_returns=1, timeout=self._wait_s())
-            if not ready:
-                self._expire_overdue()
-            elif ready[0] in self.generate_calls:
-                self._score(ready[0])
-            elif ready[0] in self.score_calls:
-                self._finish_scoring(ready[0])
-            else:
-                self._finish_training()
+        self.run_loop(self.cfg.run.steps)
         logger.info(self.policy.check_accounting())
 
+    # ---- waiting ------------------------------------------------------------------------------------
+    def _in_flight(self) -> bool:
+        return bool(self.generate_calls or self.score_calls or self.policy.training)
+
+    def _wait(self) -> tuple[Event, ray.ObjectRef | None]:
+        step = self.policy.training
+        refs = [*self.generate_calls, *self.score_calls, *(step.refs[:1] if step else [])]
+        ready, _ = ray.wait(refs, num_returns=1, timeout=self._wait_s())
+        if not ready:
+            return "overdue", None
+        if ready[0] in self.generate_calls:
+            return "generated", ready[0]
+        return ("scored", ready[0]) if ready[0] in self.score_calls else ("trained", None)
+
     # ---- rollout side ----------------------------------------------------------------------------
-    def _launch(self) -> None:
-        """Start every chunk the policy allows on the idle replicas."""
-        for flight in self.policy.launches(self.idle):
-            self.idle.remove(flight.replica)
-            flight.actor = self.system.rollouts[flight.replica]
-            ref = generate_remote(self.cfg, flight.actor, flight.prompts)
-            flight.t0 = time.perf_counter()
-            self.generate_calls[ref] = flight
+    def _submit(self, flight: Flight) -> None:
+        flight.actor = self.system.rollouts[flight.replica]
+        ref = generate_remote(self.cfg, flight.actor, flight.prompts)
+        flight.t0 = time.perf_counter()
+        self.generate_calls[ref] = flight
 
     def _wait_s(self) -> float | None:
         """How long ``ray.wait`` may block: until the oldest generate call's deadline (None: no limit)."""
@@ -152,14 +146,12 @@ class Scheduler:
                 error = TimeoutError(f"generate call {flight.seq} ran past rollout.generate_timeout_s={limit:g}")
                 self._replace_replica(flight, error)
 
-    def _replace_replica(self, flight: Flight, error: BaseException) -> None:
-        """A replica died mid-generation: start a new one (with the current weights) and generate its chunk
-        again under the same sequence number, so data order and accounting are unchanged."""
-        replica = flight.replica
-        if self.system.rollouts[replica] is flight.actor:  # not yet replaced (e.g. during a sync)
-            self.system.restart_rollout(replica, self.policy.version, error)
-        self.policy.on_failed(flight.seq)
-        self.idle.append(replica)
+    def _is_current(self, flight: Flight) -> bool:
+        return self.system.rollouts[flight.replica] is flight.actor
+
+    def _restart(self, flight: Flight, error: BaseException | None) -> None:
+        assert error is not None, "a real replica is replaced for a reason"
+        self.system.restart_rollout(flight.replica, self.policy.version, error)
 
     def _score(self, ref: ray.ObjectRef) -> None:
         """A generate call finished (or failed): hand its ref to the scorer; its ``Scored`` joins the wait."""
@@ -191,9 +183,7 @@ class Scheduler:
         self.policy.on_scored(scored_entry(flight, scored))
 
     # ---- trainer side ----------------------------------------------------------------------------
-    def _start_training(self) -> None:
-        if (step := self.policy.take_step()) is None:  # None while a step trains
-            return
+    def _train(self, step: Step) -> None:
         self.log.clock.waited += time.perf_counter() - self.idle_since
         if self.colocated:
             self.log.clock.switches += 1

@@ -5,20 +5,20 @@ and the ``ray.wait`` by a min-heap of completion times, and calls the *same* ``S
 not copied) with the same methods in the same order, so a simulated run makes the admission, staleness, buffer
 and restart decisions a real run with those timings would. What it adds is the clock.
 
-The loop, as ``Scheduler.run_steps``::
+The loop is not written here: ``Simulator`` is a ``controller.loop.Loop``, the class ``Scheduler`` is too, and
+runs its ``run_loop``. What this module supplies are the effects::
 
-    while policy.version < steps:
-        _launch()           policy.launches(idle): idle.remove(replica), submit the call to its engine
-        _start_training()   policy.take_step(): colocated: hand over (switch_s); pause_while_training: pause the
-                            engines; start the train call
-        nothing in flight:  the scheduler's "stalled" error
-        wait for one:       the earliest completion (ties: the order their times were set)
-        generate done  ->   _score: start its scoring call
+    _submit(flight)     the call joins its engine's queue
+    _train(step)        colocated: hand over (switch_s); pause_while_training: pause the engines; the train call
+    _wait()             the earliest completion (ties: the order their times were set)
+    generate done  ->   _score: start its scoring call
         score done     ->   _finish_scoring: a failed call replaces its replica (restart_s, once per dead
-                            engine) and ``policy.on_failed``; else idle.append(replica), ``policy.on_scored``
+                            engine: ``_restart``) and ``policy.on_failed``; else idle.append(replica),
+                            ``policy.on_scored``
         train done     ->   _finish_training: resume paused engines, sync (engines paused for sync_s;
                             colocated: + the hand-back switch_s), ``policy.on_trained``, every
-                            ``checkpoint_every`` steps a checkpoint stall
+                            ``checkpoint_every`` steps a checkpoint stall; the driver's per-step
+                            overhead (``costs.overhead_s``) blocks it after every step
 
 Blocking calls of the scheduler (the sync, a hand-over, a replica's restart, a checkpoint save) block the
 simulated driver too: work on the engines, the reward pool and the trainer goes on meanwhile, and what finishes is
@@ -41,7 +41,7 @@ StepLog's (``buffer.staleness_histogram`` of each step's entries at the version 
 raises ``StalenessError`` as in a real run if admission ever let one through.
 
 Not simulated yet: generate timeouts (``rollout.generate_timeout_s``), a trainer rank's death (restart from the
-last checkpoint), evaluation during training, the mismatch probe, the driver's per-step overhead; dynamic
+last checkpoint), evaluation during training, the mismatch probe; dynamic
 sampling is driven by a given ``useful`` function rather than rewards.
 """
 
@@ -59,7 +59,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.controller.buffer import Entry, staleness_histogram
-from relayrl.controller.policy import Flight, PolicyConfig, StepPolicy
+from relayrl.controller.loop import Event, Loop
+from relayrl.controller.policy import Flight, PolicyConfig, Step, StepPolicy
 from relayrl.data.sampler import Prompt
 from relayrl.plan.costs import CallCost, CostModel
 
@@ -69,7 +70,7 @@ from relayrl.plan.costs import CallCost, CostModel
 @dataclass(frozen=True)
 class Death:
     """Replica ``replica``'s engine dies at ``at`` seconds: every call on it fails (and any sent to it before the
-    driver noticed); the driver replaces it as ``Scheduler._replace_replica`` does."""
+    driver noticed); the driver replaces it as a real run does (``Loop._replace_replica``)."""
 
     at: float
     replica: int
@@ -241,7 +242,7 @@ class _Sampler:
         self.next = state["next"]
 
 
-class Simulator:
+class Simulator(Loop):
     """One simulated run of ``steps`` steps; ``run()`` returns its ``SimResult``. See the module docstring.
 
     ``deaths``: engines that die, and when; ``useful``: with dynamic sampling (``pc.refill``), the groups of a
@@ -289,43 +290,30 @@ class Simulator:
 
     # ---- the scheduler's loop ----------------------------------------------------------------------------
     def run(self) -> SimResult:
-        while self.policy.version < self.steps:
-            self._launch()
-            self._start_training()
-            if not (self.generate_calls or self.score_calls or self.train_job):
-                raise RuntimeError(
-                    f"scheduler stalled at v{self.policy.version}: nothing generating or "
-                    "training and the buffer cannot fill a step; check buffer.capacity and "
-                    "run.prompts_per_step"
-                )
-            job = self._wait()
-            if job.kind == "generate":
-                self._score(job)
-            elif job.kind == "score":
-                self._finish_scoring(job)
-            else:
-                self._finish_training()
+        self.run_loop(self.steps)
         self.policy.check_accounting()
         return self._result()
 
-    def _launch(self) -> None:
-        """Start every chunk the policy allows on the idle slots."""
-        for flight in self.policy.launches(self.idle):
-            self.idle.remove(flight.replica)
-            engine = self.engines[flight.replica]
-            flight.actor, flight.t0 = engine.incarnation, self.now
-            cost = self.costs.call(len(flight.prompts))
-            job = _Job("generate", flight=flight, replica=flight.replica, cost=cost)
-            job.fixed_left, job.steps_left = cost.fixed_s, cost.steps
-            self.generate_calls.append(job)
-            if engine.alive:
-                self._change(engine, functools.partial(engine.queue.append, job))
-            else:  # sent to a dead engine before the driver noticed: the call fails at once
-                self._fail(job)
+    def _in_flight(self) -> bool:
+        return bool(self.generate_calls or self.score_calls or self.train_job)
 
-    def _start_training(self) -> None:
-        if (step := self.policy.take_step()) is None:  # None while a step trains
-            return
+    def _wait(self) -> tuple[Event, _Job]:
+        job = self._next_done()
+        return {"generate": "generated", "score": "scored"}.get(job.kind, "trained"), job  # type: ignore[return-value]
+
+    def _submit(self, flight: Flight) -> None:
+        engine = self.engines[flight.replica]
+        flight.actor, flight.t0 = engine.incarnation, self.now
+        cost = self.costs.call(len(flight.prompts))
+        job = _Job("generate", flight=flight, replica=flight.replica, cost=cost)
+        job.fixed_left, job.steps_left = cost.fixed_s, cost.steps
+        self.generate_calls.append(job)
+        if engine.alive:
+            self._change(engine, functools.partial(engine.queue.append, job))
+        else:  # sent to a dead engine before the driver noticed: the call fails at once
+            self._fail(job)
+
+    def _train(self, step: Step) -> None:
         taken = self.now
         if self.colocated:
             self._block(self.costs.switch_s(), "switch")
@@ -372,22 +360,21 @@ class Simulator:
         )
         self.policy.on_scored(entry)
 
-    def _replace_replica(self, flight: Flight) -> None:
-        """A new engine (the driver waits ``restart_s``), synced to the policy's version, once per dead engine;
-        the chunk is generated again under its seq (``policy.on_failed``)."""
+    def _is_current(self, flight: Flight) -> bool:
+        return self.engines[flight.replica].incarnation == flight.actor
+
+    def _restart(self, flight: Flight, error: BaseException | None) -> None:
+        """A new engine, synced to the policy's version; the driver waits ``restart_s`` for it."""
         replica = flight.replica
+        if self.max_restarts is not None and self.restarts >= self.max_restarts:
+            raise RuntimeError(f"rollout replica {replica} died past rollout.max_restarts={self.max_restarts}")
+        self.restarts += 1
+        t0 = self.now
+        self._block(self.costs.restart_s(), "")
+        self.spans.append(Span(f"rollout/{replica}", "restart", t0, self.now, flight.seq))
         engine = self.engines[replica]
-        if engine.incarnation == flight.actor:  # not yet replaced
-            if self.max_restarts is not None and self.restarts >= self.max_restarts:
-                raise RuntimeError(f"rollout replica {replica} died past rollout.max_restarts={self.max_restarts}")
-            self.restarts += 1
-            t0 = self.now
-            self._block(self.costs.restart_s(), "")
-            self.spans.append(Span(f"rollout/{replica}", "restart", t0, self.now, flight.seq))
-            engine.incarnation += 1
-            engine.alive, engine.version, engine.t = True, self.policy.version, self.now
-        self.policy.on_failed(flight.seq)
-        self.idle.append(replica)
+        engine.incarnation += 1
+        engine.alive, engine.version, engine.t = True, self.policy.version, self.now
 
     def _finish_training(self) -> None:
         step, job = self.policy.training, self.train_job
@@ -426,6 +413,8 @@ class Simulator:
             )
         )
         self.window_start = self.now
+        if overhead := self.costs.overhead_s():  # the driver's per-step work, inside the next step's window
+            self._block(overhead, "")
         if self.checkpoint_every and self.policy.version % self.checkpoint_every == 0:
             self._block(self.costs.checkpoint_s(), "checkpoint", label=self.policy.version)
 
@@ -439,7 +428,7 @@ class Simulator:
         self.paused = False
 
     # ---- waiting and blocking --------------------------------------------------------------------------------
-    def _wait(self) -> _Job:
+    def _next_done(self) -> _Job:
         """The next call the driver sees finish: one that finished while it was blocked, else the earliest."""
         while not self.ready:
             te, job = self._pop()

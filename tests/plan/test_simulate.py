@@ -13,12 +13,13 @@ import relayrl.plan.simulate as simulate_module
 from relayrl.config import load_config
 from relayrl.controller import policy as policy_module
 from relayrl.controller.buffer import Admission, ReplayBuffer
+from relayrl.controller.loop import Loop
 from relayrl.controller.policy import StepPolicy
 from relayrl.plan import costs as C
 from relayrl.plan.costs import AnalyticCosts, Cluster, ConstantCosts, Hardware, Workload
 from relayrl.plan.model import Layout, predict
 from relayrl.plan.profile import Profile
-from relayrl.plan.simulate import Death, SimResult, Span, policy_config, simulate, simulate_config
+from relayrl.plan.simulate import Death, SimResult, Simulator, Span, policy_config, simulate, simulate_config
 
 
 def spans(result: SimResult, what: str, lane: str | None = None) -> list[Span]:
@@ -130,6 +131,18 @@ def test_the_policy_is_the_controllers_own_object():
     ]
     assert not [cls for cls in own if issubclass(cls, (StepPolicy, Admission, ReplayBuffer))]
     assert result.policy.version == 2 and result.policy.counts["trained"] == 8
+
+
+def test_the_scheduler_and_the_simulator_run_one_loop():
+    """No copy of the loop either: both are ``controller/loop.py``'s ``Loop``, and neither defines the loop's
+    own methods (the turn, launching, starting a step, replacing a replica); each only supplies effects."""
+    from relayrl.controller.scheduler import Scheduler  # imports ray: only this test needs it
+
+    shared = {"run_loop", "_launch", "_start_training", "_replace_replica"}
+    for cls in (Scheduler, Simulator):
+        assert issubclass(cls, Loop)
+        assert not shared & set(vars(cls)), cls
+        assert not getattr(cls, "__abstractmethods__", set()), cls  # every effect is supplied
 
 
 def test_the_loop_calls_the_policy_as_the_scheduler_does(monkeypatch):
