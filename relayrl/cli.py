@@ -7,6 +7,7 @@
     relayrl plot runs/<id>                                        # PNG charts into runs/<id>/plots
     relayrl runs [runs]                                           # runs with status and best reward
     relayrl plan runs/<id> --devices 8                            # predicted step time of each placement
+    relayrl simulate --cluster h100-2x8 -cn grpo_arith            # the scheduler on a simulated GPU cluster
 
 Recipes are Hydra configs composed against the typed schema (relayrl/config/). A bad key, type or
 combination exits with status 2 and one line naming the field and the fix, before Ray starts.
@@ -42,7 +43,27 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("dir", nargs="?", default="runs", help="folder holding run directories (default: runs)")
     _eval_parser(sub)
     _plan_parser(sub)
+    _simulate_parser(sub)
     return p
+
+
+def _simulate_parser(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser(
+        "simulate",
+        help="run a recipe's scheduler on a simulated GPU cluster: per-step timeline, throughput, "
+        "staleness histogram, Gantt PNG; --rank: layouts ranked by simulated throughput",
+        description="The real StepPolicy driven by a discrete-event clock and cost models of the cluster "
+        "(docs/simulate.md gives the formulas and their assumptions). Starts no Ray and no engine.",
+    )
+    sim.add_argument("--cluster", required=True, help="cluster YAML, or a shipped name (relayrl/plan/clusters/)")
+    sim.add_argument("--config-name", "-cn", default="grpo_arith", help="recipe name (default: grpo_arith)")
+    sim.add_argument("--config-dir", "-cd", default=None, help=f"recipe directory (default: {RECIPES_DIR})")
+    sim.add_argument("--steps", type=int, default=None, help="steps to simulate (default: run.steps)")
+    sim.add_argument("--out", default=None, help="write timeline.json and gantt.png here")
+    sim.add_argument("--gantt-steps", type=int, default=4, help="steps the Gantt picture shows (default 4)")
+    sim.add_argument("--rank", action="store_true", help="rank every layout of the cluster's GPUs instead")
+    sim.add_argument("-k", type=int, nargs="+", default=[1], help="--rank: async staleness bounds (default 1)")
+    sim.add_argument("overrides", nargs="*", help="recipe overrides, e.g. mode=async rollout.max_tokens=2048")
 
 
 def _plan_parser(sub: argparse._SubParsersAction) -> None:
@@ -202,6 +223,30 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from relayrl.config import load_config
+    from relayrl.plan.scenario import find_cluster, rank_layouts, rank_lines, report_lines, scenario, write_outputs
+
+    try:
+        cfg = load_config(args.config_name, args.overrides, args.config_dir)
+        spec = find_cluster(args.cluster)
+        if args.rank:
+            print("\n".join(rank_lines(rank_layouts(cfg, spec, tuple(args.k)))))
+            return 0
+        sc = scenario(cfg, spec)
+        result = sc.run(args.steps)
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"relayrl: simulate: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(report_lines(sc, result, args.cluster)))
+    if args.out:
+        for path in write_outputs(sc, result, Path(args.out), args.gantt_steps):
+            print(path)
+    return 0
+
+
 def _cpu_cores() -> int | None:
     """This box's cores when it has no CUDA GPU (a device is then a core), else None (a device is a GPU)."""
     import os
@@ -223,11 +268,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+COMMANDS = {"train": _train, "plot": _plot, "runs": _runs, "eval": _eval, "plan": _plan, "simulate": _simulate}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     show_on_console("stderr" if args.command == "eval" else "stdout")  # eval's stdout is its result
     try:
-        return {"train": _train, "plot": _plot, "runs": _runs, "eval": _eval, "plan": _plan}[args.command](args)
+        return COMMANDS[args.command](args)
     except ConfigError as exc:
         print(f"relayrl: config error: {exc}", file=sys.stderr)
         return 2
