@@ -4,15 +4,17 @@
 ``colocated``: one bundle per trainer rank; rollout replica i shares bundle i with trainer rank i and
 each takes half of it (they take turns in sync mode, so the work is time-shared, not split).
 With GPUs in the cluster a replica's bundle holds ``rollout.tp_size`` GPUs and a rank's one.
-On a multi-node cluster (``run.ray_address``) Ray may put bundles on different nodes; ``sync_config``
-then switches shared-memory weight sync to broadcast.
+On a multi-node cluster (``run.ray_address``, or the cluster a ``ray job submit`` runs on) Ray may put
+bundles on different nodes; ``sync_config`` then switches shared-memory weight sync to broadcast.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import ray
@@ -36,16 +38,38 @@ class Placement:
     trainer_nodes: list[str] = dataclasses.field(default_factory=list)
 
 
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Set by Ray's job supervisor, and by nothing else, in the environment of a ``ray job submit`` entrypoint
+(beside ``RAY_ADDRESS``, the cluster's GCS address): how a run knows it was submitted as a Ray job."""
+
+
+def cluster_to_join(address: str | None, env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The Ray cluster a run joins and why, or None for a new local Ray.
+
+    ``run.ray_address`` when set; else, when this process is a Ray job's entrypoint, the cluster the job was
+    submitted to, so ``ray job submit -- relayrl train ...`` needs no address. A cluster that ``ray start``
+    left behind, or a ``RAY_ADDRESS`` exported in a shell, is never joined: a laptop run keeps its own Ray."""
+    if address:
+        return address, "run.ray_address"
+    if JOB_CONFIG_ENV not in env:
+        return None
+    job = json.loads(env[JOB_CONFIG_ENV]).get("metadata", {}).get("job_submission_id", "?")
+    return env.get("RAY_ADDRESS") or "auto", f"Ray job {job}"
+
+
 def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: float) -> None:
     """Start (or join) Ray, bound to localhost. Logical CPUs may exceed cores: the sync loop time-shares them.
     Without ``address`` a new local Ray is started even if ``ray start`` left a cluster address behind
-    (``address="local"``): joining a cluster is always explicit (``run.ray_address``).
+    (``address="local"``): a run joins a cluster only when told to (``cluster_to_join``).
     Worker output streams to the driver; a run's ``RunDir`` routes it into its ``logs/`` (``relayrl.logs``)."""
     if ray.is_initialized():
         return
     env = {"env_vars": dict(WORKER_ENV)}
-    if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+    join = cluster_to_join(address, os.environ)
+    if join:
+        ray.init(address=join[0], runtime_env=env, log_to_driver=True)
+        gcs = ray.get_runtime_context().gcs_address
+        logger.info("relayrl: joined the Ray cluster at %s (%s): %s", gcs, join[1], cluster_size())
     else:
         cpus = placement.num_cpus or max(float(os.cpu_count() or 1), needed_cpus)
         ray.init(
@@ -57,6 +81,13 @@ def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: floa
             log_to_driver=True,
         )
     logs.attach()  # the run's router (if one is installed) takes Ray's printer off the console
+
+
+def cluster_size() -> str:
+    """What the joined cluster offers ("2 nodes, 4 CPUs, 0 GPUs"): the join line says which cluster it was."""
+    res = ray.cluster_resources()
+    nodes = sum(n["Alive"] for n in ray.nodes())
+    return f"{nodes} nodes, {res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs"
 
 
 def split_cores(cfg: Config, cores: int | None = None) -> Config:

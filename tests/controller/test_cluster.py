@@ -45,3 +45,23 @@ def test_split_cores_leaves_gpu_runs_alone(monkeypatch):
 def test_rollout_config_shares_prompts_only_in_sync_runs(overrides, sharing):
     cfg = load_config("grpo_tiny", overrides)
     assert cluster.rollout_config(cfg).prefix_sharing is sharing
+
+
+JOB_ENV = {  # what Ray's job supervisor hands a `ray job submit` entrypoint (Ray 2.60)
+    "RAY_ADDRESS": "10.0.0.5:6379",
+    cluster.JOB_CONFIG_ENV: '{"runtime_env": {}, "metadata": {"job_submission_id": "raysubmit_abc"}}',
+}
+
+
+@pytest.mark.parametrize(
+    "address, env, expected",
+    [
+        (None, {}, None),  # a plain run: its own local Ray, whatever `ray start` left behind
+        (None, {"RAY_ADDRESS": "10.0.0.5:6379"}, None),  # an address exported in a shell is not a request to join
+        ("10.0.0.7:6379", {}, ("10.0.0.7:6379", "run.ray_address")),
+        (None, JOB_ENV, ("10.0.0.5:6379", "Ray job raysubmit_abc")),  # a Ray job joins the cluster it runs on
+        ("10.0.0.7:6379", JOB_ENV, ("10.0.0.7:6379", "run.ray_address")),  # an explicit address wins
+    ],
+)
+def test_cluster_to_join(address, env, expected):
+    assert cluster.cluster_to_join(address, env) == expected

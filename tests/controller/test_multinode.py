@@ -3,77 +3,25 @@ Ray splits rollout and trainer across the nodes, and weight sync falls back from
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
-import psutil
 import pytest
 
-from relayrl.rendezvous import free_port
+from tests.controller.ray_nodes import ENV, two_nodes
 
 pytestmark = pytest.mark.slow
 
 
-# Ray 2.60 turns token auth on when ~/.ray/auth_token exists; a throwaway local cluster needs none.
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-
-
-def _ray(*args: str) -> str:
-    out = subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "ray"), *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=ENV,
-    )
-    return out.stdout + out.stderr
-
-
-def _kill_cluster(port: int) -> None:
-    """SIGKILL exactly this cluster's processes: its GCS, and whatever names its port or its session
-    (``ray stop`` would take every Ray on the machine with it, other test sessions' included)."""
-    procs = list(psutil.process_iter(["pid", "cmdline"]))
-    cmds = {p.info["pid"]: " ".join(p.info["cmdline"] or []) for p in procs}
-    sessions = {
-        part.split("/")[3]
-        for cmd in cmds.values()
-        if f"--gcs_server_port={port}" in cmd
-        for part in cmd.split()
-        if part.startswith("--log_dir=/tmp/ray/session_")
-    }
-    for pid, cmd in cmds.items():
-        if f":{port}" in cmd or f"--gcs_server_port={port}" in cmd or any(s in cmd for s in sessions):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 @pytest.fixture
-def two_nodes():
-    """Head and worker with 2 logical CPUs each, on this machine's node IP."""
-    port = free_port()
-    try:
-        head = _ray(
-            "start", "--head", f"--port={port}", "--include-dashboard=false", "--num-cpus=2", "--disable-usage-stats"
-        )
-        address = next(
-            line.split("--address=")[1].strip(" '\"") for line in head.splitlines() if "ray start --address=" in line
-        )
-        _ray("start", f"--address={address}", "--num-cpus=2", "--disable-usage-stats")
-        yield address
-    finally:
-        _kill_cluster(port)
-        current = Path("/tmp/ray/ray_current_cluster")  # `ray start` records itself as the default address
-        if current.exists() and current.read_text().strip().endswith(f":{port}"):
-            current.unlink()
+def cluster():
+    """Head and worker with 2 logical CPUs each (``ray_nodes.two_nodes``); yields the head's address."""
+    with two_nodes() as nodes:
+        yield nodes.address
 
 
-def test_run_spans_two_nodes_and_syncs_by_broadcast(two_nodes, tiny_llama, tmp_path):
+def test_run_spans_two_nodes_and_syncs_by_broadcast(cluster, tiny_llama, tmp_path):
     # rollout needs a node's 2 CPUs, trainer 1 + scoring 1 fit the other: the bundles cannot share a node
     cmd = [
         sys.executable,
@@ -83,7 +31,7 @@ def test_run_spans_two_nodes_and_syncs_by_broadcast(two_nodes, tiny_llama, tmp_p
         "--config-name",
         "grpo_tiny",
         f"model.path={tiny_llama}",
-        f"run.ray_address={two_nodes}",
+        f"run.ray_address={cluster}",
         f"run.output_dir={tmp_path}",
         "run.steps=2",
         "rollout.num_cpus=2",

@@ -1,0 +1,106 @@
+"""Two Ray nodes on this machine (``ray start --head`` + ``ray start --address``) for the tests that need a real
+multi-node cluster (``test_multinode``, ``test_ray_job``), and the exact clean-up of what they started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from relayrl.rendezvous import free_port
+
+# Ray 2.60 turns token auth on when ~/.ray/auth_token exists; a throwaway local cluster needs none.
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+
+
+def ray_cli(*args: str, timeout: float = 120) -> str:
+    """Run the venv's ``ray`` command; its stdout and stderr together (it prints addresses on both)."""
+    out = subprocess.run([RAY, *args], check=True, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return out.stdout + out.stderr
+
+
+def cluster_pids(port: int) -> set[int]:
+    """This cluster's processes: its GCS and whatever names its port or its session on the command line, and,
+    among those that renamed themselves (``ray::DashboardAgent``, actors), whatever writes into the session's
+    logs or runs as a job's entrypoint (its ``RAY_ADDRESS`` names the port)."""
+    procs = list(psutil.process_iter(["pid", "cmdline"]))
+    cmds = {p.info["pid"]: " ".join(p.info["cmdline"] or []) for p in procs}
+    sessions = {
+        part.split("/")[3]
+        for cmd in cmds.values()
+        if f"--gcs_server_port={port}" in cmd
+        for part in cmd.split()
+        if part.startswith("--log_dir=/tmp/ray/session_")
+    }
+    ours = {pid for pid, cmd in cmds.items() if f":{port}" in cmd or any(s in cmd for s in sessions)}
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            files = [f.path for f in proc.open_files()]
+            if proc.environ().get("RAY_ADDRESS", "").endswith(f":{port}") or any(
+                s in f for f in files for s in sessions
+            ):
+                ours.add(proc.pid)
+    return ours - {os.getpid()}
+
+
+def kill_cluster(port: int) -> None:
+    """SIGKILL exactly this cluster's processes (``ray stop`` would take every Ray on the machine with it, other
+    test sessions' included)."""
+    for pid in cluster_pids(port):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class Nodes:
+    address: str
+    """The head's GCS address, for ``run.ray_address``."""
+    port: int
+    """The GCS port, which names every process of the cluster (``kill_cluster``)."""
+    dashboard: str | None
+    """The head's job server (``http://127.0.0.1:<port>``) for ``ray job submit``; None without a dashboard."""
+
+
+def head_args(port: int, dashboard_port: int | None) -> list[str]:
+    """``ray start --head`` options: 2 logical CPUs, and every fixed default port (client server 10001, agent
+    52365) moved to a free one, so that a second cluster on the machine cannot collide with this one."""
+    dash = ["--include-dashboard=false"]
+    if dashboard_port:
+        dash = ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+    return ["--head", f"--port={port}", f"--ray-client-server-port={free_port()}", *dash]
+
+
+@contextlib.contextmanager
+def two_nodes(dashboard: bool = False) -> Iterator[Nodes]:
+    """Head and worker with 2 logical CPUs each, on this machine's node IP; killed on exit, even on failure.
+
+    The worker keeps its own temp dir, as a node on another machine does: in a shared one, its runtime-env agent
+    would unpack a job's ``--working-dir`` over the head's copy, the directory the job's driver runs in."""
+    port = free_port()
+    dashboard_port = free_port() if dashboard else None
+    node = ["--num-cpus=2", "--disable-usage-stats", "--log-color=false"]  # plain text: the address is parsed
+    worker_tmp = tempfile.mkdtemp(prefix="ray-worker-", dir="/tmp")  # short: Ray's socket paths live under it
+    try:
+        head = ray_cli("start", *head_args(port, dashboard_port), *node, f"--dashboard-agent-listen-port={free_port()}")
+        address = next(
+            line.split("--address=")[1].strip(" '\"") for line in head.splitlines() if "ray start --address=" in line
+        )
+        agent = f"--dashboard-agent-listen-port={free_port()}"
+        ray_cli("start", f"--address={address}", *node, agent, f"--temp-dir={worker_tmp}")
+        yield Nodes(address, port, f"http://127.0.0.1:{dashboard_port}" if dashboard_port else None)
+    finally:
+        kill_cluster(port)
+        shutil.rmtree(worker_tmp, ignore_errors=True)
+        current = Path("/tmp/ray/ray_current_cluster")  # `ray start` records itself as the default address
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
