@@ -66,11 +66,17 @@ class Check:
     predicted_s: float
     measured_s: float
     run_dir: Path
+    simulated_s: float = 0.0  # the simulator fed the same profile (``relayrl.plan.calibrate``)
 
     @property
     def error(self) -> float:
         """|predicted - measured| / measured."""
         return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def sim_error(self) -> float:
+        """|simulated - measured| / measured."""
+        return abs(self.simulated_s - self.measured_s) / self.measured_s
 
 
 def check_layouts(
@@ -95,7 +101,15 @@ def check_layouts(
     if bracket:
         runs.append(run_layout(recipe, profile_layout, steps, extra, output_dir))
     profile = Profile.from_runs(runs, cores=cores)
-    own = predict(profile, profile_layout).step_s
-    checks = [Check(profile_layout, own, median_step(run), run) for run in runs]
-    checks += [Check(layout, predict(profile, layout).step_s, median_step(run), run) for layout, run in measured]
+    checks = [_check(profile, profile_layout, run, steps) for run in runs]
+    checks += [_check(profile, layout, run, steps) for layout, run in measured]
     return profile, checks
+
+
+def _check(profile: Profile, layout: Layout, run: Path, steps: int) -> Check:
+    """Predicted (the planner's laws), simulated (the simulator on the profile's costs) and measured median
+    steps of ``layout``; the simulation skips the same warm-up step as ``median_step``."""
+    from relayrl.plan.calibrate import simulate_layout
+
+    simulated = simulate_layout(profile, layout, steps).step_s(skip=1)
+    return Check(layout, predict(profile, layout).step_s, median_step(run), run, simulated)

@@ -1,0 +1,59 @@
+"""The simulator fed a measured profile (``plan/calibrate.py``): on sync layouts, where nothing overlaps, it must
+give exactly the planner's closed-form step; on async layouts it schedules the same terms itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.plan.calibrate import ProfileCosts, layout_policy, simulate_layout
+from relayrl.plan.model import Layout, predict
+from relayrl.plan.profile import Profile
+
+# A CPU profile shaped like grpo_arith's on this box: 8 prompts x 4 completions, 640 tokens a step.
+PROFILE = Profile(
+    tokens=640,
+    completions=32,
+    prompts_per_step=8,
+    gen_dev_s_per_token=0.004,
+    train_dev_s_per_token=0.003,
+    gen_call_s=0.2,
+    reward_s=0.05,
+    train_fixed_s=0.3,
+    sync_fixed_s=0.4,
+    stall_s=0.1,
+    overhead_s=0.25,
+    switch_s=0.6,
+    cpu=True,
+)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [Layout("separate", 1, 1, "sync"), Layout("shared", 2, 2, "sync"), Layout("colocated", 2, 2, "sync")],
+    ids=str,
+)
+def test_a_sync_layout_simulates_to_the_planners_step(layout):
+    assert simulate_layout(PROFILE, layout).step_s(skip=2) == pytest.approx(predict(PROFILE, layout).step_s)
+
+
+def test_a_sync_step_by_hand():
+    """separate 1:1 sync: gen 0.2 + 0.004 * 640 = 2.76, score 0.05, train 0.3 + 0.003 * 640 = 2.22, sync 0.4,
+    overhead 0.25: 5.68 s."""
+    result = simulate_layout(PROFILE, Layout("separate", 1, 1, "sync"))
+    assert result.step_s(skip=2) == pytest.approx(2.76 + 0.05 + 2.22 + 0.4 + 0.25)
+
+
+def test_async_k1_overlaps_so_it_is_faster_than_sync_but_not_faster_than_its_slower_side():
+    sync = simulate_layout(PROFILE, Layout("separate", 1, 1, "sync")).step_s(skip=2)
+    result = simulate_layout(PROFILE, Layout("separate", 1, 1, "async", 1))
+    assert result.step_s(skip=2) < sync
+    assert result.step_s(skip=2) >= PROFILE.gen_s(1) + PROFILE.reward_s  # one replica still generates every call
+    assert max(s.staleness["staleness/max"] for s in result.steps) == 1.0  # the policy's own bound, reached
+
+
+def test_costs_per_call_scale_with_the_groups_and_the_policy_takes_the_layouts_replicas():
+    costs = ProfileCosts(PROFILE, Layout("separate", 2, 1, "sync"))
+    assert costs.completions_per_group == 4
+    assert costs.call(4).fixed_s == pytest.approx(0.2 + 0.004 * 640 / 2)  # half the step's tokens on 1 thread
+    assert layout_policy(PROFILE, Layout("separate", 2, 1, "async", 1)).replicas == 2
+    assert layout_policy(PROFILE, Layout("shared", 2, 2, "sync")).replicas == 1
