@@ -1,0 +1,38 @@
+"""Published async/sync step times against the simulator (``relayrl.plan.papers``): AReaL's Table 1 with two
+constants fitted on its 1.5B row and the other rows predicted; LlamaRL's figures listed (their settings were
+not retrievable here). Pure simulation: no Ray, no engines; a few minutes of one core.
+
+    .venv/bin/python -m bench.sim_papers
+"""
+
+from __future__ import annotations
+
+from relayrl.plan.papers import AREAL, ASSUMED, LLAMARL, STATED, table
+
+
+def main() -> None:
+    print(f"AReaL Table 1 (H800; stated {STATED}; assumed {ASSUMED})")
+    print(
+        f"  {'model':<13} {'GPUs':>5} {'sync paper':>10} {'sim':>8} {'err':>6} {'async paper':>11} {'sim':>8} "
+        f"{'err':>6} {'speed-up paper':>14} {'sim':>5}"
+    )
+    rows = table()
+    for r in rows:
+        e_sync = abs(r["sim_sync_s"] - r["paper_sync_s"]) / r["paper_sync_s"]
+        e_async = abs(r["sim_async_s"] - r["paper_async_s"]) / r["paper_async_s"]
+        print(
+            f"  {r['model']:<13} {r['gpus']:>5} {r['paper_sync_s']:>10.0f} {r['sim_sync_s']:>8.0f} {e_sync:>6.0%} "
+            f"{r['paper_async_s']:>11.0f} {r['sim_async_s']:>8.0f} {e_async:>6.0%} {r['paper_speedup']:>14.2f} "
+            f"{r['sim_speedup']:>5.2f}  ({r['fitted']})"
+        )
+    print(
+        f"  fitted on {AREAL[0].model}: mean answer {rows[0]['mean_response']:.0f} tokens, "
+        f"decode step overhead {rows[0]['step_overhead_s'] * 1e3:.0f} ms"
+    )
+    print("LlamaRL (secondary sources; settings not retrievable here, not simulated):")
+    for size, (sync_s, async_s) in LLAMARL.items():
+        print(f"  {size:>5}: DeepSpeed-Chat-like {sync_s:.1f} s, LlamaRL {async_s:.1f} s, {sync_s / async_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
