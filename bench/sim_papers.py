@@ -1,13 +1,14 @@
 """Published async/sync step times against the simulator (``relayrl.plan.papers``): AReaL's Table 1 with two
-constants fitted on its 1.5B row and the other rows predicted; LlamaRL's figures listed (their settings were
-not retrievable here). Pure simulation: no Ray, no engines; a few minutes of one core.
+constants fitted on its 1.5B row and the other rows predicted; NeMo RL's dense H100 rows predicted with nothing
+fitted on them; LlamaRL's figures listed (their settings were not retrievable here). Pure simulation: no Ray,
+no engines; a few minutes of one core.
 
     .venv/bin/python -m bench.sim_papers
 """
 
 from __future__ import annotations
 
-from relayrl.plan.papers import AREAL, ASSUMED, LLAMARL, STATED, table
+from relayrl.plan.papers import AREAL, ASSUMED, LLAMARL, NEMO_ASSUMED, NEMO_STATED, STATED, nemo_table, table
 
 
 def main() -> None:
@@ -29,6 +30,21 @@ def main() -> None:
         f"  fitted on {AREAL[0].model}: mean answer {rows[0]['mean_response']:.0f} tokens, "
         f"decode step overhead {rows[0]['step_overhead_s'] * 1e3:.0f} ms"
     )
+    overhead = rows[0]["step_overhead_s"]
+    print(f"NeMo RL v0.5 (H100 BF16; stated {NEMO_STATED}; assumed {NEMO_ASSUMED}; decode step overhead AReaL's)")
+    print(
+        f"  {'model':<13} {'GPUs':>7} {'on paper':>8} {'sim':>8} {'err':>6} {'off paper':>9} {'sim':>8} {'err':>6} "
+        f"{'speed-up paper':>14} {'sim':>5}"
+    )
+    for r in nemo_table(overhead):
+        e_sync = abs(r["sim_sync_s"] - r["paper_sync_s"]) / r["paper_sync_s"]
+        e_async = abs(r["sim_async_s"] - r["paper_async_s"]) / r["paper_async_s"]
+        gpus = "/".join(str(g) for g in r["gpus"])
+        print(
+            f"  {r['model']:<13} {gpus:>7} {r['paper_sync_s']:>8.1f} {r['sim_sync_s']:>8.1f} {e_sync:>6.0%} "
+            f"{r['paper_async_s']:>9.1f} {r['sim_async_s']:>8.1f} {e_async:>6.0%} {r['paper_speedup']:>14.2f} "
+            f"{r['sim_speedup']:>5.2f}"
+        )
     print("LlamaRL (secondary sources; settings not retrievable here, not simulated):")
     for size, (sync_s, async_s) in LLAMARL.items():
         print(f"  {size:>5}: DeepSpeed-Chat-like {sync_s:.1f} s, LlamaRL {async_s:.1f} s, {sync_s / async_s:.2f}x")

@@ -15,6 +15,13 @@ generation modelled as relayrl's ``rollout.stream`` (one group a call). Fitted (
 length and the engine's per-decode-step overhead, on the 1.5B row's two columns; the 7B, 14B and 32B rows
 are predictions.
 
+NeMo RL (its documentation's performance page, v0.5, DGX-H100, BF16, Megatron backend) gives GRPO step times
+on policy (generation and training colocated on every GPU) and one step off policy (async, k = 1, generation on
+dedicated nodes) with every setting in its published recipes: 64 prompts × 32 answers, at most 4,096 tokens,
+the GPU counts, the generation TP, the measured mean sequence length, a reference-policy KL (so two extra forward
+passes: previous and reference log-probabilities) and, at 8B, activation recomputation (one more). ``NEMO_RL``
+holds its dense rows; they are predicted with no constant fitted on them (the decode-step overhead is AReaL's).
+
 LlamaRL (arXiv 2505.24034) reports 8B, 70B and 405B step times of a DeepSpeed-Chat-like synchronous system
 against its asynchronous one (``LLAMARL``); the GPU counts, splits, batch and lengths behind them are in the
 paper's tables, which were not retrievable here, so those rows are listed, not simulated.
@@ -28,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.controller.policy import PolicyConfig
-from relayrl.plan.costs import AnalyticCosts, Cluster, Workload
+from relayrl.plan.costs import AnalyticCosts, Cluster, Workload, capped_lognormal_mean
 from relayrl.plan.simulate import simulate
 from relayrl.plan.specs import GPUS, MODELS, ModelSpec
 
@@ -65,6 +72,31 @@ ASSUMED: dict[str, float] = {
     "mfu": 0.4,
 }
 STATED: dict[str, float] = {"prompts_per_step": 512, "group_size": 16, "response_max": 27648, "generate_share": 0.75}
+
+
+@dataclass(frozen=True)
+class NemoRow:
+    model: str  # a MODELS name
+    gpus: tuple[int, int]  # H100s (on policy, one step off)
+    gen_gpus: int  # off policy: the GPUs that generate (the rest train)
+    gen_tp: int  # vLLM tensor parallelism
+    mean_len: tuple[float, float]  # measured mean sequence length (prompt + answer), each run
+    sync_s: float  # on policy, seconds a step
+    async_s: float  # one step off
+    recompute: bool  # activation checkpointing: one more forward pass in training
+
+
+NEMO_RL = (
+    NemoRow("llama3-8b", (16, 16), 8, 1, (1019, 1123), 92.8, 64.8, True),
+    NemoRow("qwen3-32b", (32, 64), 32, 4, (3251, 3252), 376.0, 200.0, False),
+)
+"""NeMo RL v0.5, H100 BF16 table (GRPO, OpenMathInstruct-2): LLaMA3.1-8B on 16 GPUs 92.8 s on policy and 64.8 s
+one step off (8 of them generating); Qwen3-32B on 32 GPUs 376 s on policy, on 64 GPUs 200 s one step off (32
+generating), vLLM TP 4. Recipes ``grpo-llama3.1-8b-instruct-2n8g``, ``grpo-qwen3-32b-4n8g`` and their async-1off
+variants. Mixture-of-experts rows are left out (the cost models are dense)."""
+
+NEMO_STATED: dict[str, float] = {"prompts_per_step": 64, "group_size": 32, "max_len": 4096, "kl_forwards": 2}
+NEMO_ASSUMED: dict[str, float] = {"prompt_len": 150, "response_cv": 0.6, "max_num_seqs": 256, "mfu": 0.4}
 
 
 # ---- one row, simulated ------------------------------------------------------------------------------------
@@ -108,13 +140,21 @@ def row_costs(
         layers=model.layers,
         hidden=model.hidden,
     )
-    replicas = cluster.replicas
-    if asynchronous:
-        slots = 2 * max(1, min(wl.max_num_seqs, AnalyticCosts(cluster, wl).engine_seqs) // wl.group_size)
-        pc = PolicyConfig(row.eta, wl.prompts_per_step, replicas, stream=True, slots=slots)
-    else:
-        pc = PolicyConfig(0, wl.prompts_per_step, replicas, colocated=True)
-    return pc, AnalyticCosts(cluster, wl)
+    costs = AnalyticCosts(cluster, wl)
+    return (streamed_policy(costs, row.eta) if asynchronous else colocated_policy(costs)), costs
+
+
+def streamed_policy(costs: AnalyticCosts, k: int) -> PolicyConfig:
+    """Asynchronous, staleness bound ``k``, streamed as ``rollout.stream``: one group a call, twice the groups an
+    engine's batch holds submitted to each replica."""
+    wl = costs.workload
+    slots = 2 * max(1, min(wl.max_num_seqs, costs.engine_seqs) // wl.group_size)
+    return PolicyConfig(k, wl.prompts_per_step, costs.cluster.replicas, stream=True, slots=slots)
+
+
+def colocated_policy(costs: AnalyticCosts) -> PolicyConfig:
+    """Synchronous, generation and training taking turns on every GPU."""
+    return PolicyConfig(0, costs.workload.prompts_per_step, costs.cluster.replicas, colocated=True)
 
 
 def simulate_row(row: Row, mean_response: float, step_overhead_s: float, steps: int = 6) -> tuple[float, float]:
@@ -123,6 +163,57 @@ def simulate_row(row: Row, mean_response: float, step_overhead_s: float, steps: 
     for asynchronous in (False, True):
         pc, costs = row_costs(row, mean_response, step_overhead_s, asynchronous)
         out.append(simulate(pc, costs, steps).step_s(skip=2))
+    return out[0], out[1]
+
+
+def response_for_mean(mean: float, cv: float, cap: int) -> float:
+    """The lognormal mean whose lengths, capped at ``cap``, average ``mean`` (bisection on
+    ``capped_lognormal_mean``)."""
+    low, high = mean, 20.0 * mean
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if capped_lognormal_mean(mid, cv, cap) < mean else (low, mid)
+    return (low + high) / 2
+
+
+def nemo_costs(
+    row: NemoRow, step_overhead_s: float, asynchronous: bool, seed: int = 0
+) -> tuple[PolicyConfig, AnalyticCosts]:
+    """The policy and costs of one NeMo RL row: on policy colocated on every GPU, or one step off with
+    ``gen_gpus`` generating (streamed, as ``row_costs``)."""
+    hw = dataclasses.replace(GPUS["h100-sxm"], mfu=NEMO_ASSUMED["mfu"], step_overhead_s=step_overhead_s)
+    model, gpus = MODELS[row.model], row.gpus[asynchronous]
+    if asynchronous:
+        cluster = Cluster(hw, row.gen_gpus, gpus - row.gen_gpus, "separate", 8, rollout_tp=row.gen_tp, sync="sharded")
+    else:
+        cluster = Cluster(hw, gpus, gpus, "colocated", 8, rollout_tp=row.gen_tp, sync="sharded")
+    prompt, cap = int(NEMO_ASSUMED["prompt_len"]), int(NEMO_STATED["max_len"] - NEMO_ASSUMED["prompt_len"])
+    mean = row.mean_len[asynchronous] - prompt
+    wl = Workload(
+        model.params,
+        prompt,
+        round(response_for_mean(mean, NEMO_ASSUMED["response_cv"], cap)),
+        int(NEMO_STATED["prompts_per_step"]),
+        int(NEMO_STATED["group_size"]),
+        kv_bytes_per_token=model.kv_bytes_per_token,
+        max_num_seqs=int(NEMO_ASSUMED["max_num_seqs"]),
+        extra_forwards=int(NEMO_STATED["kl_forwards"]) + row.recompute,
+        response_cv=NEMO_ASSUMED["response_cv"],
+        response_max=cap,
+        seed=seed,
+        layers=model.layers,
+        hidden=model.hidden,
+    )
+    costs = AnalyticCosts(cluster, wl)
+    return (streamed_policy(costs, 1) if asynchronous else colocated_policy(costs)), costs
+
+
+def simulate_nemo(row: NemoRow, step_overhead_s: float, steps: int = 6) -> tuple[float, float]:
+    """(on policy, one step off) median seconds a step of ``row`` (after two warm-up steps)."""
+    out = [
+        simulate(*nemo_costs(row, step_overhead_s, asynchronous), steps).step_s(skip=2)
+        for asynchronous in (False, True)
+    ]
     return out[0], out[1]
 
 
@@ -158,6 +249,27 @@ def table(steps: int = 6) -> list[dict[str, Any]]:
                 "fitted": "fitted" if row is AREAL[0] else "predicted",
                 "mean_response": mean_response,
                 "step_overhead_s": overhead,
+            }
+        )
+    return rows
+
+
+def nemo_table(step_overhead_s: float, steps: int = 8) -> list[dict[str, Any]]:
+    """Every NeMo RL row: published and simulated seconds a step, on policy and one step off; nothing fitted on
+    them (``step_overhead_s``: the decode-step overhead ``fit`` found on AReaL's 1.5B row)."""
+    rows = []
+    for row in NEMO_RL:
+        sync_s, async_s = simulate_nemo(row, step_overhead_s, steps)
+        rows.append(
+            {
+                "model": row.model,
+                "gpus": row.gpus,
+                "paper_sync_s": row.sync_s,
+                "sim_sync_s": sync_s,
+                "paper_async_s": row.async_s,
+                "sim_async_s": async_s,
+                "paper_speedup": row.sync_s / row.async_s,
+                "sim_speedup": sync_s / async_s,
             }
         )
     return rows

@@ -74,6 +74,7 @@ MODELS: dict[str, ModelSpec] = {
     "qwen2.5-7b": ModelSpec(7.62e9, 28, 3584, 4, 128),
     "qwen2.5-14b": ModelSpec(14.8e9, 48, 5120, 8, 128),
     "qwen2.5-32b": ModelSpec(32.8e9, 64, 5120, 8, 128),
+    "qwen3-32b": ModelSpec(32.8e9, 64, 5120, 8, 128),
     "smollm2-135m": ModelSpec(1.35e8, 30, 576, 3, 64),
 }
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.plan.papers import AREAL, LLAMARL, row_costs, simulate_row, tp_for
+from relayrl.plan.costs import capped_lognormal_mean
+from relayrl.plan.papers import (
+    AREAL,
+    LLAMARL,
+    NEMO_RL,
+    nemo_costs,
+    response_for_mean,
+    row_costs,
+    simulate_row,
+    tp_for,
+)
 from relayrl.plan.specs import GPUS, MODELS
 
 
@@ -40,3 +50,33 @@ def test_a_simulated_row_is_faster_async_and_slower_with_longer_answers():
     long = simulate_row(AREAL[0], 8000, 0.0, steps=3)
     assert short[1] < short[0] and long[1] < long[0]
     assert long[0] > short[0] and long[1] > short[1]
+
+
+def test_nemo_rows_are_the_published_ones():
+    """NeMo RL v0.5 H100 BF16: 8B 92.8 s on 16 GPUs, 64.8 s one step off (8 generating); 32B 376 s on 32, 200 s on
+    64 (32 generating)."""
+    assert [(r.sync_s, r.async_s, r.gpus, r.gen_gpus) for r in NEMO_RL] == [
+        (92.8, 64.8, (16, 16), 8),
+        (376.0, 200.0, (32, 64), 32),
+    ]
+
+
+@pytest.mark.parametrize("mean, cap", [(869.0, 3946), (3101.0, 3946), (500.0, 100000)])
+def test_response_for_mean_inverts_the_capped_mean(mean, cap):
+    """The measured mean is after the cap: the lognormal's own mean is above it, by more the closer the cap."""
+    response = response_for_mean(mean, 0.6, cap)
+    assert capped_lognormal_mean(response, 0.6, cap) == pytest.approx(mean, rel=1e-6)
+    assert response >= mean
+
+
+def test_nemo_layouts_follow_the_recipes():
+    """8B one step off: 8 vLLM engines of 1 GPU, 8 training GPUs, k = 1. 32B on policy: 8 engines of TP 4
+    colocated with training on all 32. Training: 2 extra forwards (previous and reference log-probabilities) and
+    one more at 8B (activation recomputation)."""
+    pc, costs = nemo_costs(NEMO_RL[0], 0.0, asynchronous=True)
+    assert (costs.cluster.rollout_devices, costs.cluster.trainer_devices, pc.replicas) == (8, 8, 8)
+    assert pc.max_staleness == 1 and pc.stream and costs.workload.extra_forwards == 3
+    pc, costs = nemo_costs(NEMO_RL[1], 0.0, asynchronous=False)
+    assert costs.cluster.placement == "colocated" and costs.cluster.rollout_devices == 32 and pc.replicas == 8
+    assert costs.workload.extra_forwards == 2 and costs.workload.prompts_per_step * costs.workload.group_size == 2048
+    assert costs.workload.prompt_len + costs.workload.mean_response == pytest.approx(3251, abs=1)
