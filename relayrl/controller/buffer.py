@@ -96,19 +96,16 @@ class ReplayBuffer:
     def _stale(self, e: Entry, version: int) -> bool:
         return e.min_version < version - self.k
 
-    def _head(self, version: int, groups: int, max_groups: int | None) -> list[Entry]:
-        """The consecutive entries from ``next_seq`` that a ``take`` now would return (stale ones it would
-        drop are passed over), stopping once they count >= ``groups`` or an entry has not arrived."""
-        out: list[Entry] = []
-        seq = self.next_seq
-        while seq in self.entries and not _full(out, groups, max_groups):
-            if not (self.drop_stale and self._stale(self.entries[seq], version)):
-                out.append(self.entries[seq])
-            seq += 1
-        return out
-
     def ready(self, version: int, groups: int, max_groups: int | None = None) -> bool:
-        return _full(self._head(version, groups, max_groups), groups, max_groups)
+        """Would a ``take`` now fill up? The consecutive entries from ``next_seq`` (stale ones it would drop
+        passed over) until they count >= ``groups`` or an entry has not arrived."""
+        tally = _Tally(groups, max_groups)
+        seq = self.next_seq
+        while seq in self.entries and not tally.full:
+            if not (self.drop_stale and self._stale(self.entries[seq], version)):
+                tally.add(self.entries[seq])
+            seq += 1
+        return tally.full
 
     def take(self, version: int, groups: int, max_groups: int | None = None) -> list[Entry]:
         """Pop the next entries in start order counting >= ``groups`` groups (``Entry.counted``; or holding
@@ -118,13 +115,14 @@ class ReplayBuffer:
         with its reason counted (and the next one in line is taken instead: call ``ready`` first).
         """
         out: list[Entry] = []
-        while not _full(out, groups, max_groups):
+        tally = _Tally(groups, max_groups)
+        while not tally.full:
             if self.next_seq not in self.entries:
                 raise RuntimeError(f"take({groups}) but entry {self.next_seq} has not arrived; call ready() first")
             e = self.entries.pop(self.next_seq)
             self.next_seq += 1
             if not self._stale(e, version):
-                out.append(e)
+                out.append(tally.add(e))
             elif self.drop_stale:
                 self.dropped[f"stale>{self.k}"] += e.num_groups
             else:
@@ -146,10 +144,24 @@ class ReplayBuffer:
         return out
 
 
-def _full(entries: list[Entry], groups: int, max_groups: int | None) -> bool:
-    return sum(e.counted for e in entries) >= groups or (
-        max_groups is not None and sum(e.num_groups for e in entries) >= max_groups
-    )
+@dataclass
+class _Tally:
+    """Running totals of the entries a step has gathered: full once they count >= ``groups`` (``Entry.counted``)
+    or hold >= ``max_groups`` in all. Kept as totals so that gathering n entries costs O(n), not O(n^2)."""
+
+    groups: int
+    max_groups: int | None
+    counted: int = 0
+    held: int = 0
+
+    def add(self, entry: Entry) -> Entry:
+        self.counted += entry.counted
+        self.held += entry.num_groups
+        return entry
+
+    @property
+    def full(self) -> bool:
+        return self.counted >= self.groups or (self.max_groups is not None and self.held >= self.max_groups)
 
 
 @dataclass
