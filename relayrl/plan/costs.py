@@ -47,10 +47,13 @@ as seconds. ``AnalyticCosts`` implements it from the formulas above, ``ConstantC
 simulator's hand-checkable tests).
 
 Completion lengths: every completion ``response_len`` tokens, or (``response_cv`` > 0) lognormal with mean
-``response_len`` capped at ``response_max``, drawn per sequence: a call lasts until its longest ends
-(``AnalyticCosts.decode_steps``) and the mean lengths (``mean_response``) set the training tokens.
+``response_len`` capped at ``response_max``, drawn per sequence: a call lasts until its longest ends, and
+its sequences free their slots of the engine's batch in ``RELEASE_WAVES`` waves as they end
+(``release_waves``), so a queued call starts and the tail decodes at a smaller batch, as continuous batching
+does; the mean lengths (``mean_response``) set the training tokens.
 
-Not modelled yet: pipeline parallelism, a finished sequence's slot freed before its call ends, chunked prefill
+Not modelled yet: pipeline parallelism, a call of more sequences than an engine holds refilling its own
+freed slots before its longest ends (it is costed as max(longest, sum / max_num_seqs) steps), chunked prefill
 interleaved with decode (a call's prefill runs before its decode and
 does not slow the other calls on its engine), the reward pool's width (every scoring call runs at once).
 """
@@ -320,15 +323,42 @@ def memory_fits(cluster: Cluster, wl: Workload, utilization: float = 0.9) -> tup
 
 
 # ---- what the simulator consumes -------------------------------------------------------------------------
+RELEASE_WAVES = 8
+"""A call's sequences end in this many waves of (nearly) equal count, each freeing its slots when its longest
+ends: close to per-sequence continuous batching at a bounded number of simulated events per call."""
+
+
 @dataclass(frozen=True)
 class CallCost:
     """One generate call on an engine: it occupies ``seqs`` of the engine's batch; it runs ``fixed_s`` seconds
     that do not depend on the batch (prefill, per-call cost), then ``steps`` decode steps, each lasting
-    ``decode_step_s(b)`` of the batch b its engine runs at that moment."""
+    ``decode_step_s(b)`` of the batch b its engine runs at that moment. ``releases``: (decode steps done, how
+    many of its sequences end then and free their slots), ascending and before ``steps``; the rest end with
+    the call."""
 
     seqs: int
     fixed_s: float
     steps: float
+    releases: tuple[tuple[float, int], ...] = ()
+
+
+def release_waves(lengths: Sequence[float], waves: int = RELEASE_WAVES) -> tuple[tuple[float, int], ...]:
+    """The ``CallCost.releases`` of sequences of these decode ``lengths``: sorted, cut into ``waves`` runs of
+    nearly equal count, each ending at its longest; runs that end with the call's longest are left to it."""
+    ordered, n = sorted(lengths), len(lengths)
+    cuts = sorted({math.ceil(n * i / waves) for i in range(1, waves + 1)} - {0})
+    out: list[tuple[float, int]] = []
+    start = 0
+    for cut in cuts:
+        end_at = ordered[cut - 1]
+        if end_at >= ordered[-1]:
+            break
+        if out and out[-1][0] == end_at:
+            out[-1] = (end_at, out[-1][1] + cut - start)
+        else:
+            out.append((end_at, cut - start))
+        start = cut
+    return tuple(out)
 
 
 class CostModel(Protocol):
@@ -399,22 +429,20 @@ class AnalyticCosts:
         return self.workload.mean_response
 
     def call(self, groups: int) -> CallCost:
+        """A call of ``groups`` groups. Fixed lengths: ceil(n / max_num_seqs) waves of response_len decode steps.
+        Lengths drawn (``response_cv`` > 0): a call that fits the engine's batch lasts its longest and frees its
+        slots in waves (``release_waves``); a larger one lasts max(longest, sum / max_num_seqs) steps, refilling
+        its own freed slots, and holds all of them until it ends."""
         wl, n = self.workload, groups * self.workload.group_size
         fixed = wl.gen_call_s + prefill_s(self.cluster.hardware, wl, groups, self.cluster.rollout_tp)
-        return CallCost(n, fixed, self.decode_steps(n))
-
-    def decode_steps(self, n: int) -> float:
-        """Decode steps of a call of n sequences. Fixed lengths: ceil(n / max_num_seqs) waves of response_len.
-        Lengths drawn (``response_cv`` > 0): max(longest, sum / max_num_seqs), continuous batching refilling
-        freed slots; the call keeps its n slots of the engine's batch until its longest ends (a tail's batch is
-        costed as full: right while decode is memory bound)."""
-        wl = self.workload
         if wl.response_cv <= 0:
-            return math.ceil(n / wl.max_num_seqs) * wl.response_len
+            return CallCost(n, fixed, math.ceil(n / wl.max_num_seqs) * wl.response_len)
         mu, sigma = lognormal_params(wl.response_len, wl.response_cv)
         cap = wl.response_max or math.inf
         lengths = [min(cap, self._rng.lognormvariate(mu, sigma)) for _ in range(n)]
-        return max(max(lengths), sum(lengths) / wl.max_num_seqs)
+        if n > wl.max_num_seqs:
+            return CallCost(n, fixed, max(max(lengths), sum(lengths) / wl.max_num_seqs))
+        return CallCost(n, fixed, max(lengths), release_waves(lengths))
 
     def decode_step_s(self, batch: int) -> float:
         return decode_step_s(self.cluster.hardware, self.workload, batch, self.cluster.rollout_tp)

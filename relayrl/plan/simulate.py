@@ -29,8 +29,10 @@ The devices, as fluid jobs whose speed changes only at events:
 - a replica's engine runs calls FIFO while their sequences fit in ``costs.engine_seqs`` (one call always fits);
   a running call spends ``fixed_s`` (prefill) and then ``steps`` decode steps, each ``decode_step_s(b)`` long for
   the engine's batch b at that moment, so calls sharing an engine (``rollout.stream``) slow each other as
-  continuous batching does. A sync pauses every engine (nothing is lost: the running calls go on after it, their
-  newest version the new one); ``pause_while_training`` pauses them while a step trains.
+  continuous batching does. As its sequences end (``CallCost.releases``) they leave the batch: the rest decode
+  faster and a queued call starts once its sequences fit. A sync pauses every engine (nothing is lost: the
+  running calls go on after it, their newest version the new one); ``pause_while_training`` pauses them while a
+  step trains.
 - the trainer runs one step at a time. With separate placement and ``overlap_slowdown`` s > 1 (CPU boxes) both
   sides run s times slower while both compute.
 - scoring calls run on the reward pool, all at once, ``score_s`` each.
@@ -202,6 +204,8 @@ class _Job:
     cost: CallCost | None = None
     fixed_left: float = 0.0  # generate: seconds before decode; train: seconds of work
     steps_left: float = 0.0
+    live: int = 0  # generate: its sequences still in the engine's batch
+    released: int = 0  # generate: its cost's releases done
     started: float | None = None  # generate: when its engine began running it
     v0: int = 0
     v1: int = 0
@@ -217,7 +221,7 @@ class _Engine:
     incarnation: int = 0
     alive: bool = True
     t: float = 0.0
-    seqs: int = 0  # sequences of its running calls
+    seqs: int = 0  # sequences of its running calls still decoding
     queue: deque[_Job] = field(default_factory=deque)
     running: list[_Job] = field(default_factory=list)
     busy: list[list[float]] = field(default_factory=list)  # merged [start, end] spans running, not paused
@@ -487,11 +491,25 @@ class Simulator(Loop):
         self.train_t = self.now
 
     def _retime_engine(self, engine: _Engine) -> None:
+        """The engine's next event at the current speed: the earliest of its running calls' next releases and
+        ends. Only that call holds a heap entry: the engine's calls run at one speed until its next event, so
+        the others' entries would only be replaced there."""
         speed = self._gen_speed()
         step = self.costs.decode_step_s(min(self.costs.engine_seqs, engine.seqs)) if engine.running else 0.0
+        first, first_left = None, math.inf
         for job in engine.running:
-            left = job.fixed_left + job.steps_left * step
-            self._retime(job, self.now + left / speed if speed > 0 else math.inf)
+            assert job.cost is not None
+            steps = job.steps_left
+            if job.released < len(job.cost.releases):
+                steps = max(0.0, job.cost.releases[job.released][0] - (job.cost.steps - job.steps_left))
+            left = job.fixed_left + steps * step
+            if first is None or left < first_left:
+                first, first_left = job, left
+        for job in engine.running:
+            if job is not first:
+                self._retime(job, math.inf)
+        if first is not None:
+            self._retime(first, self.now + first_left / speed if speed > 0 else math.inf)
 
     def _retime_train(self) -> None:
         if self._training():
@@ -552,7 +570,9 @@ class Simulator(Loop):
             return
         if job.kind == "generate":
             engine = self.engines[job.replica]
-            self._change(engine, lambda: self._end_call(engine, job))
+            self._change(engine, lambda: self._advance_call(engine, job))
+            if not job.done:  # a wave of its sequences ended: their slots are free, the call goes on
+                return
             assert job.started is not None
             self.spans.append(Span(f"rollout/{job.replica}", "generate", job.started, self.now, _seq(job)))
         elif job.kind == "score":
@@ -563,10 +583,19 @@ class Simulator(Loop):
             self.spans.append(Span("trainer", "train", job.started or self.now, self.now, self.policy.version + 1))
         self.ready.append(job)
 
-    def _end_call(self, engine: _Engine, job: _Job) -> None:
+    def _advance_call(self, engine: _Engine, job: _Job) -> None:
+        """``job``'s event came: its next release (they all come before its end), else its end."""
+        assert job.cost is not None
+        if job.released < len(job.cost.releases):
+            at, seqs = job.cost.releases[job.released]
+            job.released += 1
+            job.steps_left = job.cost.steps - at  # the event's own time: no drift from the fluid sums
+            job.live -= seqs
+            engine.seqs -= seqs
+            return
         job.done, job.v1 = True, engine.version
         engine.running.remove(job)
-        engine.seqs -= job.cost.seqs if job.cost is not None else 0
+        engine.seqs -= job.live
 
     def _admit(self, engine: _Engine) -> None:
         """Start queued calls FIFO while their sequences fit the engine's batch (one always fits)."""
@@ -581,7 +610,8 @@ class Simulator(Loop):
             if flight is not None and self.now > flight.t0:
                 self.spans.append(Span(f"rollout/{job.replica}", "queued", flight.t0, self.now, flight.seq))
             engine.running.append(job)
-            engine.seqs += job.cost.seqs
+            job.live = job.cost.seqs
+            engine.seqs += job.live
 
     def _die(self, engine: _Engine, replica: int) -> None:
         if not engine.alive:
