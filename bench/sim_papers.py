@@ -28,7 +28,7 @@ def main() -> None:
         )
     print(
         f"  fitted on {AREAL[0].model}: mean answer {rows[0]['mean_response']:.0f} tokens, "
-        f"decode step overhead {rows[0]['step_overhead_s'] * 1e3:.0f} ms"
+        f"decode step overhead {rows[0]['step_overhead_s'] * 1e3:.1f} ms"
     )
     overhead = rows[0]["step_overhead_s"]
     print(f"NeMo RL v0.5 (H100 BF16; stated {NEMO_STATED}; assumed {NEMO_ASSUMED}; decode step overhead AReaL's)")

@@ -10,8 +10,9 @@ prompt length, the spread of the answers' lengths (lognormal, cv 0.6), tensor pa
 server (the fewest GPUs of a power of two that fit the model in half their memory and one group's KV cache in
 the rest of 90 %), one extra forward pass (the decoupled objective's proximal log-probabilities), an engine
 batch of up to 512
-(SGLang's cap, the KV cache usually binding first), 40 % training MFU, and AReaL's interruptible streaming
-generation modelled as relayrl's ``rollout.stream`` (one group a call). Fitted (``fit``): the mean answer
+(SGLang's cap, the KV cache usually binding first), 40 % training MFU, AReaL's interruptible streaming
+generation modelled as relayrl's ``rollout.stream`` (one group a call), and a synchronous step sending its
+groups the same way, all at once (``colocated_policy``). Fitted (``fit``): the mean answer
 length and the engine's per-decode-step overhead, on the 1.5B row's two columns; the 7B, 14B and 32B rows
 are predictions.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,8 +155,11 @@ def streamed_policy(costs: AnalyticCosts, k: int) -> PolicyConfig:
 
 
 def colocated_policy(costs: AnalyticCosts) -> PolicyConfig:
-    """Synchronous, generation and training taking turns on every GPU."""
-    return PolicyConfig(0, costs.workload.prompts_per_step, costs.cluster.replicas, colocated=True)
+    """Synchronous, generation and training taking turns on every GPU: a step's groups are all sent at once,
+    one group a call, round robin over the replicas (as the papers' systems send requests to their servers),
+    so a batch that the replicas do not divide adds no second round of calls."""
+    replicas, groups = costs.cluster.replicas, costs.workload.prompts_per_step
+    return PolicyConfig(0, groups, replicas, colocated=True, stream=True, slots=math.ceil(groups / replicas))
 
 
 def simulate_row(row: Row, mean_response: float, step_overhead_s: float, steps: int = 6) -> tuple[float, float]:
@@ -220,8 +225,8 @@ def simulate_nemo(row: NemoRow, step_overhead_s: float, steps: int = 6) -> tuple
 def fit(row: Row = AREAL[0]) -> tuple[float, float]:
     """(mean answer length, per-step overhead) whose simulation of ``row`` is closest to both its published
     columns (largest relative error, over a grid)."""
-    lengths = (4000, 6000, 8000, 10000, 12000, 14000, 16000)
-    overheads = (0.0, 0.01, 0.02)
+    lengths = range(8000, 26001, 2000)
+    overheads = (0.0, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03)
 
     def worst(params: tuple[float, float]) -> float:
         sync_s, async_s = simulate_row(row, *params, steps=5)

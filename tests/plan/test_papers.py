@@ -16,6 +16,7 @@ from relayrl.plan.papers import (
     simulate_row,
     tp_for,
 )
+from relayrl.plan.simulate import simulate
 from relayrl.plan.specs import GPUS, MODELS
 
 
@@ -43,6 +44,16 @@ def test_async_rows_split_the_gpus_75_25_in_whole_servers_and_sync_rows_colocate
     assert pc.replicas == 144 and pc.max_staleness == 4 and pc.stream
     pc, costs = row_costs(AREAL[0], 8000, 0.0, asynchronous=False)
     assert costs.cluster.placement == "colocated" and pc.max_staleness == 0 and pc.colocated
+
+
+def test_a_sync_step_sends_every_group_at_once_when_the_replicas_do_not_divide_the_batch():
+    """7B sync: 512 groups on 192 one-GPU servers. Chunks of B // replicas = 2 groups would need a second round
+    of calls for the last 128; one group a call, 3 slots a replica, sends all 512 at the step's start."""
+    pc, costs = row_costs(AREAL[1], 8000, 0.0, asynchronous=False)
+    assert pc.replicas == 192 and pc.stream and pc.chunk == 1 and pc.slots == 3
+    first = simulate(pc, costs, steps=1)
+    starts = [s.start for s in first.spans if s.what == "generate"]
+    assert len(starts) == 512 and max(starts) == 0.0
 
 
 def test_a_simulated_row_is_faster_async_and_slower_with_longer_answers():
