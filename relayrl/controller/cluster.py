@@ -57,6 +57,20 @@ def cluster_to_join(address: str | None, env: Mapping[str, str]) -> tuple[str, s
     return env.get("RAY_ADDRESS") or "auto", f"Ray job {job}"
 
 
+def relative_output_dir(output_dir: str, address: str | None, env: Mapping[str, str]) -> str | None:
+    """A warning when a run that joins a cluster (``cluster_to_join``) writes under a relative
+    ``run.output_dir``: each process resolves it against its own current directory, which on another node,
+    or in a Ray job's unpacked working directory, is not where the driver's run dir is. None otherwise."""
+    join = cluster_to_join(address, env)
+    if join is None or os.path.isabs(output_dir):
+        return None
+    return (
+        f"relayrl: run.output_dir={output_dir} is relative and this run joins a Ray cluster ({join[1]}): the run "
+        f"dir lands under {os.path.abspath(output_dir)} on the driver's node, and ranks on other nodes would "
+        "write checkpoints under their own current directory; pass an absolute path that every node mounts"
+    )
+
+
 def start_ray(address: str | None, placement: PlacementConfig, needed_cpus: float) -> None:
     """Start (or join) Ray, bound to localhost. Logical CPUs may exceed cores: the sync loop time-shares them.
     Without ``address`` a new local Ray is started even if ``ray start`` left a cluster address behind

@@ -20,6 +20,7 @@ in order, strictly on-policy; ``mode=async`` overlaps generation with training, 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import ray
 
 from relayrl.config import Config, ConfigError
-from relayrl.controller.cluster import make_placement, needed_cpus, split_cores, start_ray
+from relayrl.controller.cluster import make_placement, needed_cpus, relative_output_dir, split_cores, start_ray
 from relayrl.controller.faults import TrainerDied
 from relayrl.controller.run import RunDir, RunResult
 from relayrl.controller.system import System
@@ -50,6 +51,8 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     reward_fns = resolve_rewards(cfg, rewards)  # preflight: import errors surface before Ray starts
     model_path = resolve_model_path(cfg)  # preflight: model, context, KV cache, dataset, prompts
     resume = resolve_resume(cfg)  # (run dir, checkpoint, state) or None, before Ray starts
+    if warning := relative_output_dir(cfg.run.output_dir, cfg.run.ray_address, os.environ):
+        logger.warning(warning)
     run = RunDir.reopen(cfg, resume[0], resume[2]) if resume else RunDir.create(cfg)
     placement = None
     try:  # from here on, status.json says how the run ended

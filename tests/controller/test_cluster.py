@@ -65,3 +65,19 @@ JOB_ENV = {  # what Ray's job supervisor hands a `ray job submit` entrypoint (Ra
 )
 def test_cluster_to_join(address, env, expected):
     assert cluster.cluster_to_join(address, env) == expected
+
+
+@pytest.mark.parametrize(
+    "output_dir, address, env, warned",
+    [
+        ("runs", None, {}, False),  # a local run: relative to where it was launched, as always
+        ("/shared/runs", None, JOB_ENV, False),
+        ("runs", None, JOB_ENV, True),  # a Ray job: relative to Ray's unpacked working directory
+        ("runs", "10.0.0.7:6379", {}, True),
+    ],
+)
+def test_a_relative_output_dir_on_a_cluster_is_warned_about(output_dir, address, env, warned):
+    warning = cluster.relative_output_dir(output_dir, address, env) or ""
+    assert bool(warning) == warned
+    if warned:
+        assert "run.output_dir=runs is relative" in warning and "absolute path" in warning
