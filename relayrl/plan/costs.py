@@ -346,7 +346,7 @@ def release_waves(lengths: Sequence[float], waves: int = RELEASE_WAVES) -> tuple
     """The ``CallCost.releases`` of sequences of these decode ``lengths``: sorted, cut into ``waves`` runs of
     nearly equal count, each ending at its longest; runs that end with the call's longest are left to it."""
     ordered, n = sorted(lengths), len(lengths)
-    cuts = sorted({math.ceil(n * i / waves) for i in range(1, waves + 1)} - {0})
+    cuts = sorted({math.ceil(n * i / waves) for i in range(1, waves + 1)})
     out: list[tuple[float, int]] = []
     start = 0
     for cut in cuts:

@@ -204,12 +204,17 @@ class _Job:
     cost: CallCost | None = None
     fixed_left: float = 0.0  # generate: seconds before decode; train: seconds of work
     steps_left: float = 0.0
-    live: int = 0  # generate: its sequences still in the engine's batch
     released: int = 0  # generate: its cost's releases done
     started: float | None = None  # generate: when its engine began running it
     v0: int = 0
     v1: int = 0
     source: _Job | None = None  # score: the generate call it scores
+
+    @property
+    def live(self) -> int:
+        """generate: its sequences still in the engine's batch (all but those its releases so far freed)."""
+        assert self.cost is not None
+        return self.cost.seqs - sum(n for _, n in self.cost.releases[: self.released])
 
 
 @dataclass
@@ -590,7 +595,6 @@ class Simulator(Loop):
             at, seqs = job.cost.releases[job.released]
             job.released += 1
             job.steps_left = job.cost.steps - at  # the event's own time: no drift from the fluid sums
-            job.live -= seqs
             engine.seqs -= seqs
             return
         job.done, job.v1 = True, engine.version
@@ -610,8 +614,7 @@ class Simulator(Loop):
             if flight is not None and self.now > flight.t0:
                 self.spans.append(Span(f"rollout/{job.replica}", "queued", flight.t0, self.now, flight.seq))
             engine.running.append(job)
-            job.live = job.cost.seqs
-            engine.seqs += job.live
+            engine.seqs += job.cost.seqs
 
     def _die(self, engine: _Engine, replica: int) -> None:
         if not engine.alive:
