@@ -10,7 +10,12 @@ measured| / measured < 0.25. Last, it says which measured layout the planner ran
 measured fastest, and whether they agree (what ``relayrl plan``'s recommendation rests on). The simulator
 (``relayrl.plan.calibrate``) is fed the same profile: its column has a 15 % target.
 
-    .venv/bin/python -m bench.plan_accuracy [--recipe grpo_arith] [--steps 16] \\
+By default the profile also takes the CPU probes (``relayrl.plan.measure.probes``: one thread a side, and
+N one-thread trainer ranks, both at half the batch), run after the first profile run, so that thread
+scaling, the per-call generation cost and the ranks' costs are fitted rather than assumed;
+``--no-probe`` profiles the shared runs alone (g = 0.8 and e = 0.9 assumed).
+
+    .venv/bin/python -m bench.plan_accuracy [--recipe grpo_arith] [--steps 16] [--no-probe] \\
         [--profile-layout shared:2:2:sync:0] \\
         [--layouts separate:1:1:async:1 separate:1:1:sync:0 shared:2:2:sync:0] [overrides ...]
 """
@@ -72,6 +77,7 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", default=["separate:1:1:async:1", "separate:1:1:sync:0", SHARED])
     parser.add_argument("--output-dir", default="/tmp/relayrl-bench")
     parser.add_argument("--no-bracket", action="store_true", help="profile once, before the targets")
+    parser.add_argument("--no-probe", action="store_true", help="profile the shared runs alone (no CPU probes)")
     args, extra = parser.parse_known_args()
     extra = [*(TINY_WORK if args.recipe == "grpo_tiny" else []), *extra]
     profiled = 1 if args.no_bracket else 2
@@ -83,6 +89,7 @@ def main() -> None:
         extra,
         args.output_dir,
         bracket=not args.no_bracket,
+        probe=not args.no_probe,
     )
     print("\n" + "\n".join(profile_lines(profile)))
     print(f"\n{args.recipe}, {args.steps} steps per run, medians after the warm-up step")

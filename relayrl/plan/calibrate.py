@@ -61,11 +61,11 @@ class ProfileCosts:
 
     def train_s(self, groups: int) -> float:
         p = self.profile
-        whole = p.train_s(self.layout.trainer_devices)
+        whole = p.train_s(self.layout.trainer_devices, self.layout.threads)
         return p.train_fixed_s + (whole - p.train_fixed_s) * groups / p.prompts_per_step
 
     def sync_s(self) -> float:
-        return self.profile.sync_s()
+        return self.profile.sync_s(self.layout.ranks)
 
     def checkpoint_s(self) -> float:
         return 0.0

@@ -29,17 +29,49 @@ def run_layout(
     recipe: str, layout: Layout, steps: int, extra: list[str], output_dir: str | Path, cpu: bool = True
 ) -> Path:
     """Train ``recipe`` for ``steps`` steps in ``layout`` (overrides from ``plan.overrides``); its run dir."""
+    stream = "-stream" if layout.stream else ""
+    name = f"plan-{layout.placement}-{layout.split().replace(':', 'x')}-{layout.mode}{layout.k}{stream}"
+    return run_overrides(recipe, name, overrides(layout, cpu), steps, extra, output_dir)
+
+
+def probes(cores: int, prompts: int) -> dict[str, list[str]]:
+    """The CPU probes beside the shared N:N run of the recipe's batch (``prompts`` a step): a run on one
+    thread a side and one of an N-thread replica beside N one-thread trainer ranks, both at half the batch.
+    Their differences give what one run cannot tell apart (``profile._fit_probes``): generation's per-call
+    cost and its thread scaling g, training's thread scaling e and the ranks' collectives and gather. Neither
+    is a layout the planner predicts: at half the batch, the one-thread run is not separate 1:1."""
+    if prompts < 2 or prompts % 2:
+        raise ValueError(f"run.prompts_per_step={prompts}: the probes run half the batch; use an even count")
+    half = f"run.prompts_per_step={prompts // 2}"
+    return {
+        "one-thread": [*overrides(Layout("shared", 1, 1), cpu=True), half],
+        "ranks": [
+            "placement=separate",
+            "mode=sync",
+            "rollout.num_replicas=1",
+            "rollout.num_cpus=1",
+            f"rollout.num_threads={cores}",
+            f"trainer.world_size={cores}",
+            f"trainer.num_cpus={1 / cores:.4g}",  # Ray's CPUs: N ranks beside the replica on N cores
+            "trainer.num_threads=1",
+            half,
+        ],
+    }
+
+
+def run_overrides(
+    recipe: str, name: str, layout_overrides: list[str], steps: int, extra: list[str], output_dir: str | Path
+) -> Path:
+    """Train ``recipe`` for ``steps`` steps with ``layout_overrides`` (then ``extra``); its run dir."""
     import ray
 
     from relayrl.config import load_config
     from relayrl.controller import train
 
-    stream = "-stream" if layout.stream else ""
-    name = f"plan-{layout.placement}-{layout.split().replace(':', 'x')}-{layout.mode}{layout.k}{stream}"
     cfg = load_config(
         recipe,
         [
-            *overrides(layout, cpu),
+            *layout_overrides,
             *QUIET,
             f"run.steps={steps}",
             f"run.name={name}",
@@ -87,20 +119,31 @@ def check_layouts(
     extra: list[str],
     output_dir: str | Path,
     bracket: bool = True,
+    probe: bool = False,
 ) -> tuple[Profile, list[Check]]:
     """Profile ``recipe`` in ``profile_layout`` (one core per device on a CPU box), then predict and run each
     target layout. ``bracket``: profile again after the targets and use both profile runs (their costs
     averaged), so that a machine whose load drifts during the check (a shared box's step times can move
     severalfold within minutes) is profiled at the targets' mean time. The profile runs are the first
     checks: their errors show the drift (one profile run reproduces its own median exactly). A target equal
-    to the profile layout is not run again."""
-    cores = os.cpu_count()
+    to the profile layout is not run again. ``probe``: run the CPU probes (``probes``) after the first
+    profile run and profile all of them together."""
+    cores = os.cpu_count() or 1
     targets = [layout for layout in targets if layout != profile_layout]  # the profile runs measure it
     runs = [run_layout(recipe, profile_layout, steps, extra, output_dir)]
+    probed = []
+    if probe:
+        from relayrl.config import load_config
+
+        prompts = load_config(recipe, extra).run.prompts_per_step
+        probed = [
+            run_overrides(recipe, f"probe-{name}", ovr, steps, extra, output_dir)
+            for name, ovr in probes(cores, prompts).items()
+        ]
     measured = [(layout, run_layout(recipe, layout, steps, extra, output_dir)) for layout in targets]
     if bracket:
         runs.append(run_layout(recipe, profile_layout, steps, extra, output_dir))
-    profile = Profile.from_runs(runs, cores=cores)
+    profile = Profile.from_runs([*runs, *probed], cores=cores)
     checks = [_check(profile, profile_layout, run, steps) for run in runs]
     checks += [_check(profile, layout, run, steps) for layout, run in measured]
     return profile, checks

@@ -14,7 +14,8 @@ trainer devices t, mode, k). With ``tokens`` completion tokens per step, the pha
                                                                         g = gen_efficiency
     Tr    = reward_s                                                    scoring (CPU workers)
     Tt(t) = train_fixed_s + train_dev_s_per_token * tokens / (t * e(t)) training, e(1) = 1, e(t>1) = train_efficiency
-    Ts    = sync_fixed_s + sync_bytes / sync_bytes_per_s                weight sync
+            (+ rank_collective_s for t > 1 ranks, whose e is rank_efficiency when given)
+    Ts    = sync_fixed_s + sync_bytes / sync_bytes_per_s                weight sync (+ sync_gather_s, t > 1 ranks)
     O     = overhead_s                                                  driver per step (RPCs, buffer, logging)
 
 and the step is
@@ -22,7 +23,7 @@ and the step is
 ::
 
     separate, sync  (or k = 0):  step = Tg(r) + Tr + Tt(t) + Ts + O
-    separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s,
+    separate, async (k >= 1):    step = max(s * Tg(r) + Tr + stall_s (+ sync_gather_s, t > 1 ranks),
                                             train_fixed_s + s * (Tt(t) - train_fixed_s) + Ts) + O
     separate, async streaming:   the same with Tg * u,  u = occupancy of the profile run / STREAM_OCCUPANCY
     colocated (sync), N devices: step = c * Tg(N) + Tr + Tt(N) + Ts + 2 * switch_s + O
@@ -34,7 +35,9 @@ and the step is
 Why these laws: replicas never talk to each other, so generation is data parallel and its per-token work
 divides by r (``gen_call_s``, the per-call cost that does not divide, is fitted only when runs with
 different tokens per replica are given - else 0). Trainer ranks all-gather and reduce-scatter every step
-(FSDP2), so t ranks deliver ``t * train_efficiency`` of one rank's throughput (0.9 assumed unless given).
+(FSDP2), so t ranks deliver ``t * train_efficiency`` of one rank's throughput (0.9 assumed unless given);
+a profile with the CPU probes (``relayrl.plan.measure.probes``) measures instead that ranks split the tokens
+evenly and add a fixed ``rank_collective_s`` a step (and ``sync_gather_s`` a sync), and fits g and e.
 The fixed costs ``train_fixed_s`` (fetching the batch, the driver's call), ``reward_s``, ``Ts`` and ``O``
 are measured in the profile run and do not shrink with devices; on small models they dominate, which is
 why the profile must measure them rather than assume them away. In async mode the rollout keeps going
@@ -116,6 +119,11 @@ class Layout:
         """Threads of each replica and rank: all N when shared, else one device each."""
         return self.rollout_devices if self.placement == "shared" else 1
 
+    @property
+    def ranks(self) -> int:
+        """Trainer ranks: one when shared (its N devices are threads), else one per trainer device."""
+        return 1 if self.placement == "shared" else self.trainer_devices
+
     def split(self) -> str:
         return f"{self.rollout_devices}:{self.trainer_devices}"
 
@@ -144,12 +152,12 @@ def predict(profile: Profile, layout: Layout) -> Prediction:
     tg = profile.gen_s(layout.rollout_devices, layout.threads) * (colocated_slowdown(profile) if colocated else 1.0)
     if layout.stream:
         tg *= stream_speedup(profile)
-    tt = profile.train_s(layout.trainer_devices)
+    tt = profile.train_s(layout.trainer_devices, layout.threads)
     ph = {
         "generate": tg,
         "reward": profile.reward_s,
         "train": tt,
-        "sync": profile.sync_s(),
+        "sync": profile.sync_s(layout.ranks),
         "overhead": profile.overhead_s,
         "switch": 2 * profile.switch_s if colocated else 0.0,
     }
@@ -157,7 +165,7 @@ def predict(profile: Profile, layout: Layout) -> Prediction:
     trainer_path = tt + ph["sync"]
     if layout.overlaps:
         s = overlap_slowdown(profile, layout)
-        rollout_path += (s - 1) * tg + profile.stall_s
+        rollout_path += (s - 1) * tg + profile.stall_s + ph["sync"] - profile.sync_s()  # + a gather's wait
         trainer_path += (s - 1) * (tt - profile.train_fixed_s)
         core = max(rollout_path, trainer_path)
         bottleneck = "generate" if rollout_path >= trainer_path else ("train" if tt >= ph["sync"] else "sync")

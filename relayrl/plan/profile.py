@@ -3,7 +3,9 @@
 ``Profile`` holds one device's costs per step (the terms of the laws in ``relayrl.plan.model``);
 ``Profile.from_runs`` turns run directories' medians into them, dividing out what a run's own layout
 added: its threads' scaling (``train_efficiency``, ``gen_efficiency``) and a colocated CPU run's
-generation slowdown (``CPU_COLOCATED_GEN_SLOWDOWN``).
+generation slowdown (``CPU_COLOCATED_GEN_SLOWDOWN``). Given the CPU probes (``relayrl.plan.measure.probes``:
+runs on one thread, on N threads at two batch sizes, and on N one-thread trainer ranks) it fits those scalings
+and the per-call and per-rank costs instead of assuming them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class Profile:
     overhead_s: float = 0.0  # O: per step, what the phase timers miss (driver calls, logging)
     switch_s: float = 0.0  # colocated: one hand-over between rollout and trainer
     train_efficiency: float = 0.9  # e(t > 1): multi-rank training throughput per rank, relative to 1 rank
+    rank_efficiency: float | None = None  # e for t > 1 one-thread ranks (CPU); None: train_efficiency
+    rank_collective_s: float = 0.0  # per step, what t > 1 ranks add whatever the tokens (FSDP2 collectives)
+    sync_gather_s: float = 0.0  # per sync, what t > 1 ranks add (gathering the shards before the transfer)
     gen_efficiency: float = 0.8  # g: one replica's throughput per thread on N > 1 threads, relative to 1
     overlap_slowdown: float | None = None  # s: Tg and Tt's per-token part run this much slower while they
     # overlap; None: (2r + t) / (r + t) if cpu, else 1
@@ -58,18 +63,25 @@ class Profile:
     cpu: bool = False  # devices are CPU cores of one host (profiled with --cores)
     source: str = "given"  # the run dir(s) or file it came from
 
-    def sync_s(self) -> float:
-        """Ts = sync_fixed_s + sync_bytes / sync_bytes_per_s."""
-        return self.sync_fixed_s + self.sync_bytes / self.sync_bytes_per_s
+    def sync_s(self, ranks: int = 1) -> float:
+        """Ts = sync_fixed_s + sync_bytes / sync_bytes_per_s (+ sync_gather_s from ``ranks`` > 1 ranks)."""
+        return self.sync_fixed_s + self.sync_bytes / self.sync_bytes_per_s + (self.sync_gather_s if ranks > 1 else 0.0)
 
     def gen_s(self, devices: int, threads: int = 1) -> float:
         """Tg = gen_call_s + gen_dev_s_per_token * tokens / (devices * g(threads)): ``devices`` device-threads
         in all, ``threads`` of them per replica (1: r data-parallel replicas; N: one shared replica)."""
         return self.gen_call_s + self.gen_dev_s_per_token * self.tokens / (devices * gen_efficiency(self, threads))
 
-    def train_s(self, devices: int) -> float:
-        """Tt(t) = train_fixed_s + train_dev_s_per_token * tokens / (t * e(t))."""
-        return self.train_fixed_s + self.train_dev_s_per_token * self.tokens / (devices * efficiency(self, devices))
+    def train_s(self, devices: int, threads: int = 1) -> float:
+        """Tt(t) = train_fixed_s + train_dev_s_per_token * tokens / (t * e(t)) for ``devices`` device-threads,
+        ``threads`` of them per rank: one rank of N threads has e = train_efficiency; t > 1 one-thread ranks
+        have e = rank_efficiency (when given) and add rank_collective_s."""
+        if threads > 1 or devices == 1:
+            e, collective = efficiency(self, devices), 0.0
+        else:
+            e = self.train_efficiency if self.rank_efficiency is None else self.rank_efficiency
+            collective = self.rank_collective_s
+        return self.train_fixed_s + collective + self.train_dev_s_per_token * self.tokens / (devices * e)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,24 +131,36 @@ class Profile:
         One run: per-call generation cost cannot be told from per-token cost, so ``gen_call_s`` = 0 (all of
         Tg divides by replicas). Several runs whose tokens per rollout device differ >= 1.5x: ``gen_call_s`` and
         ``gen_dev_s_per_token`` are fitted by least squares on Tg = a + b * tokens / (r * g). The other costs
-        are averaged over the runs. g is given, not fitted: with two runs, a per-call cost and a thread
-        scaling below g look alike (a shared run and a one-thread run: the fit puts the difference into a)."""
+        are averaged over the runs. g is given, not fitted, from two runs: a per-call cost and a thread
+        scaling below g look alike (a shared run and a one-thread run: the fit puts the difference into a).
+
+        The CPU probes (``relayrl.plan.measure.probes``) tell them apart, and ``_fit_probes`` then fits g,
+        e, the ranks' costs and the per-call cost (its docstring); the workload (tokens, completions,
+        prompts) is then the first run's, the probes' smaller batches only inform the fit."""
         if not paths:
             raise ValueError("no run directories given; pass at least one runs/<id>")
         # None: the field's default (a dataclass keeps a plain default as the class attribute)
         train_eff = cls.train_efficiency if train_efficiency is None else train_efficiency
         gen_eff = cls.gen_efficiency if gen_efficiency is None else gen_efficiency
         samples = [_run_sample(Path(p), cores, skip, train_eff, gen_eff) for p in paths]
-        x = [s["tokens"] / s["gen_devices"] for s in samples]
-        y = [s["gen"] for s in samples]
-        gen_call, gen_tok = _fit_line(x, y)
-        avg = {k: statistics.fmean(s[k] for s in samples) for k in _AVERAGED}
+        syncs = samples  # the runs the sync terms are averaged over
+        fitted = _fit_probes(samples) if cores is not None else {}
+        if fitted:
+            workload = [s for s in samples if s["prompts_per_step"] == samples[0]["prompts_per_step"]]
+            for s in samples:
+                s |= {k: statistics.fmean(w[k] for w in workload) for k in ("tokens", "completions")}
+            if "sync_gather_s" in fitted:  # the ranks' syncs are one rank's plus the gather
+                syncs = [s for s in samples if s["ranks"] == 1]
+        else:
+            x = [s["tokens"] / s["gen_devices"] for s in samples]
+            fitted = dict(zip(("gen_call_s", "gen_dev_s_per_token"), _fit_line(x, [s["gen"] for s in samples])))
+        avg = {k: statistics.fmean(s[k] for s in samples) for k in _AVERAGED if k not in fitted}
+        avg |= {k: statistics.fmean(s[k] for s in syncs) for k in ("sync_fixed_s", "stall_s")}
+        # the mean sync: mean sync_fixed_s + bytes / the harmonic mean of the speeds
+        avg["sync_bytes_per_s"] = statistics.harmonic_mean([s["sync_bytes_per_s"] for s in syncs])
         occupancies = [s["gen_occupancy"] for s in samples if s["gen_occupancy"] > 0]
         return cls(
-            gen_call_s=gen_call,
-            gen_dev_s_per_token=gen_tok,
-            train_efficiency=train_eff,
-            gen_efficiency=gen_eff,
+            **{"train_efficiency": train_eff, "gen_efficiency": gen_eff, **fitted},
             cpu=cores is not None,
             source=", ".join(str(p) for p in paths),
             prompts_per_step=int(samples[0]["prompts_per_step"]),  # an int in a dict of floats
@@ -246,6 +270,12 @@ def _run_sample(
         "tokens": tokens,
         "completions": med[ROLLOUT_COMPLETIONS],
         "gen_devices": r * g,
+        "replicas": int(cfg["rollout"]["num_replicas"]),
+        "gen_threads": replica_threads(cfg, cores),
+        "ranks": int(cfg["trainer"]["world_size"]),
+        "rank_threads": t // int(cfg["trainer"]["world_size"]),
+        "update": update,
+        "sync": med[TIMING_SYNC],
         "prompts_per_step": int(cfg["run"]["prompts_per_step"]),
         "gen": med[TIMING_GENERATE] / c,
         "train_dev_s_per_token": update * t * e / tokens,
@@ -258,6 +288,49 @@ def _run_sample(
         "overhead_s": _overhead(cfg, rows),
         "gen_occupancy": med[ROLLOUT_OCCUPANCY],  # 0: not logged (an older run)
     }
+
+
+def _fit_probes(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Fitted profile fields from runs that differ in threads, ranks and batch (``measure.probes``); {} when
+    the runs cannot tell them apart. With x = tokens per replica and n threads a replica:
+
+    - generation, Tg = a + b * x / (n * g(n)): a from the runs of one n whose x differ >= ``FIT_SPREAD``x
+      (the per-call cost: an engine step's scheduling and sampling do not divide by threads; the N-thread
+      runs' line when both have one), b from the one-thread runs (b = (Tg - a) / x), g from the N-thread
+      ones (g = b * x / (n * (Tg - a)));
+    - training, update = b_t * tokens on one thread and one rank; g's twin e = b_t * tokens / (n * update)
+      from one rank of n threads; t one-thread ranks split the tokens (e = 1) and add a per-step cost
+      (FSDP2's all-gather and reduce-scatter of every parameter): rank_collective_s = update - b_t * tokens/t;
+    - a sync from t > 1 ranks gathers the shards first: sync_gather_s = its mean sync - one rank's."""
+    n = max(s["gen_threads"] for s in samples)
+    one = [s for s in samples if s["gen_threads"] == 1]
+    more = [s for s in samples if s["gen_threads"] == n > 1]
+    spread = [g for g in (one, more) if g and _spread(g) >= FIT_SPREAD]
+    single = [s for s in one if s["ranks"] == 1 and s["rank_threads"] == 1]
+    if not (one and more and spread and single):
+        return {}
+    a, _ = _fit_line([s["tokens"] / s["replicas"] for s in spread[-1]], [s["gen"] for s in spread[-1]])
+    if any(s["gen"] <= a for s in samples):  # noise: a call cheaper than its fixed part
+        return {}
+    b = statistics.fmean((s["gen"] - a) * s["replicas"] / s["tokens"] for s in one)
+    g = statistics.fmean(b * s["tokens"] / (s["replicas"] * s["gen_threads"] * (s["gen"] - a)) for s in more)
+    b_t = statistics.fmean(s["update"] / s["tokens"] for s in single)
+    out = {"gen_call_s": a, "gen_dev_s_per_token": b, "gen_efficiency": g, "train_dev_s_per_token": b_t}
+    if threaded := [s for s in samples if s["ranks"] == 1 and s["rank_threads"] > 1]:
+        out["train_efficiency"] = statistics.fmean(
+            b_t * s["tokens"] / (s["rank_threads"] * s["update"]) for s in threaded
+        )
+    if ranked := [s for s in samples if s["ranks"] > 1 and s["rank_threads"] == 1]:
+        collective = statistics.fmean(s["update"] - b_t * s["tokens"] / s["ranks"] for s in ranked)
+        one_rank = statistics.fmean(s["sync"] for s in samples if s["ranks"] == 1)
+        gather = statistics.fmean(s["sync"] for s in ranked) - one_rank
+        out |= {"rank_efficiency": 1.0, "rank_collective_s": max(0.0, collective), "sync_gather_s": max(0.0, gather)}
+    return out
+
+
+def _spread(samples: list[dict[str, float]]) -> float:
+    x = [s["tokens"] / s["replicas"] for s in samples]
+    return max(x) / min(x)
 
 
 def replica_threads(cfg: dict[str, Any], cores: int | None) -> int:

@@ -60,8 +60,14 @@ def profile_lines(profile: Profile) -> list[str]:
         f"  per step: {p.tokens:.0f} tokens, {p.completions:.0f} completions, {p.prompts_per_step} prompts",
         f"  generate {p.gen_dev_s_per_token * 1e3:.3f} device-ms/token + {p.gen_call_s:.3f} s/call | "
         f"train {p.train_dev_s_per_token * 1e3:.3f} device-ms/token + {p.train_fixed_s:.3f} s "
-        f"(e={p.train_efficiency:g} beyond 1 device) | reward {p.reward_s:.3f} s"
-        + (f" | g={p.gen_efficiency:g} for a replica on more threads" if p.cpu else ""),
+        f"(e={p.train_efficiency:.3g} beyond 1 device) | reward {p.reward_s:.3f} s"
+        + (f" | g={p.gen_efficiency:.3g} for a replica on more threads" if p.cpu else "")
+        + (
+            f" | t > 1 ranks: e={p.rank_efficiency:.3g}, + {p.rank_collective_s:.3f} s/step, "
+            f"+ {p.sync_gather_s:.3f} s/sync"
+            if p.rank_efficiency is not None
+            else ""
+        ),
         f"  sync {p.sync_bytes / 1e6:.1f} MB at {p.sync_bytes_per_s / 1e9:.3f} GB/s + {p.sync_fixed_s:.3f} s "
         f"(stall {p.stall_s:.3f} s) | overhead {p.overhead_s:.3f} s/step | switch {p.switch_s:.3f} s | "
         f"overlap slowdown "

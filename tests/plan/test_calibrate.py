@@ -36,6 +36,19 @@ def test_a_sync_layout_simulates_to_the_planners_step(layout):
     assert simulate_layout(PROFILE, layout).step_s(skip=2) == pytest.approx(predict(PROFILE, layout).step_s)
 
 
+# The same with what the CPU probes fit: two one-thread ranks add 0.5 s a step and 0.2 s a sync.
+PROBED = Profile(**{**PROFILE.to_dict(), "rank_efficiency": 1.0, "rank_collective_s": 0.5, "sync_gather_s": 0.2})
+
+
+@pytest.mark.parametrize("layout", [Layout("separate", 1, 2, "sync"), Layout("colocated", 2, 2, "sync")], ids=str)
+def test_the_ranks_costs_reach_the_simulator_as_they_reach_the_laws(layout):
+    """colocated 2:2: gen 2 * (0.2 + 0.004 * 320) = 2.96, score 0.05, train 0.3 + 0.5 + 0.003 * 320 = 1.76,
+    sync 0.4 + 0.2, two switches 1.2, overhead 0.25: 6.82 s."""
+    assert simulate_layout(PROBED, layout).step_s(skip=2) == pytest.approx(predict(PROBED, layout).step_s)
+    if layout.placement == "colocated":
+        assert predict(PROBED, layout).step_s == pytest.approx(2.96 + 0.05 + 1.76 + 0.6 + 1.2 + 0.25)
+
+
 def test_a_sync_step_by_hand():
     """separate 1:1 sync: gen 0.2 + 0.004 * 640 = 2.76, score 0.05, train 0.3 + 0.003 * 640 = 2.22, sync 0.4,
     overhead 0.25: 5.68 s."""

@@ -108,15 +108,28 @@ def test_bad_input_says_what_to_do(tmp_path):
 
 
 def fake_run(
-    path, replicas=2, world_size=2, threads=1, mode="sync", gen=(1.0, 1.2, 0.9), tokens=200.0, placement="separate"
+    path,
+    replicas=2,
+    world_size=2,
+    threads=1,
+    mode="sync",
+    gen=(1.0, 1.2, 0.9),
+    tokens=200.0,
+    placement="separate",
+    trainer_threads=None,
+    update=0.6,
+    sync=0.3,
+    prompts=4,
 ):
     """A run dir whose steps after the warm-up have medians: gen 1.0, reward 0.1, train 0.8 (update 0.6 +
-    logprob 0.1), sync 0.3 (1e8 bytes at 0.5 GB/s = 0.2 + 0.1 fixed), stall 0.05, step 2.3 -> O = 0.1."""
+    logprob 0.1 + 0.1 fixed), sync 0.3 (1e8 bytes at 0.5 GB/s = 0.2 + 0.1 fixed), stall 0.05, step 2.3 ->
+    O = 0.1. ``trainer_threads``: the ranks' threads when not ``threads``."""
     path.mkdir(parents=True)
+    rank_threads = threads if trainer_threads is None else trainer_threads
     (path / "config.yaml").write_text(
-        f"mode: {mode}\nbuffer: {{max_staleness: 1}}\nrun: {{prompts_per_step: 4}}\nplacement: {{mode: {placement}}}\n"
-        f"rollout: {{num_replicas: {replicas}, num_threads: {threads}}}\n"
-        f"trainer: {{world_size: {world_size}, num_threads: {threads}}}\n"
+        f"mode: {mode}\nbuffer: {{max_staleness: 1}}\nrun: {{prompts_per_step: {prompts}}}\n"
+        f"placement: {{mode: {placement}}}\nrollout: {{num_replicas: {replicas}, num_threads: {threads}}}\n"
+        f"trainer: {{world_size: {world_size}, num_threads: {rank_threads}}}\n"
     )
     warm = {
         "timing/generate": 9.0,
@@ -130,10 +143,10 @@ def fake_run(
         {
             "timing/generate": g,
             "timing/reward": 0.1,
-            "timing/train": 0.8,
-            "timing/update": 0.6,
+            "timing/train": update + 0.2,
+            "timing/update": update,
             "timing/logprob": 0.1,
-            "timing/sync": 0.3,
+            "timing/sync": sync,
             "weightsync/bytes": 1e8,
             "weightsync/gbps": 0.5,
             "weightsync/stall_s": 0.05,
@@ -272,6 +285,48 @@ def test_two_runs_fit_the_per_call_generation_cost(tmp_path):
     c = fake_run(tmp_path / "c", replicas=1, world_size=1, gen=(2.0, 2.0, 2.0), tokens=190.0)
     same = Profile.from_runs([a, c])
     assert same.gen_call_s == 0.0 and same.gen_s(1) == pytest.approx(2.1 * 195 / 195)
+
+
+def test_the_cpu_probes_fit_thread_scaling_and_the_ranks_costs(tmp_path):
+    """Three runs made from Tg = 0.5 + 0.02 * x / (n * g) (x tokens per replica, n threads, g = 0.75), an update
+    of 0.005 s/token on one thread (e = 0.8 on two threads; two one-thread ranks add 0.3 s a step) and a sync
+    of 0.3 s (0.5 s from two ranks). Update here = update + logprob 0.1; train = update + 0.1 fixed."""
+    # the shared 2:2 run of the batch (200 tokens, 4 prompts): Tg = 0.5 + 200 * 0.02 / 1.5; U = 1 / 1.6
+    shared = fake_run(tmp_path / "s", 1, 1, threads=0, gen=(0.5 + 4 / 1.5,) * 3, update=0.625 - 0.1)
+    # one thread a side at half the batch: Tg = 0.5 + 100 * 0.02 = 2.5; U = 0.005 * 100 = 0.5
+    one = fake_run(tmp_path / "o", 1, 1, gen=(2.5,) * 3, tokens=100.0, update=0.4, prompts=2)
+    # a 2-thread replica beside 2 one-thread ranks at half the batch: Tg = 0.5 + 2 / 1.5; U = 0.3 + 0.5 / 2
+    ranks = fake_run(
+        tmp_path / "r", 1, 2, threads=0, trainer_threads=1, gen=(0.5 + 2 / 1.5,) * 3, tokens=100.0, update=0.45,
+        sync=0.5, prompts=2,
+    )  # fmt: skip
+    p = Profile.from_runs([shared, one, ranks], cores=2)
+    assert (p.gen_call_s, p.gen_dev_s_per_token, p.gen_efficiency) == pytest.approx((0.5, 0.02, 0.75))
+    assert (p.train_dev_s_per_token, p.train_efficiency) == pytest.approx((0.005, 0.8))
+    assert (p.rank_efficiency, p.rank_collective_s, p.sync_gather_s) == pytest.approx((1.0, 0.3, 0.2))
+    assert (p.tokens, p.prompts_per_step, p.sync_s(1), p.sync_s(2)) == pytest.approx((200, 4, 0.3, 0.5))
+    assert p.overhead_s == 0.0  # fake_run's steps are shorter than these phases
+    # separate 1:1 sync, a batch no probe ran on one thread: 4.5 + 0.1 + (0.1 + 1.0) + 0.3
+    assert predict(p, Layout("separate", 1, 1)).step_s == pytest.approx(6.0)
+    # colocated 2:2: c = 2 times Tg(2 replicas) = 2 * 2.5; Tt = 0.1 + 0.3 + 1.0 / 2; Ts from 2 ranks 0.5
+    colocated = predict(p, Layout("colocated", 2, 2))
+    assert colocated.phases["train"] == pytest.approx(0.9) and colocated.step_s == pytest.approx(6.5)
+    assert predict(p, Layout("shared", 2, 2)).step_s == pytest.approx(0.5 + 4 / 1.5 + 0.1 + 0.725 + 0.3)
+    # without the one-thread run nothing tells a from g: the shared runs' profile assumes g and e
+    assert Profile.from_runs([shared, ranks], cores=2).gen_efficiency == 0.8
+
+
+def test_the_probes_are_valid_runs_at_half_the_batch():
+    from relayrl.config import load_config
+    from relayrl.plan.measure import probes
+
+    runs = probes(2, 4)
+    ranks = load_config("grpo_arith", runs["ranks"])
+    assert (ranks.trainer.world_size, ranks.trainer.num_threads, ranks.rollout.num_threads) == (2, 1, 2)
+    one = load_config("grpo_arith", runs["one-thread"])
+    assert (one.run.prompts_per_step, one.rollout.num_threads, one.trainer.num_threads) == (2, 1, 1)
+    with pytest.raises(ValueError, match="even count"):
+        probes(2, 3)
 
 
 def test_cli_prints_table_and_recommendation(tmp_path, capsys):
