@@ -143,18 +143,17 @@ class Profile:
         train_eff = cls.train_efficiency if train_efficiency is None else train_efficiency
         gen_eff = cls.gen_efficiency if gen_efficiency is None else gen_efficiency
         samples = [_run_sample(Path(p), cores, skip, train_eff, gen_eff) for p in paths]
-        syncs = samples  # the runs the sync terms are averaged over
+        workload, syncs = samples, samples  # the runs the workload and the sync terms are averaged over
         fitted = _fit_probes(samples) if cores is not None else {}
         if fitted:
             workload = [s for s in samples if s["prompts_per_step"] == samples[0]["prompts_per_step"]]
-            for s in samples:
-                s |= {k: statistics.fmean(w[k] for w in workload) for k in ("tokens", "completions")}
             if "sync_gather_s" in fitted:  # the ranks' syncs are one rank's plus the gather
                 syncs = [s for s in samples if s["ranks"] == 1]
         else:
             x = [s["tokens"] / s["gen_devices"] for s in samples]
             fitted = dict(zip(("gen_call_s", "gen_dev_s_per_token"), _fit_line(x, [s["gen"] for s in samples])))
         avg = {k: statistics.fmean(s[k] for s in samples) for k in _AVERAGED if k not in fitted}
+        avg |= {k: statistics.fmean(s[k] for s in workload) for k in ("tokens", "completions")}
         avg |= {k: statistics.fmean(s[k] for s in syncs) for k in ("sync_fixed_s", "stall_s")}
         # the mean sync: mean sync_fixed_s + bytes / the harmonic mean of the speeds
         avg["sync_bytes_per_s"] = statistics.harmonic_mean([s["sync_bytes_per_s"] for s in syncs])
@@ -214,7 +213,7 @@ layout differ by a few tokens, and a line through two such points extrapolates n
 def _fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
     """(a, b) of y = a + b x by least squares when the x spread >= ``FIT_SPREAD``; otherwise a = 0 and
     b = mean(y) / mean(x). a is kept >= 0."""
-    if max(x) < FIT_SPREAD * min(x):
+    if _spread(x) < FIT_SPREAD:
         return 0.0, statistics.fmean(y) / statistics.fmean(x)
     mx, my = statistics.fmean(x), statistics.fmean(y)
     b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sum((xi - mx) ** 2 for xi in x)
@@ -270,7 +269,7 @@ def _run_sample(
         "tokens": tokens,
         "completions": med[ROLLOUT_COMPLETIONS],
         "gen_devices": r * g,
-        "replicas": int(cfg["rollout"]["num_replicas"]),
+        "per_replica": tokens / int(cfg["rollout"]["num_replicas"]),  # x: completion tokens per replica
         "gen_threads": replica_threads(cfg, cores),
         "ranks": int(cfg["trainer"]["world_size"]),
         "rank_threads": t // int(cfg["trainer"]["world_size"]),
@@ -305,15 +304,15 @@ def _fit_probes(samples: list[dict[str, float]]) -> dict[str, float]:
     n = max(s["gen_threads"] for s in samples)
     one = [s for s in samples if s["gen_threads"] == 1]
     more = [s for s in samples if s["gen_threads"] == n > 1]
-    spread = [g for g in (one, more) if g and _spread(g) >= FIT_SPREAD]
+    spread = [g for g in (one, more) if g and _spread([s["per_replica"] for s in g]) >= FIT_SPREAD]
     single = [s for s in one if s["ranks"] == 1 and s["rank_threads"] == 1]
     if not (one and more and spread and single):
         return {}
-    a, _ = _fit_line([s["tokens"] / s["replicas"] for s in spread[-1]], [s["gen"] for s in spread[-1]])
+    a, _ = _fit_line([s["per_replica"] for s in spread[-1]], [s["gen"] for s in spread[-1]])
     if any(s["gen"] <= a for s in samples):  # noise: a call cheaper than its fixed part
         return {}
-    b = statistics.fmean((s["gen"] - a) * s["replicas"] / s["tokens"] for s in one)
-    g = statistics.fmean(b * s["tokens"] / (s["replicas"] * s["gen_threads"] * (s["gen"] - a)) for s in more)
+    b = statistics.fmean((s["gen"] - a) / s["per_replica"] for s in one)
+    g = statistics.fmean(b * s["per_replica"] / (s["gen_threads"] * (s["gen"] - a)) for s in more)
     b_t = statistics.fmean(s["update"] / s["tokens"] for s in single)
     out = {"gen_call_s": a, "gen_dev_s_per_token": b, "gen_efficiency": g, "train_dev_s_per_token": b_t}
     if threaded := [s for s in samples if s["ranks"] == 1 and s["rank_threads"] > 1]:
@@ -328,8 +327,8 @@ def _fit_probes(samples: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def _spread(samples: list[dict[str, float]]) -> float:
-    x = [s["tokens"] / s["replicas"] for s in samples]
+def _spread(x: list[float]) -> float:
+    """How far apart the runs' x lie: largest over smallest."""
     return max(x) / min(x)
 
 
