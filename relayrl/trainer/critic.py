@@ -50,10 +50,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from relayrl.algorithms.advantages import masked_moments, moments_mean_var, outcome_gae, whiten_from_moments
 from relayrl.algorithms.losses import KL_ESTIMATORS, masked_token_sum, value_loss
 from relayrl.config import AlgorithmConfig, CriticConfig
+from relayrl.trainer.attention import packed_spans, use_packed_attention
 from relayrl.trainer.fsdp import clip_and_step, shard_model
 from relayrl.trainer.hf import full_state_dict
 from relayrl.trainer.optim import adamw
-from relayrl.trainer.packing import attention_mask_4d, attn_implementation, place
+from relayrl.trainer.packing import place
 from relayrl.trainer.step import AllReduce, TokenSums
 from relayrl.types import TrainBatch
 
@@ -144,10 +145,12 @@ class Critic:
         algo: AlgorithmConfig,
         all_reduce: AllReduce,
         fused_adamw: bool,
+        checkpoint_every: int = 0,
     ):
         self.cfg, self.device, self.world_size = cfg, device, world_size
         self.algo, self.all_reduce = algo, all_reduce
-        self.model = shard_model(load_value_model(model_path).to(device), mesh, dtype, trainable=True)
+        model = use_packed_attention(load_value_model(model_path).to(device))
+        self.model = shard_model(model, mesh, dtype, trainable=True, checkpoint_every=checkpoint_every)
         self.optimizer = adamw(self.model.parameters(), device, fused_adamw, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def _forward(self, mb: TrainBatch) -> torch.Tensor:
@@ -159,10 +162,10 @@ class Critic:
         """
         row = getattr(mb, "packed", None)
         if row is None:
-            out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # [B, L, 1]
+            out = self.model(input_ids=mb.input_ids).logits  # [B, L, 1]; right padding: causal is exact
             return out[:, mb.target_start : mb.input_ids.shape[1] - 1, 0].float()
-        mask = attention_mask_4d(row, attn_implementation(self.model), torch.float32)
-        out = self.model(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=mask).logits
+        spans = packed_spans(self.model, row)
+        out = self.model(input_ids=row.input_ids, position_ids=row.position_ids, packed_spans=spans).logits
         return place(out[0, row.score_pos, 0].float(), row.gather)  # [b, T]
 
     @torch.no_grad()

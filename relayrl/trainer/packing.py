@@ -30,12 +30,8 @@ layout every loss, normaliser and statistic already uses: those never see the pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
 
 import torch
-
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
 
 
 @dataclass
@@ -59,37 +55,14 @@ class PackedRow:
 
 
 def attention_allowed(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-    """The rule of the module docstring: [N], [N] -> [N, N] bool, ``allowed[q, k]``."""
+    """The rule of the module docstring: [N], [N] -> [N, N] bool, ``allowed[q, k]``. The dense statement of
+    what ``attention.py`` computes per span: the tests' oracle, never built by the trainer (it is N^2)."""
     n = segment.shape[0]
     order = torch.arange(n, device=segment.device)
     causal = order[None, :] <= order[:, None]  # k <= q
     same = segment[None, :] == segment[:, None]
     visible = (branch[None, :] == 0) | (branch[None, :] == branch[:, None])
     return causal & same & visible
-
-
-def attn_implementation(model: torch.nn.Module) -> str:
-    """The attention kernel an HF model runs (``config._attn_implementation``: "sdpa", "eager", ...)."""
-    # torch types a Module's attributes as Tensor | Module; an HF model's ``config`` is a PretrainedConfig
-    return cast("PretrainedConfig", model.config)._attn_implementation
-
-
-def attention_mask_4d(row: PackedRow, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
-    """The ``[1, 1, N, N]`` mask HF models take as-is (transformers uses a 4-D mask unchanged).
-
-    sdpa takes a bool mask (True = attend); eager *adds* the mask to the scores, so it gets 0 / the
-    dtype's minimum (exp underflows to exactly 0). Every query sees at least itself, so no row is empty.
-    """
-    allowed = attention_allowed(row.segment, row.branch)[None, None]  # [1, 1, N, N]
-    if attn_implementation == "sdpa":
-        return allowed
-    if attn_implementation == "eager":
-        zero = torch.zeros((), dtype=dtype, device=allowed.device)
-        return torch.where(allowed, zero, torch.finfo(dtype).min)
-    raise ValueError(
-        f"packed rows need attn_implementation sdpa or eager, the model uses "
-        f"{attn_implementation!r}; load it with attn_implementation='sdpa'"
-    )
 
 
 def place(values: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:

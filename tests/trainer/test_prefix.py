@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relayrl.trainer.attention import use_packed_attention
 from relayrl.trainer.batch import packing_units
 from relayrl.trainer.critic import Critic, load_value_model, value_head
 from relayrl.trainer.packing import pack_rows, segment_tokens
@@ -76,7 +77,7 @@ def test_prompt_computed_once_per_group(one_rank_group, tiny_llama):
 )
 def test_critic_values_equal_padded(one_rank_group, tiny_llama, mode):
     critic = Critic.__new__(Critic)  # the forward only: no FSDP, no optimizer
-    critic.model = load_value_model(str(tiny_llama)).eval()
+    critic.model = use_packed_attention(load_value_model(str(tiny_llama)).eval())  # as Critic loads it
     with torch.no_grad():
         value_head(critic.model).weight.normal_(std=0.05, generator=torch.Generator().manual_seed(0))
     share = step_share(synthetic_groups())
