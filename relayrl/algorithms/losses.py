@@ -306,24 +306,22 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
 
 
 # ---------------------------------------------------------------------------------------- entropy
-def entropy_bonus(logits: torch.Tensor, loss_mask: torch.Tensor, coef: float) -> tuple[torch.Tensor, Stats]:
+def entropy_bonus(entropy: torch.Tensor, loss_mask: torch.Tensor, coef: float) -> tuple[torch.Tensor, Stats]:
     """Entropy bonus ``-coef * H_t`` per token, ``H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_{t,v}``.
 
     Adding it to the loss rewards a flatter next-token distribution (PPO, arXiv:1707.06347, eq. 9), the
-    usual guard against entropy collapse. Differentiable, unlike ``logprobs.token_entropy`` (monitoring).
-    logits: [B, T, V], already aligned with ``loss_mask`` [B, T] and divided by the sampling temperature.
-    Returns (loss [B, T] zero off the mask, {"entropy": masked mean}).
+    usual guard against entropy collapse. ``entropy`` [B, T]: H_t at the sampling temperature, aligned with
+    ``loss_mask`` [B, T] and differentiable (the trainer's chunked head, ``trainer/head.py``, gives it
+    without holding [B, T, V] logits). Returns (loss [B, T] zero off the mask, {"entropy": masked mean}).
     """
-    if logits.ndim != 3 or logits.shape[:2] != loss_mask.shape:
+    if entropy.shape != loss_mask.shape:
         raise ValueError(
-            f"logits {tuple(logits.shape)} must be [B, T, V] with [B, T] = loss_mask "
-            f"{tuple(loss_mask.shape)}; slice them to the scored positions first"
+            f"entropy {tuple(entropy.shape)} must be [B, T] = loss_mask {tuple(loss_mask.shape)}; "
+            "align it with the scored positions first"
         )
-    z = logits.float()
-    entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
     mask = loss_mask.bool()
-    loss = torch.where(mask, -coef * entropy, torch.zeros_like(entropy))
-    return loss, {"entropy": masked_mean(entropy.detach(), mask)}
+    loss = torch.where(mask, -coef * entropy.float(), torch.zeros_like(entropy, dtype=torch.float32))
+    return loss, {"entropy": masked_mean(entropy.detach().float(), mask)}
 
 
 __all__ = [

@@ -15,7 +15,8 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from relayrl.config import LoraConfig
-from relayrl.trainer import lora
+from relayrl.trainer import head, lora
+from relayrl.trainer.attention import use_packed_attention
 from relayrl.trainer.fsdp import shard_model
 from relayrl.trainer.precision import keep_head_fp32
 from relayrl.trainer.tp import parallelize
@@ -31,21 +32,25 @@ def load_sharded(
     dtype: str,
     trainable: bool,
     lora_cfg: LoraConfig | None = None,
+    checkpoint_every: int = 0,
 ) -> torch.nn.Module:
-    """The HF causal LM with float32 master weights: decoder linears split over "tp" (``tp.parallelize``,
+    """The HF causal LM with float32 master weights, its lm_head scoring in chunks (``head.py``) and its
+    attention per packed span (``attention.py``): decoder linears split over "tp" (``tp.parallelize``,
     when the mesh has a "tp" dimension: tp_size > 1), with ``lora_cfg.r > 0`` wrapped by PEFT (``lora.wrap``:
-    only the adapters train), then sharded per decoder layer over "dp" (``fsdp.shard_model``);
-    ``dtype`` is ``model.dtype`` (the compute and wire dtype of the shards)."""
+    only the adapters train), then every ``checkpoint_every``-th layer activation-checkpointed and the model
+    sharded per decoder layer over "dp" (``fsdp.shard_model``); ``dtype`` is ``model.dtype`` (the compute
+    and wire dtype of the shards)."""
     from transformers import AutoModelForCausalLM
 
     # transformers wraps PreTrainedModel.to in functools.wraps, which mypy reads as unbound (self = device)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)  # type: ignore[arg-type]
-    keep_head_fp32(model.get_output_embeddings())  # trainer.dtype=bf16: logits stay float32
+    keep_head_fp32(head.install(model.get_output_embeddings()))  # trainer.dtype=bf16: the head stays float32
+    use_packed_attention(model)
     if "tp" in (mesh.mesh_dim_names or ()):
         parallelize(model, mesh["tp"])
     if trainable and lora_cfg is not None and lora_cfg.r > 0:
         model = lora.wrap(model, lora_cfg)
-    return shard_model(model, mesh["dp"], dtype, trainable)
+    return shard_model(model, mesh["dp"], dtype, trainable, checkpoint_every)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

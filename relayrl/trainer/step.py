@@ -27,17 +27,18 @@ from typing import Any, Self
 import torch
 import torch.distributed as dist
 
-from relayrl.algorithms.logprobs import logits_entropy, target_logprobs
 from relayrl.algorithms.losses import entropy_bonus, kl_k3, kl_loss, masked_token_sum
 from relayrl.algorithms.objective import Objective
+from relayrl.trainer import head
+from relayrl.trainer.attention import packed_spans
 from relayrl.trainer.batch import MicroBatch
 from relayrl.trainer.fsdp import clip_and_step
-from relayrl.trainer.packing import attention_mask_4d, attn_implementation, place
+from relayrl.trainer.packing import place
 from relayrl.trainer.precision import autocast
 
 PER_TOKEN, PER_DENOMINATOR, MAX = "tokens", "denominator", "max"  # how a ``TokenSums`` field is reduced
 AllReduce = Callable[..., torch.Tensor]  # (value, op) -> value reduced over the dp ranks
-Forward = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+Forward = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]  # logprobs, entropy, to_batch
 
 
 @dataclass
@@ -114,45 +115,51 @@ class StepStats(TokenSums):
 @dataclass(frozen=True)
 class PolicyStep:
     """How the policy is scored and trained on one micro-batch: the objective, the sampling temperature
-    (logprobs and entropy are those of the distribution the engines sampled from) and ``trainer.dtype``."""
+    (logprobs and entropy are those of the distribution the engines sampled from), ``trainer.dtype`` and
+    ``trainer.logits_chunk`` (positions per LM-head chunk, ``head.py``)."""
 
     objective: Objective
     temperature: float
     dtype: str
+    logits_chunk: int = 1024
 
-    def forward(self, model: torch.nn.Module, mb: MicroBatch) -> Forward:
-        """What the loss needs from the model: (logits [R, K, V], their targets [R, K], ``to_batch`` laying
-        per-entry values [R, K, ...] out like ``mb.loss_mask`` [b, T, ...]).
+    def forward(self, model: torch.nn.Module, mb: MicroBatch, entropy_grad: bool = False) -> Forward:
+        """What the loss needs from the model: (logprobs [R, K], entropies [R, K], ``to_batch`` laying per-entry
+        values [R, K, ...] out like ``mb.loss_mask`` [b, T, ...]).
 
-        Padded rows: R = b, K = T, logits only from ``target_start`` (the LM head and the softmax over the
-        vocabulary cost as much as several layers, and prompt positions carry no loss). Packed: one row
-        with position ids per sequence and a block mask, K scored entries (``packing.py``).
+        The head scores only the positions the loss reads, ``logits_chunk`` at a time, and never holds
+        [R, K, V] logits (``head.py``; the entropy has a gradient only with ``entropy_grad``). Padded rows:
+        R = b, K = T, positions from ``target_start``. Packed: one row with position ids per sequence,
+        attention per span (``attention.py``), K scored entries (``packing.py``).
         ``trainer.dtype=bf16`` runs the model under autocast with the LM head in float32.
         """
         device = mb.input_ids.device
         with autocast(device.type, self.dtype):
             if mb.packed is None:
-                keep = torch.arange(mb.target_start, mb.input_ids.shape[1], device=device)
-                logits = model(
-                    input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep
-                ).logits
-                return logits[:, :-1], mb.input_ids[:, mb.target_start + 1 :], lambda v: v
+                keep = torch.arange(mb.target_start, mb.input_ids.shape[1] - 1, device=device)
+                targets = mb.input_ids[:, mb.target_start + 1 :]
+                with head.scoring(model, self._request(targets, entropy_grad)):
+                    out = model(input_ids=mb.input_ids, use_cache=False, logits_to_keep=keep).logits
+                return out[..., 0], out[..., 1], lambda v: v
             row = mb.packed
-            mask = attention_mask_4d(row, attn_implementation(model), torch.float32)
-            logits = model(
-                input_ids=row.input_ids,
-                position_ids=row.position_ids,
-                attention_mask=mask,
-                use_cache=False,
-                logits_to_keep=row.score_pos,
-            ).logits
-            return logits, row.score_target[None], lambda v: place(v[0], row.gather)
+            with head.scoring(model, self._request(row.score_target[None], entropy_grad)):
+                out = model(
+                    input_ids=row.input_ids,
+                    position_ids=row.position_ids,
+                    use_cache=False,
+                    logits_to_keep=row.score_pos,
+                    packed_spans=packed_spans(model, row),
+                ).logits
+            return out[..., 0], out[..., 1], lambda v: place(v[0], row.gather)
+
+    def _request(self, targets: torch.Tensor, entropy_grad: bool) -> head.Request:
+        return head.Request(targets, self.temperature, self.logits_chunk, entropy_grad)
 
     @torch.no_grad()
     def logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         """Per-token logprobs [b, T] aligned with ``mb.loss_mask`` (no graph)."""
-        logits, targets, to_batch = self.forward(model, mb)
-        return to_batch(target_logprobs(logits, targets, self.temperature))
+        logprobs, _, to_batch = self.forward(model, mb)
+        return to_batch(logprobs)
 
     def reference_logprobs(
         self, model: torch.nn.Module, ref_model: torch.nn.Module | None, micro: list[MicroBatch]
@@ -183,8 +190,9 @@ class PolicyStep:
         that back into a sum, so the gradient is d(sum of all dp ranks' numerators / D_step). TP ranks share
         rows and compute one loss.
         """
-        logits, targets, to_batch = self.forward(model, mb)
-        logprobs = to_batch(target_logprobs(logits, targets, self.temperature))
+        entropy_grad = self.objective.entropy_coef > 0
+        logprobs, entropy, to_batch = self.forward(model, mb, entropy_grad)
+        logprobs = to_batch(logprobs)
         old = logprobs.detach() if old is None else old
         per_token, stats = self.objective.policy(logprobs, old, mb)
         kl_sum = mb.loss_mask.new_zeros(())
@@ -193,7 +201,7 @@ class PolicyStep:
                 logprobs, ref, mb.loss_mask, self.objective.kl_coef, self.objective.kl_estimator
             )
             per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mb.loss_mask.sum()
-        entropy_term, entropy_sum = self._entropy(logits, to_batch, mb)
+        entropy_term, entropy_sum = self._entropy(to_batch(entropy), mb)
         if entropy_term is not None:
             per_token = per_token + entropy_term
         numerator, _ = self.objective.aggregate(per_token, mb.loss_mask)
@@ -253,16 +261,12 @@ class PolicyStep:
             ratio_max=stats["ratio_max"],
         )
 
-    def _entropy(
-        self, logits: torch.Tensor, to_batch: Callable[[torch.Tensor], torch.Tensor], mb: MicroBatch
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _entropy(self, entropy: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(entropy-bonus loss term [b, T] or None when entropy_coef is 0, token-summed entropy for stats);
-        ``logits`` [R, K, V] and ``to_batch`` as ``forward`` returns them."""
+        ``entropy`` [b, T] aligned with ``mb.loss_mask``."""
         if self.objective.entropy_coef <= 0:
-            entropy = to_batch(logits_entropy(logits.detach(), self.temperature))
-            return None, masked_token_sum(entropy, mb.loss_mask)
-        scaled = to_batch(logits.float() / self.temperature)  # [b, T, V] aligned with loss_mask
-        term, stats = entropy_bonus(scaled, mb.loss_mask, self.objective.entropy_coef)
+            return None, masked_token_sum(entropy.detach(), mb.loss_mask)
+        term, stats = entropy_bonus(entropy, mb.loss_mask, self.objective.entropy_coef)
         return term, stats["entropy"] * mb.loss_mask.sum()
 
 

@@ -312,10 +312,15 @@ def test_kl_loss_and_reward_penalty():
 
 
 # ------------------------------------------------------------------------- entropy, value
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H = logsumexp(z) - sum_v p_v z_v, differentiable: [B, T, V] -> [B, T]."""
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+
+
 def test_entropy_bonus_hand_numbers_and_gradient():
     # uniform over 4: H = ln 4 = 1.386294, loss = -.01 H; gradient 0 at the maximum
     logits = torch.zeros(1, 1, 4, requires_grad=True)
-    loss, stats = entropy_bonus(logits, torch.ones(1, 1), coef=0.01)
+    loss, stats = entropy_bonus(_entropy(logits), torch.ones(1, 1), coef=0.01)
     assert loss.item() == pytest.approx(-0.01386294, abs=1e-7)
     assert stats["entropy"].item() == pytest.approx(1.386294, abs=1e-6)
     loss.sum().backward()
@@ -323,7 +328,7 @@ def test_entropy_bonus_hand_numbers_and_gradient():
     # p = [.75, .25] (z = [ln 3, 0]): H = .562335; dH/dz_i = -p_i (ln p_i + H) = [-.205990, .205990];
     # loss = -H -> gradient [.205990, -.205990]: descent lowers the likely logit, flattening p
     logits = torch.tensor([[[LN(3.0), 0.0]]], requires_grad=True)
-    loss, stats = entropy_bonus(logits, torch.ones(1, 1), coef=1.0)
+    loss, stats = entropy_bonus(_entropy(logits), torch.ones(1, 1), coef=1.0)
     assert stats["entropy"].item() == pytest.approx(0.562335, abs=1e-6)
     loss.sum().backward()
     torch.testing.assert_close(logits.grad, torch.tensor([[[0.205990, -0.205990]]]), atol=1e-6, rtol=0)

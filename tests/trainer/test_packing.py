@@ -1,8 +1,9 @@
 """Padding-free packing equals the padded computation: logprobs, every LOSS_AGG loss, gradients, normalisers.
 
 The trainer runs in-process on the tiny Llama (a one-rank gloo group, no FSDP: packing is about what the
-model is fed, not how it is sharded). References are built by hand: every sequence run alone through the
-HF model without padding, and the padded micro-batches of ``trainer.max_tokens_per_micro_batch=0``.
+model is fed, not how it is sharded), wired as ``hf.load_sharded`` wires it: the chunked head and the packed
+attention. References are built by hand: every sequence run alone through a plain HF model (sdpa or eager,
+no padding, full logits), and the padded micro-batches of ``trainer.max_tokens_per_micro_batch=0``.
 """
 
 from __future__ import annotations
@@ -17,17 +18,11 @@ from relayrl.algorithms.logprobs import token_logprobs
 from relayrl.algorithms.losses import LOSS_AGG
 from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.trainer import head
 from relayrl.trainer.actor import TrainerActor
+from relayrl.trainer.attention import use_packed_attention
 from relayrl.trainer.batch import build_train_batch, empty_micro_batch, split_batch
-from relayrl.trainer.packing import (
-    PackedRow,
-    attention_allowed,
-    attention_mask_4d,
-    pack_rows,
-    place,
-    plan_chunks,
-    split_to_count,
-)
+from relayrl.trainer.packing import attention_allowed, pack_rows, place, plan_chunks, split_to_count
 from relayrl.trainer.precision import keep_head_fp32
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup, VersionSpan
 
@@ -77,9 +72,16 @@ def synthetic_groups(n_groups: int = 3, group_size: int = 4, vocab: int = 500) -
     return groups
 
 
-def local_actor(model_path, attn: str = "sdpa", algo: AlgorithmConfig | None = None, **trainer) -> TrainerActor:
-    """A ``TrainerActor`` wired by hand on one CPU rank around a plain (unsharded) HF model."""
+def plain_model(model_path, attn: str = "sdpa"):
+    """The reference: the HF model as transformers loads it (full logits, its own attention)."""
     from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, attn_implementation=attn).eval()
+
+
+def local_actor(model_path, algo: AlgorithmConfig | None = None, **trainer) -> TrainerActor:
+    """A ``TrainerActor`` wired by hand on one CPU rank around an unsharded HF model, its head and attention
+    as ``hf.load_sharded`` sets them."""
 
     actor = TrainerActor(
         0,
@@ -95,8 +97,8 @@ def local_actor(model_path, attn: str = "sdpa", algo: AlgorithmConfig | None = N
     )
     actor.device, actor.dp_rank, actor.dp_size = torch.device("cpu"), 0, 1
     actor.dp_group = None  # type: ignore[assignment]  # all_reduce's default group: this one rank
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, attn_implementation=attn).eval()
-    keep_head_fp32(model.get_output_embeddings())
+    model = use_packed_attention(plain_model(model_path))
+    keep_head_fp32(head.install(head.lm_head(model)))
     actor.model = model
     actor.ref_model, actor.pad_token_id = None, 0
     actor.optimizer = torch.optim.AdamW(actor.model.parameters(), lr=1e-3)
@@ -181,21 +183,6 @@ def test_place_scatters_and_sums_shared_gradients():
     assert values.grad.tolist() == [3.0, 1.0, 1.0]  # entry 0 is used three times
 
 
-def test_eager_mask_is_additive():
-    row = PackedRow(
-        torch.tensor([[1, 2]]),
-        torch.tensor([[0, 0]]),
-        torch.tensor([0, 1]),
-        torch.tensor([0, 0]),
-        torch.tensor([0]),
-        torch.tensor([1]),
-        torch.tensor([[0]]),
-    )
-    m = attention_mask_4d(row, "eager", torch.float32)[0, 0]
-    assert m[0, 0] == 0 and m[1, 1] == 0 and m[1, 0] == torch.finfo(torch.float32).min
-    assert attention_mask_4d(row, "sdpa", torch.float32).dtype == torch.bool
-
-
 def test_plan_chunks_and_split_to_count():
     assert plan_chunks([3, 3, 5, 1, 9, 2], budget=6) == [[0, 1], [2, 3], [4], [5]]
     costs = [4, 4, 4, 4, 9]
@@ -209,7 +196,9 @@ def test_plan_chunks_and_split_to_count():
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("mode", [PACKED, SHARED], ids=["packed", "shared_prefix"])
 def test_logprobs_equal_each_sequence_alone(one_rank_group, request, model, attn, mode):
-    actor = local_actor(request.getfixturevalue(model), attn, **mode)
+    """Against each sequence alone through transformers' own sdpa and eager attention."""
+    path = request.getfixturevalue(model)
+    actor = local_actor(path, **mode)
     share = step_share(synthetic_groups())
     micro = actor._micro_batches(share)
     assert all(mb.packed is not None and mb.packed.n_tokens <= mode["max_tokens_per_micro_batch"] for mb in micro)
@@ -217,18 +206,18 @@ def test_logprobs_equal_each_sequence_alone(one_rank_group, request, model, attn
         sum(mb.packed.n_tokens for mb in micro if mb.packed is not None)
         < int(share.attention_mask.sum()) + (mode is PACKED) * 10**6
     )
-    worst, checked = max_logprob_error(actor, micro, actor.model)
+    worst, checked = max_logprob_error(actor, micro, plain_model(path, attn))
     assert checked == int(share.loss_mask.sum())
     assert worst < 1e-5
 
 
 def test_a_causal_only_mask_would_leak_across_sequences(one_rank_group, tiny_llama):
-    """The check above is sensitive: one causal mask over the packed row (no blocks) changes the logprobs."""
+    """The check above is sensitive: one causal span over the packed row (no blocks) changes the logprobs."""
     actor = local_actor(tiny_llama, **PACKED)
     micro = actor._micro_batches(step_share(synthetic_groups()))
     for mb in micro:
         mb.packed.segment.zero_()
-    assert max_logprob_error(actor, micro, actor.model)[0] > 1e-3
+    assert max_logprob_error(actor, micro, plain_model(tiny_llama))[0] > 1e-3
 
 
 @pytest.mark.parametrize("agg", sorted(LOSS_AGG))
