@@ -18,6 +18,19 @@ LLAMA_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_
 """The attention and MLP linears of Llama-style decoders (Llama, Qwen2, Mistral, SmolLM2)."""
 
 
+def every_of(mode: str) -> int | None:
+    """``off`` -> 0, ``full`` -> 1, ``"N"`` -> N, ``auto`` -> None (``resolve_every`` decides)."""
+    if mode == "auto":
+        return None
+    if mode in ("off", "full"):
+        return int(mode == "full")
+    if mode.isdigit() and int(mode) > 0:
+        return int(mode)
+    raise ConfigError(
+        f"trainer.activation_checkpointing={mode!r} is not known; use auto, off, full, or N > 0 (every N-th layer)"
+    )
+
+
 @dataclass
 class LoraConfig:
     r: int = 0
@@ -99,6 +112,15 @@ class TrainerConfig:
     dtype: str = "float32"
     """Trainer compute: float32 | bf16 (autocast: bf16 matmuls with float32 master weights, AdamW state,
     LM head, logprobs and losses; the critic stays float32). Not the weights' dtype (model.dtype)."""
+    activation_checkpointing: str = "auto"
+    """Recompute decoder-layer activations in the backward instead of keeping them (``trainer/recompute.py``):
+    off | full | N (every N-th layer) | auto (full when the longest micro-batch's estimated activations,
+    max(max_tokens_per_micro_batch, model.max_model_len) tokens, would take over a quarter of a rank's
+    memory). For the policy, the critic and the SFT warm start; exact (the same gradients)."""
+    logits_chunk: int = 1024
+    """Positions the LM head scores at a time (``trainer/head.py``): logprobs and entropies come from the final
+    hidden states chunk by chunk, recomputed in the backward, so [tokens, vocabulary] logits never exist.
+    Memory O(logits_chunk x V); exact."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters instead of full-weight training (``trainer.lora.r=8``); off by default (r=0)."""
     setup_nice: int = 10
@@ -133,5 +155,12 @@ class TrainerConfig:
                 "trainer.shared_prefix=true needs packed rows; set trainer.max_tokens_per_micro_batch"
                 " > 0 or trainer.shared_prefix=false"
             )
+        if self.logits_chunk <= 0:
+            raise ConfigError(
+                f"trainer.logits_chunk={self.logits_chunk} must be > 0 (positions per LM-head chunk); "
+                "set e.g. trainer.logits_chunk=1024"
+            )
+        self.activation_checkpointing = str(self.activation_checkpointing)  # hydra reads `=2` as an int
+        every_of(self.activation_checkpointing)
         if self.dtype not in choices_of(TrainerDtype):
             raise ConfigError(f"trainer.dtype={self.dtype!r} is not known; use float32 or bf16")

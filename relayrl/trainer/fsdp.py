@@ -9,10 +9,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from relayrl.trainer.optim import adamw_step, local_tensor
+from relayrl.trainer.recompute import checkpoint_layers
 
 
-def shard_model(model: torch.nn.Module, mesh: DeviceMesh, dtype: str, trainable: bool) -> torch.nn.Module:
-    """``fully_shard`` each decoder layer, then the root; eval mode; float32 master weights.
+def shard_model(
+    model: torch.nn.Module, mesh: DeviceMesh, dtype: str, trainable: bool, checkpoint_every: int = 0
+) -> torch.nn.Module:
+    """``fully_shard`` each decoder layer, then the root; eval mode; float32 master weights; a trainable
+    model's every ``checkpoint_every``-th layer activation-checkpointed first (``recompute.py``; 0: none).
 
     Sharding each layer separately lets FSDP2 gather one layer at a time (memory ~ one layer, not the
     model); the root owns what is left (embeddings, final norm, a tied lm_head or a value head). With
@@ -24,6 +28,8 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, dtype: str, trainable:
     model.eval()
     if not trainable:  # trainable: the flags the caller left (every weight, or with LoRA the adapters only)
         model.requires_grad_(False)
+    else:
+        checkpoint_layers(model, checkpoint_every)  # before fully_shard, as torchtitan orders them
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():

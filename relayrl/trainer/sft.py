@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -121,6 +121,8 @@ def fine_tune_in_child(cfg: Config, model_path: Path, rows: list[dict[str, Any]]
         "batch_size": cfg.sft.batch_size,
         "lr": cfg.sft.lr,
         "env": [cfg.env.name, cfg.env.kwargs] if cfg.env.name else None,
+        "activation_checkpointing": cfg.trainer.activation_checkpointing,
+        "logits_chunk": cfg.trainer.logits_chunk,
     }
     (out / "sft_job.json").write_text(json.dumps(job))
     env = {**os.environ, **CPU_MALLOC_ENV}
@@ -151,11 +153,12 @@ def fine_tune(job: dict[str, Any]) -> list[float]:
     else:
         fmt = chat_formatter(tokenizer, job["chat_template"])
         examples = [encode(tokenizer, fmt(r["prompt"]), r["completion"]) for r in job["rows"]]
+    _memory_plan(model, job, max(len(ids) for ids, _ in examples) * job["batch_size"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=job["lr"], weight_decay=0.0)
     losses, steps = [], job["steps"]
     for step, batch in enumerate(batches(examples, job["batch_size"], steps, job["seed"]), 1):
         ids, labels, mask = collate(batch, tokenizer.pad_token_id or 0)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = sft_loss(model, ids, labels, mask, job.get("logits_chunk", 1024))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -166,6 +169,33 @@ def fine_tune(job: dict[str, Any]) -> list[float]:
     model.save_pretrained(job["out"])
     tokenizer.save_pretrained(job["out"])
     return losses
+
+
+def _memory_plan(model: torch.nn.Module, job: dict[str, Any], tokens: int) -> None:
+    """The trainer's memory settings on the SFT model: its head scores in chunks (``head.py``), and
+    ``trainer.activation_checkpointing`` applies as on the policy (``auto`` sized at a batch's ``tokens``)."""
+    from relayrl.trainer import head, recompute
+
+    head.install(head.lm_head(model))
+    config = cast(Any, model).config.to_dict()
+    memory = recompute.rank_memory_bytes(torch.device("cpu"), 1)
+    every = recompute.resolve_every(job.get("activation_checkpointing", "auto"), config, tokens, memory)
+    recompute.checkpoint_layers(model, every)
+
+
+def sft_loss(
+    model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """Token-mean cross-entropy of ``labels`` [B, L] (``IGNORE`` skipped), the logits of position t scoring
+    label t + 1, through the chunked head (no [B, L, V] logits); equal to HF's ``labels=`` loss."""
+    from relayrl.trainer import head
+
+    targets = labels[:, 1:]
+    valid = targets != IGNORE
+    keep = torch.arange(ids.shape[1] - 1)
+    with head.scoring(model, head.Request(targets.clamp(min=0), 1.0, chunk)):
+        logprobs = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits[..., 0]
+    return -(logprobs * valid).sum() / valid.sum().clamp(min=1)
 
 
 def env_examples(tokenizer: Any, name: str, kwargs: dict[str, Any], rows: list[dict[str, Any]]) -> list[Example]:

@@ -88,3 +88,28 @@ def test_warm_start_learns_its_rows_and_is_reused(tiny_llama, tmp_path):
 def test_no_fresh_problem_left_is_a_config_error():
     with pytest.raises(ConfigError, match=r"raise data\.max_operand or lower data\.num_prompts"):
         worked_examples(DataConfig(task="countdown", ops=[1], max_operand=3), 8)
+
+
+def test_the_chunked_loss_equals_hf_cross_entropy_with_and_without_checkpointing(tiny_llama):
+    """The SFT loss through the chunked head (and every layer checkpointed) against HF's ``labels=`` loss
+    on full logits: the same value and gradients (fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    from relayrl.trainer import head
+    from relayrl.trainer.recompute import checkpoint_layers
+    from relayrl.trainer.sft import IGNORE, collate, sft_loss
+
+    batch = [([5, 9, 3, 7, 8], [IGNORE, IGNORE, 3, 7, 8]), ([4, 6, 2], [IGNORE, 6, 2])]
+    ids, labels, mask = collate(batch, pad_id=0)
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32)
+    expected = ref(input_ids=ids, attention_mask=mask, labels=labels).loss
+    expected.backward()
+    for every in (0, 1):
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32)
+        head.install(model.get_output_embeddings())
+        checkpoint_layers(model, every)
+        loss = sft_loss(model, ids, labels, mask, chunk=2)
+        loss.backward()
+        assert abs(float(loss) - float(expected)) < 1e-6
+        for (name, a), b in zip(ref.named_parameters(), model.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=name)
