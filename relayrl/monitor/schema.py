@@ -36,6 +36,8 @@ REWARD_ZERO_STD_GROUPS = "reward/zero_std_groups"
 POLICY_SKIPPED_GROUPS = "policy/skipped_groups"
 POLICY_KL = "policy/kl"
 POLICY_APPROX_KL = "policy/approx_kl"
+TRAINER_TOKEN_IMBALANCE = "trainer/token_imbalance"
+MEMORY_TRAINER_PEAK_GB = "memory/trainer_peak_gb"
 ROLLOUT_COMPLETIONS = "rollout/completions"
 ROLLOUT_TOKENS = "rollout/tokens"
 ROLLOUT_CALLS = "rollout/calls"
@@ -148,6 +150,13 @@ SCHEMA: tuple[Metric, ...] = (
     M("dapo/drawn_groups", "groups", "groups the step drew from the buffer to fill up (refills included)", "dynamic"),
     M("dapo/overlong_penalty", "reward", "mean soft overlong penalty added to the rewards", "dapo"),
     M("dapo/overlong_frac", "fraction", "completions inside the overlong buffer", "dapo"),
+    # trainer/* - how the step's work was spread over the trainer ranks
+    M(
+        TRAINER_TOKEN_IMBALANCE,
+        "ratio",
+        "max / mean over dp ranks of the tokens their forwards run over (packed rows, or padded rows x length); "
+        "1 = even",
+    ),
     # rollout/*
     M(ROLLOUT_COMPLETIONS, "count", "completions generated for this step", reduce="sum"),
     M(ROLLOUT_TOKENS, "tokens", "completion tokens generated for this step", reduce="sum"),
@@ -227,6 +236,13 @@ SCHEMA: tuple[Metric, ...] = (
     # idle/*
     M("idle/rollout", "fraction", "1 - engine busy seconds / (replicas x step seconds)"),
     M("idle/trainer", "fraction", "1 - trainer busy seconds / step seconds"),
+    # memory/*
+    M(
+        MEMORY_TRAINER_PEAK_GB,
+        "GB",
+        "peak memory of the busiest trainer rank since it started: CUDA max_memory_allocated, CPU peak RSS",
+        reduce="max",
+    ),
     M("colocated/switches", "count", "bundle hand-overs rollout<->trainer in the step (0 unless colocated)"),
     M(
         "colocated/offload_bytes",
@@ -265,8 +281,8 @@ SCHEMA: tuple[Metric, ...] = (
 del M
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(m.group for m in SCHEMA))
-"""Sections in order: reward, policy, dapo, rollout, env, staleness, buffer, accounting, timing, startup, idle,
-colocated, weightsync, mismatch, perf, eval."""
+"""Sections in order: reward, policy, dapo, trainer, rollout, env, staleness, buffer, accounting, timing, startup,
+idle, memory, colocated, weightsync, mismatch, perf, eval."""
 
 RENAMES: dict[str, str] = {
     TIMING_SCORE: TIMING_REWARD,

@@ -10,9 +10,12 @@ A train step, on every rank (``train_step``; right: where each part is done):
 
     ray.get(group refs) -> zero-spread groups out (drop_zero_spread, or DAPO's dynamic sampling)
                            none left: no update                                Objective.select_groups (objective.py)
-    build_train_batch (whole step, identical on all ranks; DAPO's overlong penalty) -> split_batch over dp
+    build_train_batch (whole step, identical on all ranks; DAPO's overlong penalty) -> dp_share over dp:
+                   equal row counts (padded), or whole packing units balanced by tokens (packed; balance.py)
     micro-batches: padded rows, or packed rows of <= max_tokens_per_micro_batch real tokens (``batch.py``;
-                   shared_prefix: each group's prompt once), as many on every dp rank
+                   shared_prefix: each group's prompt once), as many on every dp rank; a packed row attends
+                   per span (``attention.py``), the head scores in chunks (``head.py``), layers may be
+                   checkpointed (``recompute.py``, decided at setup)
     D_step = all_reduce(sum of LOSS_AGG denominators)        from masks only, before any backward
     ref logprobs if kl_coef > 0                               once, before any update
     PPO (algorithm.name=gae): V_old = critic(batch); r_t = R at the last token - kl_coef * KL_t
@@ -26,6 +29,7 @@ A train step, on every rank (``train_step``; right: where each part is done):
     PPO: the same epochs of (clipped value loss summed over tokens / step tokens).backward(), the
          critic's clip and AdamW step (disjoint parameters: as if interleaved)       Critic.train (critic.py)
     stats: StepStats (ValueStats) summed, one all-reduce, / epochs / tokens            TokenSums (step.py)
+           token imbalance over dp, peak memory over all ranks: one all-reduce (max)      _load_stats
 
 The model stays in eval mode: dropout off, so the old logprobs and the first epoch's agree exactly
 (ratio = 1) and the clip only acts on later epochs or on off-policy data.
@@ -34,9 +38,12 @@ The model stays in eval mode: dropout off, so the old logprobs and the first epo
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import os
+import resource
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -50,10 +57,12 @@ from relayrl.algorithms.logprobs import token_logprobs
 from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from relayrl.logs import show_on_console
+from relayrl.monitor.schema import MEMORY_TRAINER_PEAK_GB, TRAINER_TOKEN_IMBALANCE
 from relayrl.rendezvous import client_store, master_store
-from relayrl.trainer import checkpoint, lora
+from relayrl.trainer import checkpoint, lora, recompute
 from relayrl.trainer.background import in_background
-from relayrl.trainer.batch import MicroBatch, build_train_batch, fetch_groups, micro_batches, split_batch
+from relayrl.trainer.balance import token_imbalance
+from relayrl.trainer.batch import MicroBatch, build_train_batch, dp_share, fetch_groups, forward_tokens, micro_batches
 from relayrl.trainer.critic import Critic, GaeTargets
 from relayrl.trainer.hf import export, hf_state_dict, load_sharded, pad_token_id
 from relayrl.trainer.optim import policy_adamw
@@ -76,6 +85,16 @@ def resolve_backend(backend: str) -> str:
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
     return backend
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """This process's peak memory in GB (1e9 bytes) since it started (never reset): on CUDA the most the
+    caching allocator held in tensors on ``device`` (``max_memory_allocated``), else the peak resident set
+    (``ru_maxrss``: kilobytes on Linux, bytes on macOS), which counts everything the process ever held."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss * (1 if sys.platform == "darwin" else 1024) / 1e9
 
 
 class TrainerActor:
@@ -111,7 +130,7 @@ class TrainerActor:
     @property
     def policy_step(self) -> PolicyStep:
         """The policy's micro-batch step under the current objective, temperature and ``trainer.dtype``."""
-        return PolicyStep(self.objective, self.temperature, self.cfg.dtype)
+        return PolicyStep(self.objective, self.temperature, self.cfg.dtype, self.cfg.logits_chunk)
 
     # ---------------------------------------------------------------- setup
     def listen(self) -> int:
@@ -157,8 +176,9 @@ class TrainerActor:
             self.mesh["dp"].size(),
         )
         torch.manual_seed(self.seed)
+        every = self._checkpoint_every()
         load = functools.partial(load_sharded, self.model_path, self.device, self.mesh, self.model_cfg.dtype)
-        self.model = load(trainable=True, lora_cfg=self.cfg.lora)
+        self.model = load(trainable=True, lora_cfg=self.cfg.lora, checkpoint_every=every)
         self.uses_lora = lora.is_peft(self.model)  # the reference is then the base: adapters off, no copy
         self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 and not self.uses_lora else None
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)
@@ -177,12 +197,32 @@ class TrainerActor:
                 self.algo,
                 self._all_reduce,
                 fused_adamw=self.cfg.fused_adamw,
+                checkpoint_every=every,
             )
             self.trained["critic"] = (self.critic.model, self.critic.optimizer)
         # connect_rollouts' modules import vLLM, seconds of CPU: now, while the engines start, rather than
         # after they are up, when the first step waits for the connection; without Inductor's compiler.
         import_vllm()
         import relayrl.weightsync.sync  # noqa: F401
+
+    def _checkpoint_every(self) -> int:
+        """``trainer.activation_checkpointing`` as a layer stride (``recompute.resolve_every``): ``auto`` sizes
+        the longest micro-batch, max(max_tokens_per_micro_batch, model.max_model_len) tokens, against this
+        rank's share of the host's memory (the GPU's on CUDA)."""
+        model_config = json.loads((Path(self.model_path) / "config.json").read_text())
+        tokens = max(self.cfg.max_tokens_per_micro_batch, self.model_cfg.max_model_len)
+        memory = recompute.rank_memory_bytes(self.device, self.world_size)
+        every = recompute.resolve_every(self.cfg.activation_checkpointing, model_config, tokens, memory)
+        if self.rank == 0:
+            logger.info(
+                "relayrl: activation checkpointing %s (trainer.activation_checkpointing=%s, ~%.1f GB of "
+                "activations at %d tokens without it)",
+                {0: "off", 1: "on every layer"}.get(every, f"on every {every}-th layer"),
+                self.cfg.activation_checkpointing,
+                recompute.activation_bytes(model_config, tokens) / 1e9,
+                tokens,
+            )
+        return every
 
     # ---------------------------------------------------------------- train
     def train_step(self, group_refs: list) -> dict[str, float]:
@@ -201,7 +241,7 @@ class TrainerActor:
         batch = build_train_batch(
             groups, self.pad_token_id, self.algo.name, self.objective.reward_shaping, self.algo.whiten
         )
-        micro = self._micro_batches(split_batch(batch, self.dp_rank, self.dp_size))  # same rows within a tp group
+        micro = self._micro_batches(self._share(batch))  # same rows within a tp group
         n_tokens, denom = self._step_totals(micro)
         t1 = time.perf_counter()
         old, ref, targets = self._before_update(micro, n_tokens)
@@ -212,7 +252,8 @@ class TrainerActor:
             "skipped_micro_batches": float(live.count(False)),
         }
         if not any(live):  # every advantage 0 and no other term: no gradient, so no AdamW step (it would still
-            return {**shaping_stats, **counts, "step_seconds": time.perf_counter() - t0}  # move the weights)
+            # move the weights). ``_load_stats`` is a collective: ``live`` is the same on every rank.
+            return {**shaping_stats, **counts, **self._load_stats(micro), "step_seconds": time.perf_counter() - t0}
         trained_tokens = n_tokens if all(live) else self._trained_tokens(micro, live)
         t2 = time.perf_counter()
         sums, grad_norms = self.policy_step.epochs(
@@ -222,6 +263,7 @@ class TrainerActor:
         if targets is not None and self.critic is not None:  # PPO: the critic learns too; its KL is the step's
             out |= targets.stats | self.critic.train(micro, targets, n_tokens, self.cfg.epochs)
         t3 = time.perf_counter()
+        out |= self._load_stats(micro)
         finite = [g for g in grad_norms if math.isfinite(g)]
         out.update(nonfinite_skips=float(len(grad_norms) - len(finite)))
         out.update(
@@ -265,6 +307,24 @@ class TrainerActor:
 
     def _step_totals(self, micro: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         return step_totals(micro, self.objective, self._all_reduce)
+
+    def _share(self, batch: TrainBatch) -> TrainBatch:
+        """This dp rank's rows of the step (``dp_share``: by tokens when packing, else equal row counts)."""
+        c = self.cfg
+        return dp_share(batch, self.dp_rank, self.dp_size, c.max_tokens_per_micro_batch, c.shared_prefix)
+
+    def _load_stats(self, micro: list[MicroBatch]) -> dict[str, float]:
+        """``trainer/token_imbalance`` and ``memory/trainer_peak_gb``, the same on every rank; one all-reduce (max)
+        over all ranks of [dp_size + 1] values: slot dp_rank holds this rank's forward tokens (``forward_tokens``
+        summed over its micro-batches, fillers included: the packed tokens, which is what costs time, not the
+        real tokens; the ranks of a tp group hold the same), the last slot its peak memory."""
+        local = torch.zeros(self.dp_size + 1, dtype=torch.float64)
+        local[self.dp_rank] = float(sum(forward_tokens(mb) for mb in micro))
+        local[-1] = peak_memory_gb(self.device)
+        both = local.to(self.device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        tokens, peak = both.cpu().tolist()[:-1], float(both[-1])
+        return {TRAINER_TOKEN_IMBALANCE: token_imbalance(tokens), MEMORY_TRAINER_PEAK_GB: peak}
 
     def _micro_batches(self, share: TrainBatch) -> list[MicroBatch]:
         c = self.cfg

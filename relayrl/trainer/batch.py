@@ -29,6 +29,7 @@ import torch
 
 from relayrl.algorithms.advantages import ADVANTAGES, CRITIC_ESTIMATORS, sequence_advantages
 from relayrl.algorithms.filtering import trainable_groups
+from relayrl.trainer.balance import assign_lpt
 from relayrl.trainer.packing import PackedRow, pack_rows, plan_chunks, segment_tokens
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 
@@ -130,6 +131,24 @@ def _rows(batch: TrainBatch, index: torch.Tensor) -> TrainBatch:
     )
 
 
+def _zero_weight_from(share: TrainBatch, start: int) -> TrainBatch:
+    """``share`` with rows ``start:`` (filler copies) made to train on nothing: mask, advantage and
+    reward 0, prompt id -1 (never a shared prefix with a real group)."""
+    n_pad = len(share) - start
+    if n_pad:
+        share.loss_mask[start:] = 0.0
+        share.advantages[start:] = 0.0
+        if share.rewards is not None:
+            share.rewards[start:] = 0.0
+        share.prompt_ids[start:] = [-1] * n_pad
+    return share
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+
+
 def split_batch(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
     """Rank ``rank``'s contiguous share, ``ceil(B / world_size)`` rows on every rank.
 
@@ -138,19 +157,42 @@ def split_batch(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
     Copies (not all-padding rows) keep attention well defined: a row with no real token can give NaN
     in attention, and NaN * 0 is still NaN in the gradient. Padding rows contribute exactly zero.
     """
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    _check_rank(rank, world_size)
     per_rank = -(-len(batch) // world_size)
     index = torch.arange(rank * per_rank, min((rank + 1) * per_rank, len(batch)))
     n_pad = per_rank - len(index)
     share = _rows(batch, torch.cat([index, torch.zeros(n_pad, dtype=torch.long)]))
-    if n_pad:
-        share.loss_mask[len(index) :] = 0.0
-        share.advantages[len(index) :] = 0.0
-        if share.rewards is not None:
-            share.rewards[len(index) :] = 0.0
-        share.prompt_ids[len(index) :] = [-1] * n_pad
-    return share
+    return _zero_weight_from(share, len(index))
+
+
+def balanced_split(batch: TrainBatch, rank: int, world_size: int, budget: int, share_prefix: bool) -> TrainBatch:
+    """Rank ``rank``'s share for packed micro-batches: whole packing units, balanced by packed tokens.
+
+    Units and costs are ``packing_units`` of the whole batch (one row; with ``share_prefix`` one group, or
+    a part of one that fits ``budget``, whose rows share one prefix copy and so stay on one rank), assigned
+    by ``assign_lpt``: the same on every rank. The rank's rows keep their batch order. Row counts may differ
+    across ranks: ``micro_batches`` evens out the forward counts. A rank given no unit gets one zero-weight
+    copy of row 0 (as ``split_batch`` pads), so it still has a valid share to run its forwards on.
+    The step's gradient is the same as any other split's: every row is on exactly one rank and the loss's
+    denominator is the step's (``step_totals``). Whole groups are coarse: with a few groups per rank the
+    busiest rank can hold more than under ``split_batch``, which cuts a group (one more prefix copy).
+    """
+    _check_rank(rank, world_size)
+    units, costs = packing_units(batch, budget, share_prefix)
+    owner = assign_lpt(costs, world_size)
+    rows = sorted(r for unit, o in zip(units, owner) if o == rank for r in unit)
+    if not rows:
+        return _zero_weight_from(_rows(batch, torch.zeros(1, dtype=torch.long)), 0)
+    return _rows(batch, torch.tensor(rows, dtype=torch.long))
+
+
+def dp_share(batch: TrainBatch, rank: int, world_size: int, budget: int, share_prefix: bool) -> TrainBatch:
+    """Rank ``rank``'s rows of the step: padded micro-batches (``budget`` 0) count forwards in rows, so every
+    rank needs as many (``split_batch``); packed ones cost their tokens and ``micro_batches`` evens out their
+    count, so rows go by tokens (``balanced_split``)."""
+    if budget <= 0:
+        return split_batch(batch, rank, world_size)
+    return balanced_split(batch, rank, world_size, budget, share_prefix)
 
 
 # ---------------------------------------------------------------------------------------- micro-batches
@@ -261,6 +303,11 @@ def empty_micro_batch(share: TrainBatch, share_prefix: bool) -> MicroBatch:
     assert mb.packed is not None  # packed_micro_batch made it
     mb.packed.gather.fill_(-1)
     return mb
+
+
+def forward_tokens(mb: MicroBatch) -> int:
+    """Tokens ``mb``'s forward runs over: its packed row's length, or padded rows x their trimmed length."""
+    return mb.packed.n_tokens if mb.packed is not None else int(mb.input_ids.numel())
 
 
 def fetch_groups(group_refs: list) -> list[TrajectoryGroup]:

@@ -10,6 +10,7 @@ def test_groups_are_the_issue_sections_in_order():
         "reward",
         "policy",
         "dapo",
+        "trainer",
         "rollout",
         "env",
         "staleness",
@@ -18,6 +19,7 @@ def test_groups_are_the_issue_sections_in_order():
         "timing",
         "startup",
         "idle",
+        "memory",
         "colocated",
         "weightsync",
         "mismatch",
@@ -46,6 +48,8 @@ def test_groups_are_the_issue_sections_in_order():
         "weightsync/gbps",
         "rollout/tokens_per_s",
         "rollout/truncated_frac",
+        "trainer/token_imbalance",
+        "memory/trainer_peak_gb",
     ):
         assert name in names, name
 
@@ -62,6 +66,8 @@ def test_trainer_and_scheduler_names_become_schema_names():
             "logprob_seconds",
             "train_seconds",
             "reward/mean",
+            "trainer/token_imbalance",  # the trainer's own schema names pass through
+            "memory/trainer_peak_gb",
         )
     ] == [
         "policy/loss",
@@ -72,6 +78,8 @@ def test_trainer_and_scheduler_names_become_schema_names():
         "timing/logprob",
         "timing/update",
         "reward/mean",
+        "trainer/token_imbalance",
+        "memory/trainer_peak_gb",
     ]
 
 

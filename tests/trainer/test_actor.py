@@ -1,8 +1,9 @@
 """Trainer ranks on real Ray + gloo + FSDP2 with the tiny Llama: learning happens, sharding changes nothing.
 
-One module fixture trains the same synthetic step with world_size 1 (micro-batches of 3) and world_size 2
-(micro-batches of 2, 9 sequences -> 5 + 4 and one zero-weight padding row), so both the token-count
-normalisation and the padding of uneven shares are on the line when the two results are compared.
+One module fixture trains the same synthetic step with world_size 1 and world_size 2, in packed rows with each
+group's prompt once (the defaults): world_size 2 splits the 3 groups by tokens (``balanced_split``), 6 + 3
+sequences, so both the token-count normalisation and uneven shares are on the line when the two results are
+compared.
 """
 
 import math
@@ -14,6 +15,7 @@ import torch
 
 from relayrl.algorithms.logprobs import token_logprobs
 from relayrl.config import CPU_MALLOC_ENV, AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.monitor.schema import MEMORY_TRAINER_PEAK_GB, TRAINER_TOKEN_IMBALANCE
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
 TEMPERATURE = 0.8
@@ -117,6 +119,15 @@ def test_world_size_2_matches_world_size_1(runs, step):
         assert s2[key] == pytest.approx(s1[key], abs=1e-5, rel=1e-5), key
 
 
+def test_token_imbalance_by_hand(runs):
+    # packed tokens per group, prompt once: 4 + (2 + 3 + 4) = 13, 5 + (5 + 6 + 2) = 18, 6 + (3 + 4 + 5) = 18;
+    # LPT: group 1 -> rank 0, group 2 -> rank 1, group 0 -> rank 0 (tie at 18): one packed row of 31 tokens and
+    # one of 18, so max / mean = 31 / 24.5. The peak memory is only there (a process's figure).
+    assert runs["stats1"][TRAINER_TOKEN_IMBALANCE] == 1.0
+    assert runs["stats2"][TRAINER_TOKEN_IMBALANCE] == pytest.approx(31 / 24.5)
+    assert MEMORY_TRAINER_PEAK_GB in runs["stats2"]
+
+
 def test_world_size_2_same_weights_as_world_size_1(runs):
     assert runs["state1"].keys() == runs["state2"].keys()
     diff = max((runs["state2"][k] - runs["state1"][k]).abs().max().item() for k in runs["state1"])
@@ -156,7 +167,7 @@ def test_save_hf_loads_in_transformers(runs, tmp_path):
 
 
 # Each variant trains one step (2 epochs, so the clip acts) with world_size 1 (micro-batches of 3) and
-# world_size 2 (micro-batches of 2, one padding row): the global denominator must make them agree.
+# world_size 2 (packed rows: groups split 6 + 3 sequences by tokens): the global denominator must make them agree.
 # Expected denominators, worked by hand: seq-mean-token-mean counts the 9 sequences (not the padding row);
 # seq-mean-token-sum-norm counts 9 sequences x norm_len 16 = 144. GSPO's clip range is PPO's here, not the
 # paper's 3e-4: with lr 1e-3 that clips some sequences in epoch 2 and not others (the paper's would clip all).
