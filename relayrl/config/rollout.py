@@ -15,6 +15,9 @@ class RolloutConfig:
     """vLLM engines (Ray actors); prompts are spread across them."""
     max_tokens: int = 32
     """Most new tokens per completion."""
+    min_tokens: int = 0
+    """Fewest new tokens per single-turn completion (vLLM's ``min_tokens``: EOS and stop strings are held back
+    until then); 0: none. For benchmarks that need long completions; at most max_tokens."""
     temperature: float = 1.0
     """Sampling temperature (1.0 keeps behaviour logprobs those of the policy)."""
     top_p: float = 1.0
@@ -81,6 +84,11 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "kv_cache_gb")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ConfigError(
+                f"rollout.min_tokens={self.min_tokens} must be in [0, rollout.max_tokens={self.max_tokens}]; "
+                "lower rollout.min_tokens or raise rollout.max_tokens"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]; set rollout.top_p=1.0")
         if self.temperature <= 0:

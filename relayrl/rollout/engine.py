@@ -193,6 +193,7 @@ class Rollout:
             temperature=temperature,
             top_p=cfg.top_p,
             max_tokens=cfg.max_tokens,
+            min_tokens=cfg.min_tokens,
             output_kind=RequestOutputKind.FINAL_ONLY,
             seed=prompt.seed,
         )

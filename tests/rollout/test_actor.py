@@ -113,6 +113,27 @@ def test_seeded_prompts_sample_the_same_tokens_in_any_batch_and_engine(actor, ra
         ray_session.kill(other)
 
 
+def test_min_tokens_holds_eos_back(actor, ray_session, tiny_llama):
+    """``rollout.min_tokens`` reaches vLLM: with it every completion runs to at least that length, where the
+    same seeded prompts without it stop earlier (the check would see a broken pass-through)."""
+    seeded = [dataclasses.replace(p, seed=prompt_seed(0, p.prompt_id)) for p in PROMPTS]
+    free = [len(t) for g in ray_session.get(actor.generate.remote(seeded, 4)) for t in _tokens(g)]
+    floor = 24
+    assert min(free) < floor
+    forced = start_rollout_actor(
+        str(tiny_llama),
+        ModelConfig(path=str(tiny_llama), max_model_len=256),
+        RolloutConfig(max_tokens=MAX_TOKENS, min_tokens=floor, temperature=TEMPERATURE, kv_cache_gb=0.25),
+        seed=0,
+    )
+    try:
+        lengths = [len(t) for g in ray_session.get(forced.generate.remote(seeded, 4)) for t in _tokens(g)]
+        assert len(lengths) == 12 and min(lengths) >= floor
+    finally:
+        ray_session.get(forced.shutdown.remote())
+        ray_session.kill(forced)
+
+
 def test_forkserver_worker_is_bound_as_vllm_binds_a_spawned_one(actor, ray_session):
     """The engine's worker comes from relayrl's forkserver (a child of the server, itself a child of the
     actor), carries vLLM's title and runs where vLLM puts it (``rollout.num_threads=0``: every core) with a
