@@ -89,8 +89,14 @@ class ScoringHead(torch.nn.Linear):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.request is None:
             return super().forward(hidden)
-        logprob, entropy = score(hidden, self.weight, self.bias, self.request)
-        return torch.stack([logprob, entropy], dim=-1)  # [R, K, 2]
+        return self.scores(hidden, self.weight)
+
+    def scores(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """[R, K, 2] = (logprob, entropy) of the request's targets with ``weight`` as the projection: the
+        head's own, or with LoRA on the head its merged ``W + scale B A`` (``lora.ScoringLoraHead``)."""
+        assert self.request is not None, "scores is called only while a request is set (scoring)"
+        logprob, entropy = score(hidden, weight, self.bias, self.request)
+        return torch.stack([logprob, entropy], dim=-1)
 
 
 def install(head: torch.nn.Module) -> ScoringHead:
@@ -109,13 +115,20 @@ def lm_head(model: torch.nn.Module) -> torch.nn.Module:
     return cast(Any, model).get_output_embeddings()
 
 
+def scoring_head(model: torch.nn.Module) -> ScoringHead:
+    """``model``'s ``ScoringHead``: its lm_head, or the base layer of a LoRA layer wrapped around it."""
+    found = lm_head(model)
+    found = getattr(found, "base_layer", found)
+    if not isinstance(found, ScoringHead):
+        raise ValueError("the model's lm_head is not a ScoringHead; load it with head.install (hf.load_sharded)")
+    return found
+
+
 @contextlib.contextmanager
 def scoring(model: torch.nn.Module, request: Request) -> Iterator[None]:
     """While active, ``model``'s forward returns ``logits`` [R, K, 2] = (logprob, entropy) of
     ``request.targets`` at the positions it keeps (``logits_to_keep``)."""
-    head = lm_head(model)
-    if not isinstance(head, ScoringHead):
-        raise ValueError("the model's lm_head is not a ScoringHead; load it with head.install (hf.load_sharded)")
+    head = scoring_head(model)
     head.request = request
     try:
         yield

@@ -18,6 +18,7 @@ sync's layout see exactly the base model's parameter names and shapes.
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, cast
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from relayrl.config import ConfigError, LoraConfig
+from relayrl.trainer import head
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -72,7 +74,34 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
             f"trainer.lora.target_modules matches {hf_name(tied[0])!r}, whose weight is tied to "
             "another layer (the embeddings): a merge would change both; leave it out"
         )
+    adapted_head = head.lm_head(model)
+    if isinstance(adapted_head, Linear) and isinstance(adapted_head.base_layer, head.ScoringHead):
+        adapted_head.__class__ = _scoring_lora_head()  # type: ignore[assignment]  # a subclass of Linear
     return model
+
+
+@functools.cache
+def _scoring_lora_head() -> type[torch.nn.Module]:
+    """PEFT's LoRA ``Linear`` around a ``head.ScoringHead``: while the head scores, it scores with the
+    merged ``W + scale B A`` (exact: ``x W^T + scale (x A^T) B^T = x (W + scale B A)^T``; dropout is 0,
+    ``LoraConfig`` checks), so the chunked head never holds [N, V] logits here either, and the gradient
+    reaches A and B through the merge. A class made on first use: PEFT is imported only with LoRA on."""
+    from peft.tuners.lora.layer import Linear
+
+    class ScoringLoraHead(Linear):
+        def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+            base = cast(head.ScoringHead, self.base_layer)
+            if base.request is None or self.disable_adapters or self.merged:
+                return super().forward(x, *args, **kwargs)
+            with torch.autocast(x.device.type, enabled=False):  # the head is float32 (keep_head_fp32)
+                weight = base.weight.float()
+                for name in self.active_adapters:
+                    if name in self.lora_A:
+                        a, b = (cast(torch.nn.Linear, m[name]).weight.float() for m in (self.lora_A, self.lora_B))
+                        weight = weight + self.scaling[name] * (b @ a)
+                return base.scores(x, weight)
+
+    return ScoringLoraHead
 
 
 def scales(model: torch.nn.Module) -> dict[str, float]:

@@ -96,3 +96,38 @@ def test_bad_chunk_and_a_head_that_is_not_linear():
         head.score(hidden, weight, None, head.Request(targets, TAU, 0))
     with pytest.raises(ValueError, match=r"nn\.Linear"):
         head.install(torch.nn.Embedding(3, 2))
+
+
+def test_lora_on_the_head_scores_with_the_adapted_weight(tiny_qwen2):
+    """LoRA on lm_head (PEFT wraps the ScoringHead): scoring equals the adapted model's full logits, with
+    the adapters' gradients; with adapters off it is the base head's. Regression: the scoring forward once
+    refused a LoRA-wrapped head."""
+    from relayrl.config import LoraConfig
+    from relayrl.trainer import lora
+    from tests.trainer.test_packing import plain_model
+
+    model = plain_model(tiny_qwen2)
+    head.install(model.get_output_embeddings())
+    model = lora.wrap(model, LoraConfig(r=4, target_modules=["q_proj", "lm_head"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p) * 0.1)  # B starts at 0; non-zero so the adapters matter
+    ids = torch.tensor([[5, 9, 3, 7, 8, 2]])
+    keep, targets = torch.arange(0, 5), ids[:, 1:6]
+    b_head = next(p for n, p in model.named_parameters() if "lm_head.lora_B" in n)
+
+    dense = target_logprobs(model(input_ids=ids).logits[:, :5], targets, TAU)
+    g_dense = torch.autograd.grad(dense.sum(), b_head)[0]
+    with head.scoring(model, head.Request(targets, TAU, 2)):
+        out = model(input_ids=ids, logits_to_keep=keep).logits
+    g = torch.autograd.grad(out[..., 0].sum(), b_head)[0]
+    torch.testing.assert_close(out[..., 0], dense, atol=1e-6, rtol=0)
+    torch.testing.assert_close(g, g_dense, atol=1e-6, rtol=1e-6)
+    assert g.abs().sum() > 0
+    with torch.no_grad(), lora.adapters_off(model):
+        base = target_logprobs(model(input_ids=ids).logits[:, :5], targets, TAU)
+        with head.scoring(model, head.Request(targets, TAU, 2)):
+            off = model(input_ids=ids, logits_to_keep=keep).logits[..., 0]
+    torch.testing.assert_close(off, base, atol=1e-6, rtol=0)
+    assert not torch.allclose(base, dense)
