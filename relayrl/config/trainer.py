@@ -70,6 +70,11 @@ class TrainerConfig:
     """Tensor-parallel ranks per model replica (``trainer/tp.py``): world_size = dp x tp; FSDP2 shards over
     the dp ranks, the decoder layers' linears are split over the tp ranks. Must divide world_size and the
     model's attention and KV heads; PPO's critic needs tp_size=1."""
+    cp_size: int = 1
+    """Context-parallel ranks per model replica (``trainer/context.py``): each packed row is split over them
+    by position, attention gathers the row's keys and values, so one row takes 1/cp_size of the
+    activations on each rank (a sequence too long for one rank trains on several). world_size = dp x cp;
+    needs packed rows (max_tokens_per_micro_batch > 0) and tp_size=1; PPO's critic needs cp_size=1."""
     lr: float = 1e-5
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -102,9 +107,10 @@ class TrainerConfig:
     """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
     max_tokens_per_micro_batch: int = 2048
     """Padding-free packing (``trainer/packing.py``): each micro-batch is one row of at most this many real
-    tokens, sequences concatenated with their own position ids and a block mask (no pad token is computed);
-    micro_batch_size is then unused. 0: micro-batches of micro_batch_size right-padded rows. Attention
-    over a packed row costs O(tokens^2), so past a few thousand tokens larger budgets stop paying off."""
+    tokens (a longer sequence is a row of its own), sequences concatenated with their own position ids,
+    each attending to itself only (``trainer/attention.py``: no mask; attention costs the sum of the
+    sequences' squared lengths, not the row's); micro_batch_size is then unused. 0: micro-batches of
+    micro_batch_size right-padded rows. With cp_size > 1 a row is split over the cp ranks."""
     shared_prefix: bool = True
     """Needs max_tokens_per_micro_batch > 0: a group's G sequences share one copy of their common prefix
     (the prompt) in the packed row, each completion attending to it and causally to itself only, so the
@@ -128,8 +134,25 @@ class TrainerConfig:
     get the cores first; undone when setup ends. 0 disables; skipped where it could not be undone (neither
     root nor RLIMIT_NICE)."""
 
+    def _check_cp(self) -> None:
+        if self.cp_size == 1:
+            return
+        if self.world_size % self.cp_size:
+            raise ConfigError(
+                f"trainer.world_size={self.world_size} is not divisible by trainer.cp_size={self.cp_size}; "
+                f"set trainer.world_size to a multiple of {self.cp_size} (or lower trainer.cp_size)"
+            )
+        if self.tp_size > 1:
+            raise ConfigError(
+                f"trainer.cp_size={self.cp_size} with trainer.tp_size={self.tp_size} is not built; set one of them to 1"
+            )
+        if self.max_tokens_per_micro_batch == 0:
+            raise ConfigError(
+                f"trainer.cp_size={self.cp_size} splits packed rows; set trainer.max_tokens_per_micro_batch > 0"
+            )
+
     def __post_init__(self) -> None:
-        positive("trainer", self, "world_size", "tp_size", "lr", "micro_batch_size", "epochs", "num_cpus")
+        positive("trainer", self, "world_size", "tp_size", "cp_size", "lr", "micro_batch_size", "epochs", "num_cpus")
         if not 0 <= self.setup_nice <= 19:
             raise ConfigError(f"trainer.setup_nice={self.setup_nice} is not a niceness increment; set 0 (off) to 19")
         one_of("trainer.backend", self.backend, TrainerBackend)
@@ -139,6 +162,7 @@ class TrainerConfig:
                 f"{self.tp_size}; set trainer.world_size to a multiple of {self.tp_size} (or lower "
                 "trainer.tp_size)"
             )
+        self._check_cp()
         if self.lora.r and self.tp_size > 1:
             raise ConfigError(
                 f"trainer.lora.r={self.lora.r} runs with FSDP only (the adapters "

@@ -57,7 +57,7 @@ def _validate_placement(cfg: Config) -> None:
 
 
 def _validate_tp(cfg: Config) -> None:
-    """``trainer.tp_size`` trains no critic; ``rollout.tp_size`` > 1 needs its own bundles.
+    """``trainer.tp_size`` and ``trainer.cp_size`` train no critic; ``rollout.tp_size`` > 1 needs its own bundles.
     (``TrainerConfig`` checks that tp_size divides the ranks, ``RolloutConfig`` that tp_size > 1
     has GPUs; ``preflight.check_context`` and ``trainer/tp.py`` check head counts against the
     model.)"""
@@ -67,6 +67,11 @@ def _validate_tp(cfg: Config) -> None:
     if t.tp_size > 1 and cfg.algorithm.name in CRITIC_ESTIMATORS:
         raise ConfigError(
             f"PPO's critic (algorithm.name={cfg.algorithm.name}) is trained with FSDP only; set trainer.tp_size=1"
+        )
+    if t.cp_size > 1 and cfg.algorithm.name in CRITIC_ESTIMATORS:
+        raise ConfigError(
+            f"PPO's critic (algorithm.name={cfg.algorithm.name}) runs without context parallelism; "
+            "set trainer.cp_size=1"
         )
     if cfg.rollout.tp_size > 1 and cfg.placement.mode == "colocated":
         raise ConfigError(

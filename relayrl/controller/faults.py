@@ -32,7 +32,7 @@ class TrainerOutOfMemory(RuntimeError):
 
 MEMORY_KNOBS = (
     "set trainer.activation_checkpointing=full, lower trainer.max_tokens_per_micro_batch (a longer sequence "
-    "still trains alone), lower trainer.logits_chunk, or add trainer ranks (trainer.world_size)"
+    "still trains alone), lower trainer.logits_chunk, or split rows over more ranks (trainer.cp_size)"
 )
 """What ``TrainerOutOfMemory`` tells the user to change, in the order that costs least."""
 

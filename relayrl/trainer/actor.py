@@ -4,7 +4,8 @@
 collective (FSDP2 all-gathers parameters in each forward), so the group calls it on all ranks at once.
 With ``trainer.tp_size > 1`` the ranks form a ("dp", "tp") mesh (``tp.py``): rows are split over dp,
 the ranks of a tp group hold the same rows and one model's layer shards, and every all-reduce of sums
-below runs over dp only.
+below runs over dp only. With ``trainer.cp_size > 1`` the mesh is ("dp", "cp") the same way: the ranks of
+a cp group hold the same rows and each runs its slice of every packed row (``context.py``).
 
 A train step, on every rank (``train_step``; right: where each part is done):
 
@@ -59,7 +60,7 @@ from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerCo
 from relayrl.logs import show_on_console
 from relayrl.monitor.schema import MEMORY_TRAINER_PEAK_GB, TRAINER_TOKEN_IMBALANCE
 from relayrl.rendezvous import client_store, master_store
-from relayrl.trainer import checkpoint, lora, recompute
+from relayrl.trainer import checkpoint, context, lora, recompute
 from relayrl.trainer.background import in_background
 from relayrl.trainer.balance import token_imbalance
 from relayrl.trainer.batch import MicroBatch, build_train_batch, dp_share, fetch_groups, forward_tokens, micro_batches
@@ -119,6 +120,7 @@ class TrainerActor:
         self.rank, self.world_size = rank, world_size
         self.critic_cfg = critic_cfg or CriticConfig()
         self.critic: Critic | None = None  # made in setup for gae
+        self.context: context.Group | None = None  # trainer.cp_size > 1: this rank's cp group (setup)
         self.master = (master_addr, master_port)  # port 0: rank 0 binds one the OS picks (``listen``)
         self._master_store: dist.TCPStore | None = None
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg
@@ -130,7 +132,7 @@ class TrainerActor:
     @property
     def policy_step(self) -> PolicyStep:
         """The policy's micro-batch step under the current objective, temperature and ``trainer.dtype``."""
-        return PolicyStep(self.objective, self.temperature, self.cfg.dtype, self.cfg.logits_chunk)
+        return PolicyStep(self.objective, self.temperature, self.cfg.dtype, self.cfg.logits_chunk, self.context)
 
     # ---------------------------------------------------------------- setup
     def listen(self) -> int:
@@ -169,12 +171,14 @@ class TrainerActor:
         dist.init_process_group(
             backend, store=self._store(), rank=self.rank, world_size=self.world_size, timeout=self.timeout
         )
-        self.mesh = build_mesh(self.device.type, self.world_size, self.cfg.tp_size)
+        self.mesh = build_mesh(self.device.type, self.world_size, self.cfg.tp_size, self.cfg.cp_size)
         self.dp_group, self.dp_rank, self.dp_size = (
             self.mesh.get_group("dp"),
             self.mesh["dp"].get_local_rank(),
             self.mesh["dp"].size(),
         )
+        if self.cfg.cp_size > 1:
+            self.context = context.Group(self.mesh.get_group("cp"), self.mesh["cp"].get_local_rank(), self.cfg.cp_size)
         torch.manual_seed(self.seed)
         every = self._checkpoint_every()
         load = functools.partial(load_sharded, self.model_path, self.device, self.mesh, self.model_cfg.dtype)
@@ -210,7 +214,7 @@ class TrainerActor:
         the longest micro-batch, max(max_tokens_per_micro_batch, model.max_model_len) tokens, against this
         rank's share of the host's memory (the GPU's on CUDA)."""
         model_config = json.loads((Path(self.model_path) / "config.json").read_text())
-        tokens = max(self.cfg.max_tokens_per_micro_batch, self.model_cfg.max_model_len)
+        tokens = -(-max(self.cfg.max_tokens_per_micro_batch, self.model_cfg.max_model_len) // self.cfg.cp_size)
         memory = recompute.rank_memory_bytes(self.device, self.world_size)
         every = recompute.resolve_every(self.cfg.activation_checkpointing, model_config, tokens, memory)
         if self.rank == 0:

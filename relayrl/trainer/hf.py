@@ -19,7 +19,7 @@ from relayrl.trainer import head, lora
 from relayrl.trainer.attention import use_packed_attention
 from relayrl.trainer.fsdp import shard_model
 from relayrl.trainer.precision import keep_head_fp32
-from relayrl.trainer.tp import parallelize
+from relayrl.trainer.tp import parallelize, shard_mesh
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -38,8 +38,8 @@ def load_sharded(
     attention per packed span (``attention.py``): decoder linears split over "tp" (``tp.parallelize``,
     when the mesh has a "tp" dimension: tp_size > 1), with ``lora_cfg.r > 0`` wrapped by PEFT (``lora.wrap``:
     only the adapters train), then every ``checkpoint_every``-th layer activation-checkpointed and the model
-    sharded per decoder layer over "dp" (``fsdp.shard_model``); ``dtype`` is ``model.dtype`` (the compute
-    and wire dtype of the shards)."""
+    sharded per decoder layer over "dp", or dp x cp (``tp.shard_mesh``, ``fsdp.shard_model``); ``dtype`` is
+    ``model.dtype`` (the compute and wire dtype of the shards)."""
     from transformers import AutoModelForCausalLM
 
     # transformers wraps PreTrainedModel.to in functools.wraps, which mypy reads as unbound (self = device)
@@ -50,7 +50,7 @@ def load_sharded(
         parallelize(model, mesh["tp"])
     if trainable and lora_cfg is not None and lora_cfg.r > 0:
         model = lora.wrap(model, lora_cfg)
-    return shard_model(model, mesh["dp"], dtype, trainable, checkpoint_every)
+    return shard_model(model, shard_mesh(mesh), dtype, trainable, checkpoint_every)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -29,11 +29,11 @@ import torch.distributed as dist
 
 from relayrl.algorithms.losses import entropy_bonus, kl_k3, kl_loss, masked_token_sum
 from relayrl.algorithms.objective import Objective
-from relayrl.trainer import head
+from relayrl.trainer import context, head
 from relayrl.trainer.attention import packed_spans
 from relayrl.trainer.batch import MicroBatch
 from relayrl.trainer.fsdp import clip_and_step
-from relayrl.trainer.packing import place
+from relayrl.trainer.packing import PackedRow, place
 from relayrl.trainer.precision import autocast
 
 PER_TOKEN, PER_DENOMINATOR, MAX = "tokens", "denominator", "max"  # how a ``TokenSums`` field is reduced
@@ -122,6 +122,8 @@ class PolicyStep:
     temperature: float
     dtype: str
     logits_chunk: int = 1024
+    context: context.Group | None = None
+    """``trainer.cp_size > 1``: this rank's cp group; each packed row runs split over it (``context.py``)."""
 
     def forward(self, model: torch.nn.Module, mb: MicroBatch, entropy_grad: bool = False) -> Forward:
         """What the loss needs from the model: (logprobs [R, K], entropies [R, K], ``to_batch`` laying per-entry
@@ -142,6 +144,8 @@ class PolicyStep:
                     out = model(input_ids=mb.input_ids, use_cache=False, logits_to_keep=keep).logits
                 return out[..., 0], out[..., 1], lambda v: v
             row = mb.packed
+            if self.context is not None:
+                return self._forward_shard(model, row, entropy_grad)
             with head.scoring(model, self._request(row.score_target[None], entropy_grad)):
                 out = model(
                     input_ids=row.input_ids,
@@ -151,6 +155,23 @@ class PolicyStep:
                     packed_spans=packed_spans(model, row),
                 ).logits
             return out[..., 0], out[..., 1], lambda v: place(v[0], row.gather)
+
+    def _forward_shard(self, model: torch.nn.Module, row: PackedRow, entropy_grad: bool) -> Forward:
+        """``forward`` of a packed row under context parallelism: this rank's slice of the row, the row's
+        entries gathered from every rank of the cp group (``context.py``)."""
+        assert self.context is not None
+        shard = context.shard_row(row, self.context)
+        with head.scoring(model, self._request(shard.score_target[None], entropy_grad)):
+            out = model(
+                input_ids=shard.input_ids,
+                position_ids=shard.position_ids,
+                use_cache=False,
+                logits_to_keep=shard.score_pos,
+                packed_spans=packed_spans(model, shard.row),
+                context_shard=shard.attn,
+            ).logits
+        out = context.gather_entries(out, shard, self.context)
+        return out[..., 0], out[..., 1], lambda v: place(v[0], row.gather)
 
     def _request(self, targets: torch.Tensor, entropy_grad: bool) -> head.Request:
         return head.Request(targets, self.temperature, self.logits_chunk, entropy_grad)

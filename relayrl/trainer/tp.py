@@ -31,14 +31,24 @@ if TYPE_CHECKING:
 _STYLES = ("colwise", "rowwise")
 
 
-def build_mesh(device_type: str, world_size: int, tp_size: int) -> DeviceMesh:
-    """``tp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp") mesh (``TrainerConfig``
-    checked that tp_size divides world_size)."""
+def build_mesh(device_type: str, world_size: int, tp_size: int, cp_size: int = 1) -> DeviceMesh:
+    """``tp_size == cp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp") or
+    ("dp", "cp") mesh, row-major as tp's (``TrainerConfig`` checked the sizes divide world_size and that
+    at most one of them is > 1)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if tp_size == 1:
+    if tp_size == 1 and cp_size == 1:
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
-    return init_device_mesh(device_type, (world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    inner, name = (tp_size, "tp") if tp_size > 1 else (cp_size, "cp")
+    return init_device_mesh(device_type, (world_size // inner, inner), mesh_dim_names=("dp", name))
+
+
+def shard_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP2 shards over: "dp", or with context parallelism "dp" x "cp" flattened (the cp ranks
+    hold different tokens of the same rows, so their gradients are parts of one sum, as dp ranks' are)."""
+    if "cp" not in (mesh.mesh_dim_names or ()):
+        return mesh["dp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")
 
 
 def layer_plan(config: PretrainedConfig) -> dict[str, str]:
