@@ -18,6 +18,12 @@ LLAMA_LINEARS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_
 """The attention and MLP linears of Llama-style decoders (Llama, Qwen2, Mistral, SmolLM2)."""
 
 
+AUTO_SHARE = 0.25
+"""``auto`` checkpoints when the estimated activations exceed this share of a rank's memory (the rest
+holds weights, gradients, AdamW's moments, the head's chunks and, on a CPU box, the engines). The trainer
+(``trainer/recompute.py``) and the simulator's memory check (``plan/scenario.py``) both decide by it."""
+
+
 def every_of(mode: str) -> int | None:
     """``off`` -> 0, ``full`` -> 1, ``"N"`` -> N, ``auto`` -> None (``resolve_every`` decides)."""
     if mode == "auto":

@@ -36,7 +36,8 @@ constants that are assumed rather than measured say so. With P parameters, b seq
     checkpoint_s          = checkpoint_bytes_per_param · P / checkpoint_bytes_per_s   (driver stall of a save)
     score_s(g groups)     = score_s_per_group · g
     memory_per_device     = rollout: (W + (prompt_len + longest response) · kv) / tp;
-                            trainer: 16 · P / t + activations (``memory_per_device``)
+                            trainer: 16 · P / t + activations (checkpointed or not) + the LM head's chunk
+                            of logits (``memory_per_device``)
 
 A replica is ``rollout_tp`` devices of one node (tp above); the cluster has rollout_devices / tp replicas.
 
@@ -159,6 +160,9 @@ class Workload:
     gen_call_s: float = 0.0  # per generate call: RPC, tokenisation (added to its prefill)
     score_s_per_group: float = 0.0
     checkpoint_bytes_per_param: float = 14.0  # BF16 weights + FP32 master weights and Adam's two moments
+    vocab: int = 0  # the LM head's V (0: no logits term in the memory check)
+    logits_chunk: int = 1024  # trainer.logits_chunk: positions the head scores at a time
+    activation_checkpointing: bool = True  # every layer's input kept, one layer recomputed at a time
 
     @property
     def weight_bytes(self) -> float:
@@ -284,18 +288,39 @@ TRAIN_BYTES_PER_PARAM = 16.0
 """FSDP mixed precision per parameter, sharded: FP32 master weights (4), FP32 gradients (4), Adam's two
 moments (8); the BF16 copy of the layer being computed is transient."""
 
+LAYER_ACTIVATION_BYTES = 34
+"""BF16 activations one transformer layer keeps per token and hidden unit (Korthikanti et al. 2022, with the
+attention's s² terms gone: packed attention keeps no [s, s] scores)."""
+
+LOGIT_BYTES = 12
+"""Per scored position and vocabulary entry, in FP32: the logits, their softmax and their gradient."""
+
+
+def activation_bytes(wl: Workload, tokens: float) -> float:
+    """What one micro-batch of ``tokens`` keeps for the backward. Checkpointed: every layer's BF16 input
+    (2 · layers · hidden a token) and one layer's recompute (34 · hidden); else 34 · hidden for every layer."""
+    per_layer = LAYER_ACTIVATION_BYTES * wl.hidden
+    if wl.activation_checkpointing:
+        return tokens * (2 * wl.layers * wl.hidden + per_layer)
+    return tokens * wl.layers * per_layer
+
+
+def logits_bytes(wl: Workload, tokens: float) -> float:
+    """The LM head's working set: 12 · V bytes for each of ``min(logits_chunk, tokens)`` positions (the head
+    scores a chunk at a time, forward and backward; [tokens, V] logits never exist)."""
+    return LOGIT_BYTES * wl.vocab * min(wl.logits_chunk, tokens)
+
 
 def memory_per_device(cluster: Cluster, wl: Workload) -> dict[str, float]:
     """Bytes one device needs. rollout: (W + the KV cache of one longest context) / tp, the least vLLM starts
     with (more cache only admits more sequences: ``kv_seqs``). trainer: 16 · P / t (``TRAIN_BYTES_PER_PARAM``)
-    + activations of a micro-batch of one longest context with activation checkpointing (every layer's input,
-    2 · layers · hidden bytes a token, and one layer's recompute, 34 · hidden bytes a token). Colocated: the
-    larger of the two (the engines sleep, weights and cache offloaded, while the trainer works, and the
-    trainer's state is offloaded while they generate)."""
+    + the activations (``activation_bytes``) and the head's chunk (``logits_bytes``) of a micro-batch of one
+    longest context. Colocated: the larger of the two (the engines sleep, weights and cache offloaded, while
+    the trainer works, and the trainer's state is offloaded while they generate)."""
     context = wl.prompt_len + wl.longest_response
     rollout = (wl.weight_bytes + context * wl.kv_bytes_per_token) / cluster.rollout_tp
-    activations = context * wl.hidden * (2 * wl.layers + 34)
-    trainer = TRAIN_BYTES_PER_PARAM * wl.params / cluster.trainer_devices + activations
+    working = activation_bytes(wl, context) + logits_bytes(wl, context)
+    trainer = TRAIN_BYTES_PER_PARAM * wl.params / cluster.trainer_devices + working
     out = {"rollout": rollout, "trainer": trainer}
     if cluster.placement == "colocated":
         out["colocated"] = max(rollout, trainer)

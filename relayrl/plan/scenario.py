@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config import Config
+from relayrl.config.trainer import AUTO_SHARE, every_of
 from relayrl.controller.policy import PolicyConfig
-from relayrl.plan.costs import AnalyticCosts, Cluster, Workload, memory_fits, memory_per_device
+from relayrl.plan.costs import AnalyticCosts, Cluster, Workload, activation_bytes, memory_fits, memory_per_device
 from relayrl.plan.simulate import SimResult, simulate
 from relayrl.plan.specs import ClusterSpec, cluster_spec, load_cluster
 
@@ -66,7 +67,8 @@ def find_cluster(name: str) -> ClusterSpec:
 
 def workload(cfg: Config, spec: ClusterSpec) -> Workload:
     """The step's work: B, G and response_len from the recipe, the model's shapes from the cluster file, a KL
-    term's reference forward when ``algorithm.kl_coef`` > 0; the file's ``workload`` mapping overrides any."""
+    term's reference forward when ``algorithm.kl_coef`` > 0, the trainer's head chunk and checkpointing
+    (``checkpointing``); the file's ``workload`` mapping overrides any."""
     m = spec.model
     stream_seqs = cfg.rollout.in_flight if cfg.rollout.stream and cfg.rollout.in_flight else 0
     fields: dict[str, Any] = {
@@ -80,12 +82,29 @@ def workload(cfg: Config, spec: ClusterSpec) -> Workload:
         "layers": m.layers,
         "hidden": m.hidden,
         "extra_forwards": 1 if cfg.algorithm.kl_coef > 0 else 0,
+        "vocab": m.vocab,
+        "logits_chunk": cfg.trainer.logits_chunk,
         **({"max_num_seqs": stream_seqs} if stream_seqs else {}),
     }
     names = {f.name for f in dataclasses.fields(Workload)}
     if bad := sorted(set(spec.workload) - names):
         raise ValueError(f"cluster workload has {', '.join(bad)}; valid: {', '.join(sorted(names))}")
-    return Workload(**{**fields, **spec.workload})
+    wl = Workload(**{**fields, **spec.workload})
+    if "activation_checkpointing" in spec.workload:
+        return wl
+    on = checkpointing(cfg.trainer.activation_checkpointing, wl, spec.cluster.hardware.memory_bytes)
+    return dataclasses.replace(wl, activation_checkpointing=on)
+
+
+def checkpointing(mode: str, wl: Workload, memory_bytes: float) -> bool:
+    """Whether the trainer checkpoints, as it decides: off -> no; full or every N-th -> yes (the check counts
+    every layer's input either way); auto -> yes when one longest context's activations without it exceed
+    ``AUTO_SHARE`` of a device's memory."""
+    every = every_of(mode)
+    if every is not None:
+        return every > 0
+    bare = dataclasses.replace(wl, activation_checkpointing=False)
+    return activation_bytes(bare, wl.prompt_len + wl.longest_response) > AUTO_SHARE * memory_bytes
 
 
 def scenario(cfg: Config, spec: ClusterSpec) -> Scenario:

@@ -59,6 +59,7 @@ class ModelSpec:
     kv_heads: int
     head_dim: int
     kv_dtype_bytes: float = 2.0
+    vocab: int = 0  # the LM head's rows (0: unknown, no logits term in the memory check)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -66,16 +67,16 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    # config.json of each model (hidden_size, num_hidden_layers, num_key_value_heads, head_dim)
-    "llama3-8b": ModelSpec(8.03e9, 32, 4096, 8, 128),
-    "llama3-70b": ModelSpec(70.6e9, 80, 8192, 8, 128),
-    "llama3-405b": ModelSpec(405.9e9, 126, 16384, 8, 128),
-    "qwen2.5-1.5b": ModelSpec(1.54e9, 28, 1536, 2, 128),
-    "qwen2.5-7b": ModelSpec(7.62e9, 28, 3584, 4, 128),
-    "qwen2.5-14b": ModelSpec(14.8e9, 48, 5120, 8, 128),
-    "qwen2.5-32b": ModelSpec(32.8e9, 64, 5120, 8, 128),
-    "qwen3-32b": ModelSpec(32.8e9, 64, 5120, 8, 128),
-    "smollm2-135m": ModelSpec(1.35e8, 30, 576, 3, 64),
+    # config.json of each model (hidden_size, num_hidden_layers, num_key_value_heads, head_dim, vocab_size)
+    "llama3-8b": ModelSpec(8.03e9, 32, 4096, 8, 128, vocab=128256),
+    "llama3-70b": ModelSpec(70.6e9, 80, 8192, 8, 128, vocab=128256),
+    "llama3-405b": ModelSpec(405.9e9, 126, 16384, 8, 128, vocab=128256),
+    "qwen2.5-1.5b": ModelSpec(1.54e9, 28, 1536, 2, 128, vocab=151936),
+    "qwen2.5-7b": ModelSpec(7.62e9, 28, 3584, 4, 128, vocab=152064),
+    "qwen2.5-14b": ModelSpec(14.8e9, 48, 5120, 8, 128, vocab=152064),
+    "qwen2.5-32b": ModelSpec(32.8e9, 64, 5120, 8, 128, vocab=152064),
+    "qwen3-32b": ModelSpec(32.8e9, 64, 5120, 8, 128, vocab=151936),
+    "smollm2-135m": ModelSpec(1.35e8, 30, 576, 3, 64, vocab=49152),
 }
 
 

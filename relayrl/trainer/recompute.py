@@ -27,13 +27,9 @@ from typing import Any, cast
 
 import torch
 
-from relayrl.config.trainer import every_of
+from relayrl.config.trainer import AUTO_SHARE, every_of
 
 logger = logging.getLogger(__name__)
-
-AUTO_SHARE = 0.25
-"""``auto`` checkpoints when the estimated activations exceed this share of a rank's memory (the rest
-holds weights, gradients, AdamW's moments, the head's chunks and, on a CPU box, the engines)."""
 
 
 def activation_bytes(model_config: Mapping[str, Any], tokens: int) -> int:

@@ -103,6 +103,36 @@ def test_memory_per_device_by_hand():
     assert colocated == pytest.approx({"rollout": 1.055e9, "trainer": 4.0594e9, "colocated": 4.0594e9})
 
 
+def test_the_trainer_side_counts_checkpointing_and_the_heads_chunk_by_hand():
+    """Context 1100, 10 layers of 1000 hidden, V = 50000, chunk 1024. Checkpointed: 1100 · (2 · 10 · 1000 +
+    34 · 1000) = 5.94e7 B; not: 1100 · 10 · 34000 = 3.74e8. The head: 12 · 50000 · min(1024, 1100) = 6.144e8;
+    a chunk past the context scores the context (12 · 50000 · 1100 = 6.6e8). Trainer: 16e9 / 4 + both."""
+    wl = dataclasses.replace(TP_WL, vocab=50_000, logits_chunk=1024)
+    assert C.activation_bytes(wl, 1100) == pytest.approx(5.94e7)
+    bare = dataclasses.replace(wl, activation_checkpointing=False)
+    assert C.activation_bytes(bare, 1100) == pytest.approx(3.74e8)
+    assert C.logits_bytes(wl, 1100) == pytest.approx(6.144e8)
+    assert C.logits_bytes(dataclasses.replace(wl, logits_chunk=4096), 1100) == pytest.approx(6.6e8)
+    trainer = C.memory_per_device(Cluster(HW, 4, 4), bare)["trainer"]
+    assert trainer == pytest.approx(4e9 + 3.74e8 + 6.144e8)
+
+
+def test_auto_checkpointing_turns_on_where_the_trainer_would():
+    """The trainer's rule (AUTO_SHARE = 0.25 of 80e9 = 2e10 B): Llama-3-8B at 1100 tokens keeps 1100 · 32 ·
+    34 · 4096 = 4.9e9 B without checkpointing (off); at 8192 + 256 tokens, 3.77e10 B (on). off and full
+    are taken as given, whatever the length; the recipe's head chunk reaches the workload."""
+    from relayrl.plan.scenario import checkpointing
+
+    short = scenario(recipe("rollout.max_tokens=844"), cluster_spec({})).workload
+    long = scenario(recipe("rollout.max_tokens=8192"), cluster_spec({})).workload
+    assert (short.activation_checkpointing, long.activation_checkpointing) == (False, True)
+    assert (long.vocab, long.logits_chunk) == (128256, 1024)
+    assert checkpointing("off", long, 80e9) is False and checkpointing("full", short, 80e9) is True
+    assert checkpointing("2", short, 80e9) is True
+    off = scenario(recipe("rollout.max_tokens=8192", "trainer.activation_checkpointing=off"), cluster_spec({}))
+    assert off.workload.activation_checkpointing is False
+
+
 def test_a_70b_model_does_not_train_on_one_80gb_device():
     """P = 70e9: the engines at tp 2 hold 140e9 / 2 = 70e9 B < 0.9 · 80e9 = 72e9 (fit); one trainer device
     needs 16 · 70e9 = 1.12e12 B = 1043 GiB > 67 GiB. Colocated on 16 devices the trainer needs 70e9 (fits);
