@@ -63,7 +63,7 @@ from relayrl.controller.system import System, generate_remote
 from relayrl.controller.training_eval import TrainingEval
 from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_SYNC, TIMING_TRAIN
 from relayrl.rewards.scoring import Scored
-from relayrl.rollout.occupancy import occupancy_metrics
+from relayrl.rollout.occupancy import engine_memory, occupancy_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -213,11 +213,13 @@ class Scheduler(Loop):
         self.idle_since = t2
         trained_at = self.policy.version
         self.log.prompts(trained_at + 1, self.policy.on_trained())
+        replies = self.system.occupancy()
         stats = {
             **train_stats,
             **sync_stats,
             **self.policy.buffer.stats(),
-            **occupancy_metrics(self.system.occupancy(), self.target),
+            **occupancy_metrics(replies, self.target),
+            **engine_memory(replies),
             **self.evaluator.after_step(self.policy.version),  # engines hold this version now
             TIMING_TRAIN: t1 - t0,
             TIMING_SYNC: t2 - t1,

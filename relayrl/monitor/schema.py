@@ -38,6 +38,7 @@ POLICY_KL = "policy/kl"
 POLICY_APPROX_KL = "policy/approx_kl"
 TRAINER_TOKEN_IMBALANCE = "trainer/token_imbalance"
 MEMORY_TRAINER_PEAK_GB = "memory/trainer_peak_gb"
+MEMORY_ENGINE_GB = "memory/engine_gb"
 ROLLOUT_COMPLETIONS = "rollout/completions"
 ROLLOUT_TOKENS = "rollout/tokens"
 ROLLOUT_CALLS = "rollout/calls"
@@ -241,6 +242,13 @@ SCHEMA: tuple[Metric, ...] = (
         MEMORY_TRAINER_PEAK_GB,
         "GB",
         "peak memory of the busiest trainer rank since it started: CUDA max_memory_allocated, CPU peak RSS",
+        reduce="max",
+    ),
+    M(
+        MEMORY_ENGINE_GB,
+        "GB",
+        "memory of the largest rollout replica at the step's end: CUDA memory in use on its device, CPU RSS "
+        "of its actor and the engine processes under it",
         reduce="max",
     ),
     M("colocated/switches", "count", "bundle hand-overs rollout<->trainer in the step (0 unless colocated)"),

@@ -28,7 +28,7 @@ from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.logs import show_on_console
 from relayrl.rollout.episode import EpisodeRunner, check_prompts, vllm_sample_turn
-from relayrl.rollout.occupancy import Occupancy
+from relayrl.rollout.occupancy import Occupancy, engine_memory_gb
 from relayrl.rollout.outputs import model_turn, parse_version
 from relayrl.rollout.queuepoll import POLL_ENV
 from relayrl.types import Trajectory, TrajectoryGroup
@@ -328,9 +328,9 @@ class Rollout:
         return {"open": self._update[0] if self._update else None, "aborts": self.aborts, "last_abort": self.last_abort}
 
     def occupancy(self) -> dict[str, float]:
-        """Engine steps since the last call and the mean sequences running and waiting in them
-        (``relayrl.rollout.occupancy``)."""
-        return self.batch.take()
+        """Engine steps since the last call, the mean sequences running and waiting in them, and the memory
+        the engine holds now (``relayrl.rollout.occupancy``)."""
+        return {**self.batch.take(), "memory_gb": engine_memory_gb(has_cuda())}
 
     async def weight_version(self) -> int:
         """The version label new tokens are tagged with."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from relayrl.monitor.schema import MEMORY_ENGINE_GB
+
 
 @dataclass
 class Occupancy:
@@ -69,3 +71,35 @@ def occupancy_metrics(replies: list[dict[str, float]], target: int) -> dict[str,
         "rollout/occupancy": running / max(target, 1),
         "rollout/engine_steps": steps,
     }
+
+
+def process_tree_gb(pid: int | None = None) -> float:
+    """Resident memory now, in GB (1e9 bytes), of process ``pid`` (default: this one) and every process under
+    it: a vLLM engine's core runs in a child of its actor. A process that ends mid-count is skipped."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            continue
+    return total / 1e9
+
+
+def engine_memory_gb(cuda: bool) -> float:
+    """What a replica holds now, in GB: on CUDA the memory in use on its device (vLLM's engine core runs in
+    another process, so this process's allocator would miss it; colocated, the trainer's share counts too),
+    else ``process_tree_gb``."""
+    if cuda:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 1e9
+    return process_tree_gb()
+
+
+def engine_memory(replies: list[dict[str, float]]) -> dict[str, float]:
+    """``memory/engine_gb``: the largest ``memory_gb`` any replica reported (0 when none answered)."""
+    return {MEMORY_ENGINE_GB: max((r.get("memory_gb", 0.0) for r in replies), default=0.0)}

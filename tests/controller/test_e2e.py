@@ -73,6 +73,7 @@ def test_every_schema_metric_is_logged_and_nothing_else(tiny_run):
     assert first["startup/to_first_step_s"] >= first["startup/actors_s"] + first["startup/first_step_s"]
     assert first["perf/tokens_per_s"] == first["rollout/tokens"] / first["timing/step"]
     assert first["policy/lr"] == 1e-3  # grpo_tiny's trainer.lr
+    assert all(r["memory/engine_gb"] > 0 and r["memory/trainer_peak_gb"] > 0 for r in rows)  # read, not 0
 
 
 def test_run_dir_status_plots_and_wandb_samples_table(tiny_run):

@@ -50,6 +50,7 @@ def test_groups_are_the_issue_sections_in_order():
         "rollout/truncated_frac",
         "trainer/token_imbalance",
         "memory/trainer_peak_gb",
+        "memory/engine_gb",
     ):
         assert name in names, name
 

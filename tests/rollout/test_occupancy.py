@@ -3,10 +3,13 @@ over the replicas weighted by the steps each ran (numbers worked by hand)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from vllm.v1.metrics.stats import SchedulerStats
 
-from relayrl.rollout.occupancy import Occupancy, occupancy_metrics
+from relayrl.rollout.occupancy import Occupancy, engine_memory, occupancy_metrics, process_tree_gb
 
 
 def test_take_gives_means_per_engine_step_and_resets():
@@ -54,3 +57,23 @@ def test_a_replica_without_steps_does_not_dilute_the_others():
     idle = {"steps": 0.0, "running": 0.0, "waiting": 0.0}
     busy = {"steps": 4.0, "running": 6.0, "waiting": 2.0}
     assert occupancy_metrics([idle, busy], target=8)["rollout/occupancy"] == 0.75  # 6 / 8
+
+
+def test_engine_memory_counts_the_processes_under_the_actor():
+    """A child holding 300 MB (a vLLM engine core runs in a child of its actor) raises this process tree's
+    memory by at least that, though this process itself holds no more."""
+    before = process_tree_gb()
+    code = "import sys, time; a = bytearray(300_000_000); print('up', flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        assert process_tree_gb() - before >= 0.3
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_engine_memory_is_the_largest_replica():
+    replies = [{"steps": 1.0, "memory_gb": 2.5}, {"steps": 1.0, "memory_gb": 4.0}, {"steps": 0.0}]
+    assert engine_memory(replies) == {"memory/engine_gb": 4.0}
+    assert engine_memory([]) == {"memory/engine_gb": 0.0}
