@@ -9,7 +9,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 LINT_PATHS := relayrl tests bench
 
-.PHONY: install train test test-fast lint fix clean
+.PHONY: install train test test-fast gpu-check lint fix clean
 install: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/install.sh
@@ -25,6 +25,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# On a CUDA box, from bare: the install, every `gpu` test, the colocated sync against its floor and a short
+# train, as one table (scripts/gpu_check.sh; logs in gpu-check-logs/).
+gpu-check:
+	bash scripts/gpu_check.sh
 
 # All three run even when one fails, so one CI log shows everything; mypy's paths are `files` in pyproject.
 lint: $(STAMP)
