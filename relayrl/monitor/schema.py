@@ -248,7 +248,7 @@ SCHEMA: tuple[Metric, ...] = (
         MEMORY_ENGINE_GB,
         "GB",
         "memory of the largest rollout replica at the step's end: CUDA memory in use on its device, CPU RSS "
-        "of its actor and the engine processes under it",
+        "of its actor and its engine processes",
         reduce="max",
     ),
     M("colocated/switches", "count", "bundle hand-overs rollout<->trainer in the step (0 unless colocated)"),

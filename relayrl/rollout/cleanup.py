@@ -32,6 +32,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +184,21 @@ def owned(owner: int) -> list:
         except psutil.NoSuchProcess:
             pass
     return procs
+
+
+def actor_processes(pid: int) -> list[psutil.Process]:
+    """Process ``pid``, every process registered under it (``register``), and every process below any of
+    them, each once: all an actor's engines, whether forked below it or by the driver's server."""
+    import psutil
+
+    roots = owned(pid)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        roots.append(psutil.Process(pid))
+    found: dict[int, psutil.Process] = {}
+    for root in roots:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found.update((p.pid, p) for p in [root, *root.children(recursive=True)])
+    return list(found.values())
 
 
 def forget_owned(owner: int) -> None:

@@ -74,13 +74,22 @@ def occupancy_metrics(replies: list[dict[str, float]], target: int) -> dict[str,
 
 
 def process_tree_gb(pid: int | None = None) -> float:
-    """Resident memory now, in GB (1e9 bytes), of process ``pid`` (default: this one) and every process under
-    it: a vLLM engine's core runs in a child of its actor. A process that ends mid-count is skipped."""
+    """Resident memory now, in GB (1e9 bytes), of actor process ``pid`` and its engines
+    (``cleanup.actor_processes``: below it, or forked by the driver's server and registered under it). The
+    default is this process's actor: the one it was forked for (``OWNER_ENV``: the engine host is itself
+    forked by the server, beside its engine core and worker), else this process. A process that ends
+    mid-count is skipped."""
+    import os
+
     import psutil
 
-    root = psutil.Process(pid)
+    from relayrl.rollout.cleanup import actor_processes
+    from relayrl.rollout.forkserver import OWNER_ENV
+
+    if pid is None:
+        pid = int(os.environ.get(OWNER_ENV) or os.getpid())
     total = 0
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in actor_processes(pid):
         try:
             total += proc.memory_info().rss
         except psutil.Error:

@@ -73,6 +73,38 @@ def test_engine_memory_counts_the_processes_under_the_actor():
         child.wait()
 
 
+def test_engine_memory_counts_the_engine_processes_the_server_forked_beside_its_host():
+    """With the driver's server, the engine host, its engine core and its worker are all forked by the server,
+    none below another; each is registered under the actor (``cleanup.register``), and the host, which reports
+    the memory, knows its actor from ``OWNER_ENV``. Here this test is the actor, a 300 MB process reparented
+    away from it is the worker, and a child told its owner is the host: the host must count the worker."""
+    import os
+
+    import psutil
+
+    from relayrl.rollout import cleanup
+    from relayrl.rollout.forkserver import OWNER_ENV
+
+    hold = "import time; a = bytearray(300_000_000); time.sleep(60)"
+    spawn = (
+        "import subprocess, sys; "
+        f"p = subprocess.Popen([sys.executable, '-c', {hold!r}], stdout=subprocess.DEVNULL); print(p.pid)"
+    )
+    worker = psutil.Process(int(subprocess.check_output([sys.executable, "-c", spawn], text=True)))
+    host = [sys.executable, "-c", "from relayrl.rollout.occupancy import process_tree_gb; print(process_tree_gb())"]
+    try:
+        while worker.memory_info().rss < 300_000_000:
+            pass
+        cleanup.register(os.getpid(), worker.pid)
+        alone = float(subprocess.check_output(host, text=True))
+        told = float(subprocess.check_output(host, text=True, env={**os.environ, OWNER_ENV: str(os.getpid())}))
+        assert alone < 0.3  # the host's own tree misses the worker: the defect this guards against
+        assert told >= 0.3 + 0.9 * psutil.Process().memory_info().rss / 1e9  # the actor, and the worker
+    finally:
+        worker.kill()
+        cleanup.forget_owned(os.getpid())
+
+
 def test_engine_memory_is_the_largest_replica():
     replies = [{"steps": 1.0, "memory_gb": 2.5}, {"steps": 1.0, "memory_gb": 4.0}, {"steps": 0.0}]
     assert engine_memory(replies) == {"memory/engine_gb": 4.0}
