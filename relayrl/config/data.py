@@ -10,7 +10,7 @@ from typing import Literal, get_args
 from relayrl.config.base import ConfigError, one_of
 
 FileTask = Literal["jsonl", "hf"]
-GeneratedTask = Literal["arith", "multiply", "countdown", "wordproblem", "facts"]
+GeneratedTask = Literal["arith", "multiply", "countdown", "wordproblem", "facts", "count"]
 Task = Literal[GeneratedTask, FileTask]
 """Values of ``data.task``, a ``str`` field checked against them (``base`` says why)."""
 
@@ -27,9 +27,10 @@ class DataConfig:
     task: str = "arith"
     """Prompt source: generated ``arith`` (addition), ``multiply`` (products, the calculator agent's task),
     ``countdown`` (TinyZero's: reach a target with + - * /), ``wordproblem`` (2-4 step word problems,
-    ``<think>/<answer>`` format), ``facts`` (questions about fictional towns, the retrieval agent's task); or a
-    local file: ``jsonl`` (GSM8K-style rows) | ``hf`` (json/jsonl/parquet/csv or a save_to_disk directory through
-    HF ``datasets``, never the hub; see ``data/files.py``)."""
+    ``<think>/<answer>`` format), ``facts`` (questions about fictional towns, the retrieval agent's task),
+    ``count`` (count from 1 to N: long completions, ``recipes/grpo_count.yaml``); or a local file: ``jsonl``
+    (GSM8K-style rows) | ``hf`` (json/jsonl/parquet/csv or a save_to_disk directory through HF ``datasets``,
+    never the hub; see ``data/files.py``)."""
     path: str | None = None
     """The local dataset of a file task (``jsonl``: a .jsonl file; ``hf``: a file or a save_to_disk dir)."""
     prompt_key: str = "question"
@@ -57,7 +58,8 @@ class DataConfig:
     """How many problems a generated task makes."""
     max_operand: int = 9
     """Generated tasks: ``arith`` operands are drawn from [0, max_operand]; ``countdown`` numbers and
-    ``wordproblem`` quantities from [1, max_operand]. ``facts`` ignores it (its corpus is fixed)."""
+    ``wordproblem`` quantities from [1, max_operand]; ``count`` counts to N log-uniform in [150, max_operand].
+    ``facts`` ignores it (its corpus is fixed)."""
     ops: list[int] = field(default_factory=list)
     """``wordproblem`` and ``countdown``: how many operations a problem takes, each problem drawing one of these
     (wordproblem: its steps; countdown: its numbers less one). Empty: the task's own mix (wordproblem 2-4

@@ -5,7 +5,7 @@ and, except for an ``hf`` dataset read with ``data.answer_key=null``, ``answer``
 a row is passed to reward functions as a column (TRL's convention: ``fn(prompts, completions, **columns)``).
 ``PromptSampler`` turns rows into ``Prompt`` records (id, formatted text, the row as ``columns``, seed).
 
-    generated (GENERATORS)   arith | multiply | countdown | wordproblem | facts
+    generated (GENERATORS)   arith | multiply | countdown | wordproblem | facts | count
                              seeded by data.seed; held out by construction
     files                    jsonl (jsonl.py) | hf (files.py)   minus data.heldout_fraction of the prompts
 """
@@ -20,6 +20,7 @@ from relayrl.config import ConfigError, DataConfig
 from relayrl.config.data import OPS_TASKS
 from relayrl.data import countdown, wordproblem
 from relayrl.data.arith import ARITH_QUESTION, make_arith_rows, make_multiply_rows
+from relayrl.data.count import make_count_rows
 from relayrl.data.countdown import make_countdown_rows
 from relayrl.data.facts import make_facts_rows
 from relayrl.data.files import load_hf
@@ -53,6 +54,7 @@ GENERATORS: dict[str, Callable[[int, int, int | str], Rows]] = {
     "countdown": make_countdown_rows,
     "wordproblem": make_wordproblem_rows,
     "facts": lambda n, _max_operand, seed: make_facts_rows(n, seed),  # a fixed corpus: no operand range
+    "count": make_count_rows,
 }
 """Generated tasks: ``make(num_prompts, max_operand, seed) -> rows``, the same rows for the same arguments."""
 

@@ -35,6 +35,7 @@ REWARDS: dict[str, Callable] = {
     "think_answer_format": tasks.think_answer_format,
     "answer_tag_correct": tasks.answer_tag_correct,
     "countdown_correct": tasks.countdown_correct,
+    "count_correct": tasks.count_correct,
     "reward_model": RewardModel,
 }
 """Built-in rewards by short name: the names ``load_reward_fn`` accepts besides ``module:function``.

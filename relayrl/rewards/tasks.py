@@ -1,4 +1,5 @@
-"""Rewards of the tagged-answer tasks (``data.task=countdown`` / ``wordproblem``), TRL's signature.
+"""Rewards of the generated tasks with a format of their own (``data.task=countdown`` / ``wordproblem`` /
+``count``), TRL's signature.
 
 Completions come from an optimiser that profits from fooling these checks, so each reads strictly:
 
@@ -14,6 +15,11 @@ Completions come from an optimiser that profits from fooling these checks, so ea
   (no unary minus, ``**``, ``//``, names or calls); the literals must be ``nums`` exactly (TinyZero's
   rule: each given number used exactly once, all of them); the value is computed in ``Fraction``\\ s, so
   ``7 / 3 * 3`` is exactly 7 and a division by zero scores 0.
+* ``count_correct``: the integers the completion writes (ASCII ``-?[0-9]+``, in order, whatever is between
+  them) must read ``1, 2, ..., N``. Score: the longest run from 1 it starts with, ``k``, over
+  ``max(N, how many integers it wrote)``. Compared as strings, never converted: ``01``, ``-1`` or a skipped
+  or repeated number ends the run, and every number past N lowers the score, so only exactly ``1..N``
+  earns 1.0 and padding or listing candidates earns less.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from relayrl.rewards.builtin import _as_int
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _FORMAT = re.compile(r"\s*<think>(.*)</think>\s*<answer>(.*)</answer>\s*", re.DOTALL)
 _INTEGER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)", re.ASCII)
+_SIGNED_DIGITS = re.compile(r"-?[0-9]+")
 _EXPRESSION_CHARS = re.compile(r"[0-9+\-*/() \t]+")
 MAX_EXPRESSION_CHARS = 200
 """Longer answer blocks score 0 unparsed (a Countdown answer over 4 numbers needs ~20 characters)."""
@@ -119,3 +126,18 @@ def _evaluate(node: ast.AST) -> Fraction:
         return Fraction(node.value)
     assert isinstance(node, ast.BinOp), "only what _arithmetic_only accepted"
     return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+
+
+def count_correct(prompts: list[str], completions: list[str], answer: list[Any], **_: Any) -> list[float]:
+    """How much of ``1, 2, ..., answer`` each completion counts out, in [0, 1] (``count_score``)."""
+    return [count_score(c, _as_int(a)) for c, a in zip(completions, answer, strict=True)]
+
+
+def count_score(completion: str, n: int) -> float:
+    """``k / max(n, m)``: ``k`` the longest run ``1, 2, ..., k`` (k <= n) the ``m`` integers in ``completion``
+    start with (rules: module docstring)."""
+    written = _SIGNED_DIGITS.findall(completion)
+    run = 0
+    while run < min(n, len(written)) and written[run] == str(run + 1):
+        run += 1
+    return run / max(n, len(written), 1)

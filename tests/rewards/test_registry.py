@@ -30,6 +30,7 @@ def test_short_names_and_import_paths_resolve():
         "think_answer_format",
         "answer_tag_correct",
         "countdown_correct",
+        "count_correct",
         "reward_model",
     }
     assert load_reward_fn("arith_correct") is arith_correct
