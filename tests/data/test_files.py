@@ -172,7 +172,10 @@ def test_generated_heldout_problems_are_not_training_problems():
         (["data.task=hf"], "data.task=hf needs data.path"),
         (
             ["data.task=csv"],
-            "data.task='csv' is not supported; use one of arith, multiply, countdown, wordproblem, facts, count, jsonl, hf",
+            (
+                "data.task='csv' is not supported; "
+                "use one of arith, multiply, countdown, wordproblem, facts, count, jsonl, hf"
+            ),
         ),
         (["data.prompt_key=problem"], "data.prompt_key applies to data.task=hf"),
         (["data.heldout_fraction=0.1"], "data.heldout_fraction / data.eval_path apply to file tasks"),
