@@ -26,6 +26,8 @@ Configurations:
              ``train_step``; ``model.max_model_len`` is the layout's sequence length (a run that trains
              L-token sequences must set it so), which is what ``trainer.activation_checkpointing=auto``
              sizes against a quarter of the box's memory: the decision is printed per case.
+    relayrl-full  the same with ``trainer.activation_checkpointing=full``: set beside ``relayrl`` where
+             ``auto`` leaves checkpointing off, it shows what checkpointing saves and costs.
     floor    the physical floor for the same work: the HF model (``attn_implementation="sdpa"``), every
              decoder layer checkpointed (``recompute.checkpoint_layers(model, 1)``), the chunked LM head
              (``head.install`` / ``head.scoring``, chunks of ``trainer.logits_chunk``), each sequence its own
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import resource
@@ -76,7 +79,7 @@ from bench.common import ROOT, load_note
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, malloc_env
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
-CONFIGS = ("relayrl", "floor", "trl")
+CONFIGS = ("relayrl", "relayrl-full", "floor", "trl")
 LAYOUTS = ("one", "seg256")
 ONE_PROMPT = 64
 SEG_LEN, SEG_PROMPT, SEG_GROUP = 256, 32, 4
@@ -172,11 +175,15 @@ def checkpoint_decision(path: str, trainer: TrainerConfig, model: ModelConfig) -
     )
 
 
-def step_relayrl(path: str, case: Case, groups: list[TrajectoryGroup], threads: int) -> dict:
+def step_relayrl(
+    path: str, case: Case, groups: list[TrajectoryGroup], threads: int, checkpointing: str = "auto"
+) -> dict:
     """relayrl's ``TrainerActor`` with ``TrainerConfig`` defaults (``num_threads`` only under ``--threads``)."""
     from relayrl.trainer.actor import TrainerActor
 
-    trainer = TrainerConfig(num_threads=0 if threads == os.cpu_count() else threads)
+    trainer = TrainerConfig(
+        num_threads=0 if threads == os.cpu_count() else threads, activation_checkpointing=checkpointing
+    )
     model = ModelConfig(path=path, max_model_len=case.seq_len)
     algo = AlgorithmConfig(group_size=max(len(g.trajectories) for g in groups))
     actor = TrainerActor(0, 1, "127.0.0.1", 0, path, model, trainer, algo, temperature=TEMPERATURE, seed=0)
@@ -269,7 +276,12 @@ def step_trl(path: str, case: Case, groups: list[TrajectoryGroup], threads: int)
     return {"s": seconds, "cpu": cpu, "load_gb": load, "note": f"rows {tuple(ids.shape)}"}
 
 
-STEPS = {"relayrl": step_relayrl, "floor": step_floor, "trl": step_trl}
+STEPS = {
+    "relayrl": step_relayrl,
+    "relayrl-full": functools.partial(step_relayrl, checkpointing="full"),
+    "floor": step_floor,
+    "trl": step_trl,
+}
 
 
 def model_path(tiny: bool) -> str:
