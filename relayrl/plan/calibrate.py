@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relayrl.controller.policy import PolicyConfig
-from relayrl.plan.costs import CallCost
+from relayrl.plan.cost_model import CallCost
 from relayrl.plan.model import Layout, colocated_slowdown, overlap_slowdown
 from relayrl.plan.profile import Profile
 from relayrl.plan.simulate import SimResult, simulate

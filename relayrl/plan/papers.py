@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.controller.policy import PolicyConfig
-from relayrl.plan.costs import AnalyticCosts, Cluster, Workload, capped_lognormal_mean
+from relayrl.plan.cost_model import AnalyticCosts
+from relayrl.plan.costs import Cluster, Workload, capped_lognormal_mean
 from relayrl.plan.simulate import simulate
 from relayrl.plan.specs import GPUS, MODELS, ModelSpec
 

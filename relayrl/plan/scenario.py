@@ -19,7 +19,8 @@ from typing import Any
 from relayrl.config import Config
 from relayrl.config.trainer import AUTO_SHARE, every_of
 from relayrl.controller.policy import PolicyConfig
-from relayrl.plan.costs import AnalyticCosts, Cluster, Workload, activation_bytes, memory_fits, memory_per_device
+from relayrl.plan.cost_model import AnalyticCosts
+from relayrl.plan.costs import Cluster, Workload, activation_bytes, memory_fits, memory_per_device
 from relayrl.plan.simulate import SimResult, simulate
 from relayrl.plan.specs import ClusterSpec, cluster_spec, load_cluster
 

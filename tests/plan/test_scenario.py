@@ -15,7 +15,8 @@ import pytest
 from relayrl.cli import main
 from relayrl.config import Config, load_config
 from relayrl.plan import costs as C
-from relayrl.plan.costs import AnalyticCosts, Cluster, Workload
+from relayrl.plan.cost_model import AnalyticCosts
+from relayrl.plan.costs import Cluster, Workload
 from relayrl.plan.scenario import (
     CLUSTERS_DIR,
     DEFAULT_PROMPT_LEN,

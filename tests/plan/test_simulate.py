@@ -16,8 +16,10 @@ from relayrl.controller import policy as policy_module
 from relayrl.controller.buffer import Admission, ReplayBuffer
 from relayrl.controller.loop import Loop
 from relayrl.controller.policy import StepPolicy
+from relayrl.plan import cost_model as M
 from relayrl.plan import costs as C
-from relayrl.plan.costs import AnalyticCosts, Cluster, ConstantCosts, Hardware, Workload
+from relayrl.plan.cost_model import AnalyticCosts, ConstantCosts
+from relayrl.plan.costs import Cluster, Hardware, Workload
 from relayrl.plan.model import Layout, predict
 from relayrl.plan.profile import Profile
 from relayrl.plan.simulate import Death, SimResult, Simulator, Span, policy_config, simulate, simulate_config
@@ -202,11 +204,11 @@ def test_streaming_calls_share_their_engine_and_queue_past_its_batch():
 class WaveCosts(ConstantCosts):
     """Given ``CallCost``s in launch order, decode steps lasting ``step(b)`` at batch b, an engine of 4 sequences."""
 
-    def __init__(self, calls: list[C.CallCost], step: Callable[[int], float]):
+    def __init__(self, calls: list[M.CallCost], step: Callable[[int], float]):
         super().__init__(0.0, 0.0, engine_seqs=4)
         self.calls, self.step = iter(calls), step
 
-    def call(self, groups: int) -> C.CallCost:
+    def call(self, groups: int) -> M.CallCost:
         return next(self.calls)
 
     def decode_step_s(self, batch: int) -> float:
@@ -217,7 +219,7 @@ def test_sequences_that_end_free_their_slots_for_a_queued_call():
     """An engine of 4 slots, 1 s a decode step. A holds all 4 for 10 steps, but 2 of its sequences end after
     4: B (2 sequences, 3 steps), queued behind A, starts then, at 4 s, and ends at 7 s; A still ends at 10 s.
     Without the release B would start at 10 s."""
-    calls = [C.CallCost(4, 0.0, 10.0, ((4.0, 2),)), C.CallCost(2, 0.0, 3.0)]
+    calls = [M.CallCost(4, 0.0, 10.0, ((4.0, 2),)), M.CallCost(2, 0.0, 3.0)]
     result = simulate(policy_config(1, 2, "sync", stream=True, slots=2), WaveCosts(calls, lambda b: 1.0), steps=1)
     assert [t for s in spans(result, "generate") for t in (s.start, s.end)] == pytest.approx([0.0, 10.0, 4.0, 7.0])
     assert [t for s in spans(result, "queued") for t in (s.start, s.end)] == pytest.approx([0.0, 4.0])
@@ -226,7 +228,7 @@ def test_sequences_that_end_free_their_slots_for_a_queued_call():
 def test_a_calls_tail_decodes_at_the_batch_left():
     """Decode steps cost 0.25 s a sequence in the batch. 4 sequences, 8 steps, 3 ending after 4: 4 steps at
     b = 4 (1 s each) then 4 at b = 1 (0.25 s each): 5 s, where holding all 4 slots would take 8 s."""
-    calls = [C.CallCost(4, 0.0, 8.0, ((4.0, 3),))]
+    calls = [M.CallCost(4, 0.0, 8.0, ((4.0, 3),))]
     result = simulate(policy_config(1, 1, "sync"), WaveCosts(calls, lambda b: 0.25 * b), steps=1)
     assert [s.end for s in spans(result, "generate")] == pytest.approx([5.0])
 
@@ -234,10 +236,10 @@ def test_a_calls_tail_decodes_at_the_batch_left():
 def test_release_waves_by_hand():
     """Sorted lengths cut into runs of equal count, each freeing its slots at its longest; what ends with the
     call's longest is left to the call's end, and runs ending at one length merge."""
-    assert C.release_waves([8, 1, 2, 3, 4, 5, 6, 7], 4) == ((2, 2), (4, 2), (6, 2))
-    assert C.release_waves([5, 5, 5, 5], 4) == ()
-    assert C.release_waves([1, 1, 2, 9], 4) == ((1, 2), (2, 1))
-    assert C.release_waves([3, 1, 2], 8) == ((1, 1), (2, 1))
+    assert M.release_waves([8, 1, 2, 3, 4, 5, 6, 7], 4) == ((2, 2), (4, 2), (6, 2))
+    assert M.release_waves([5, 5, 5, 5], 4) == ()
+    assert M.release_waves([1, 1, 2, 9], 4) == ((1, 2), (2, 1))
+    assert M.release_waves([3, 1, 2], 8) == ((1, 1), (2, 1))
 
 
 def test_overlap_slowdown_slows_both_sides_while_they_overlap():
@@ -380,7 +382,7 @@ def test_drawn_lengths_free_a_fitting_calls_slots_in_waves():
     costs = AnalyticCosts(Cluster(ROUND_HW, 1, 1), wl)
     fits = costs.call(4)
     at = [a for a, _ in fits.releases]
-    assert 1 <= len(fits.releases) <= C.RELEASE_WAVES and at == sorted(at) and at[-1] < fits.steps
+    assert 1 <= len(fits.releases) <= M.RELEASE_WAVES and at == sorted(at) and at[-1] < fits.steps
     assert sum(n for _, n in fits.releases) < fits.seqs == 16
     assert costs.call(8).releases == ()
     with pytest.raises(ValueError, match="placement"):
