@@ -1,4 +1,6 @@
-"""Published async/sync step times against the simulator (``relayrl.plan.papers``): AReaL's Table 1 with two
+"""Published figures against the simulator. Megatron-LM PTD-P's weak-scaling table (``relayrl.plan.ptdp``,
+``relayrl.plan.megatron_paper``): the GEMM efficiency fitted on its 1.7B row and the nine others predicted from
+the layout, and the interleaved schedule's gain. Step times (``relayrl.plan.papers``): AReaL's Table 1 with two
 constants fitted on its 1.5B row and the other rows predicted; NeMo RL's dense H100 rows predicted with nothing
 fitted on them; LlamaRL's figures listed (their settings were not retrievable here). Pure simulation: no Ray,
 no engines; a few minutes of one core.
@@ -8,10 +10,40 @@ no engines; a few minutes of one core.
 
 from __future__ import annotations
 
+from relayrl.plan import megatron_paper
 from relayrl.plan.papers import AREAL, ASSUMED, LLAMARL, NEMO_ASSUMED, NEMO_STATED, STATED, nemo_table, table
 
 
+def megatron() -> None:
+    rows = megatron_paper.weak_scaling()
+    print(f"Megatron-LM PTD-P Table 1 (A100-80GB, s 2048, V 51200; assumed {megatron_paper.ASSUMED})")
+    print(
+        f"  {'params':>7} {'t':>2} {'p':>3} {'d':>3} {'GPUs':>5} {'batch':>5} {'paper':>6} {'sim':>6} {'err':>6}  "
+        "where the sim's time goes (gemm scores memory tp head p2p bubble dp, % of the iteration)"
+    )
+    for r in rows:
+        parts, row, d = r.parts, r.row, r.row.layout.d
+        shares = " ".join(f"{parts[k] / parts['total']:>4.0%}" for k in ("gemm", "scores", "memory", "tp", "head"))
+        shares += " " + " ".join(f"{parts[k] / parts['total']:>4.0%}" for k in ("p2p", "bubble", "dp"))
+        print(
+            f"  {row.billions:>6}B {row.t:>2} {row.p:>3} {d:>3} {row.gpus:>5} {row.batch:>5} "
+            f"{row.tflops:>6.0f} {r.sim:>6.1f} {r.error:>6.1%}  {shares}{'  (fitted)' if r.fitted else ''}"
+        )
+    print(
+        f"  GEMM efficiency fitted on the 1.7B row: {rows[0].gemm:.3f}; max error of the 9 predicted rows "
+        f"{max(r.error for r in rows[1:]):.1%}"
+    )
+    print(
+        "  Interleaved (v 2) over 1F1B, GPT-3 175B on 96 GPUs (t 8, p 12), the paper's fig. 12 setting "
+        '(paper: "10+%", shrinking with the batch):'
+    )
+    for g in megatron_paper.interleaved_gain():
+        tf = f"1F1B {g['1f1b']:6.1f}  interleaved {g['interleaved']:6.1f}"
+        print(f"    batch {g['batch']:>3}: {tf}  gain {g['gain']:+.1%}")
+
+
 def main() -> None:
+    megatron()
     print(f"AReaL Table 1 (H800; stated {STATED}; assumed {ASSUMED})")
     print(
         f"  {'model':<13} {'GPUs':>5} {'sync paper':>10} {'sim':>8} {'err':>6} {'async paper':>11} {'sim':>8} "
