@@ -63,6 +63,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--gantt-steps", type=int, default=4, help="steps the Gantt picture shows (default 4)")
     sim.add_argument("--rank", action="store_true", help="rank every layout of the cluster's GPUs instead")
     sim.add_argument("-k", type=int, nargs="+", default=[1], help="--rank: async staleness bounds (default 1)")
+    sim.add_argument(
+        "--train-layouts",
+        action="store_true",
+        help="rank the trainer GPUs' tensor/pipeline/data-parallel layouts for the model and step instead",
+    )
     sim.add_argument("overrides", nargs="*", help="recipe overrides, e.g. mode=async rollout.max_tokens=2048")
 
 
@@ -228,10 +233,15 @@ def _simulate(args: argparse.Namespace) -> int:
 
     from relayrl.config import load_config
     from relayrl.plan.scenario import find_cluster, rank_layouts, rank_lines, report_lines, scenario, write_outputs
+    from relayrl.plan.train_layouts import train_layout_lines
 
     try:
         cfg = load_config(args.config_name, args.overrides, args.config_dir)
         spec = find_cluster(args.cluster)
+        if args.train_layouts:
+            prompt_len = int(spec.workload.get("prompt_len", 256))
+            print("\n".join(train_layout_lines(cfg, spec, prompt_len)))
+            return 0
         if args.rank:
             print("\n".join(rank_lines(rank_layouts(cfg, spec, tuple(args.k)))))
             return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from relayrl.cli import main
 from relayrl.plan.costs import Hardware
 from relayrl.plan.megatron_paper import WEAK_SCALING, interleaved_gain, weak_scaling
 from relayrl.plan.ptdp import (
@@ -145,3 +146,28 @@ def test_the_model_predicts_every_weak_scaling_row_within_15_percent():
 def test_the_interleaved_gain_shrinks_as_the_batch_grows():
     gains = [r["gain"] for r in interleaved_gain()]
     assert all(g > 0 for g in gains) and gains == sorted(gains, reverse=True)
+
+
+def test_cli_train_layouts_ranks_the_trainer_gpus_layouts(capsys):
+    """``relayrl simulate --train-layouts``: Llama-3-8B on the file's 8 trainer GPUs, 64 x G sequences of
+    256 + 1024 tokens; every row is a layout of 8 GPUs, fastest first."""
+    argv = [
+        "simulate",
+        "--cluster",
+        "h100-2x8",
+        "--train-layouts",
+        "run.prompts_per_step=64",
+        "rollout.max_tokens=1024",
+    ]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "llama3-8b on 8 h100-sxm trainer GPUs" in lines[0] and "of 1280 tokens" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert rows and all(int(r[0]) * int(r[1]) * int(r[2]) == 8 for r in rows)
+    assert [float(r[6]) for r in rows] == sorted((float(r[6]) for r in rows), reverse=True)
+
+
+def test_cli_train_layouts_says_what_to_change_when_nothing_fits(capsys):
+    assert main(["simulate", "--cluster", "h100-2x8", "--train-layouts", "rollout.max_tokens=4000000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("no layout fits in memory") and "rollout.max_tokens" in lines[1]
