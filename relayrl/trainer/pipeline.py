@@ -1,0 +1,208 @@
+"""Pipeline stages of an HF decoder on ``torch.distributed.pipelining``, and the RL loss on the last stage.
+
+An HF causal LM of L layers (``model.model.embed_tokens``, ``.layers``, ``.norm``, ``.rotary_emb`` and
+``model.lm_head``: Llama, Qwen2, SmolLM2) is cut into S = pp · v stages of L / S consecutive layers
+(``stage_layers``). Pipeline rank r holds stages r, r + pp, ..., r + (v − 1) pp (``stage_ids``): one stage
+under GPipe and 1F1B, v "virtual" stages under interleaved 1F1B, the looped order torch's
+``ScheduleInterleaved1F1B`` and Megatron-LM's interleaving use. The first stage also holds the embedding,
+the last the final norm and the LM head; every stage holds the rotary embedding (no parameters).
+
+Rows are padded: causal attention with right padding needs no mask (a pad only follows the tokens it could
+disturb), positions are 0..T−1, and activations crossing a stage boundary are hidden states [b, T, H].
+
+The loss (``rl_loss``) runs on the last stage for each micro-batch. Its target is one float tensor
+[b, T, 4], chunked along the batch like the input: the token each position predicts, the advantage, the old
+logprob and the loss mask (token ids below 2^24 are exact in float32). The logprobs come from the final hidden
+states through the chunked head (``head.score``: [N, V] logits never exist), the per-token loss from the
+objective's policy loss, and the micro-batch's loss is its ``LOSS_AGG`` numerator over the step's global
+denominator, so that the schedule's sum over micro-batches is the step's loss however it is split
+(``scale_grads=False``: the schedule must not divide by the micro-batch count).
+
+A tied embedding (the LM head is the embedding matrix) lives on the first and the last stage; after the
+backward, ``sync_tied_grads`` sums its gradient over the two, as Megatron-LM does, so both copies take the
+same update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from relayrl.algorithms.objective import Objective
+from relayrl.trainer import attention, head
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+CAUSAL_WITHOUT_MASK = ("sdpa", attention.NAME)
+"""Attention kernels that attend causally when given no mask (the stages pass none)."""
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def stage_layers(num_layers: int, stages: int) -> list[range]:
+    """The layers of each of ``stages`` stages: equal runs of consecutive layers."""
+    if stages < 1 or num_layers % stages:
+        raise ValueError(
+            f"the model's {num_layers} layers do not split into {stages} pipeline stages "
+            "(trainer.pp_size x trainer.pp_virtual_stages); choose sizes whose product divides the layers"
+        )
+    per = num_layers // stages
+    return [range(k * per, (k + 1) * per) for k in range(stages)]
+
+
+def stage_ids(pp_rank: int, pp_size: int, virtual: int = 1) -> list[int]:
+    """The stages pipeline rank ``pp_rank`` holds: pp_rank, pp_rank + pp, ... (looped)."""
+    return [pp_rank + i * pp_size for i in range(virtual)]
+
+
+class Stage(torch.nn.Module):
+    """Layers ``layers`` of ``model`` (and the embedding if ``first``, the norm and LM head if ``last``). Its
+    parameters are the model's own tensors: ``global_name`` maps a stage name back to the model's."""
+
+    def __init__(self, model: torch.nn.Module, layers: range, first: bool, last: bool):
+        super().__init__()
+        if attention.attn_implementation(model) not in CAUSAL_WITHOUT_MASK:
+            raise ValueError(
+                f"pipeline stages need causal attention without a mask ({' or '.join(CAUSAL_WITHOUT_MASK)}), "
+                f"the model runs {attention.attn_implementation(model)!r}; load it with attn_implementation='sdpa'"
+            )
+        inner = cast(Any, model).model
+        self.layer_ids = list(layers)
+        self.embed_tokens = inner.embed_tokens if first else None
+        self.layers = torch.nn.ModuleList(inner.layers[i] for i in layers)
+        self.rotary_emb = inner.rotary_emb
+        self.norm = inner.norm if last else None
+        self.lm_head = head.lm_head(model) if last else None
+        self.tied = _tied(model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids [b, T] (first stage) or hidden states [b, T, H] -> hidden states (the last: normed)."""
+        hidden = self.embed_tokens(x) if self.embed_tokens is not None else x
+        positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+        rotary = self.rotary_emb(hidden, positions)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+        return self.norm(hidden) if self.norm is not None else hidden
+
+    def global_name(self, name: str) -> str:
+        """``layers.0.mlp...`` -> ``model.layers.<its layer>.mlp...``; ``lm_head.weight`` stays, or when tied is
+        the embedding's (the model names a tied matrix once, as the embedding)."""
+        top, _, rest = name.partition(".")
+        if top == "layers":
+            local, _, rest = rest.partition(".")
+            return f"model.layers.{self.layer_ids[int(local)]}.{rest}"
+        if top == "lm_head":
+            return "model.embed_tokens.weight" if self.tied and rest == "weight" else name
+        return f"model.{name}"
+
+
+def build_stages(model: torch.nn.Module, pp_rank: int, pp_size: int, virtual: int = 1) -> list[Stage]:
+    """This pipeline rank's stages of ``model`` (module docstring)."""
+    num_layers = len(cast(Any, model).model.layers)
+    runs = stage_layers(num_layers, pp_size * virtual)
+    last = len(runs) - 1
+    return [Stage(model, runs[k], k == 0, k == last) for k in stage_ids(pp_rank, pp_size, virtual)]
+
+
+def rl_loss(objective: Objective, temperature: float, chunk: int, denominator: torch.Tensor) -> Callable:
+    """The last stage's loss of one micro-batch, given its LM head (module docstring)."""
+
+    def make(lm_head: torch.nn.Module) -> LossFn:
+        def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            ids, advantages, old, mask = target.unbind(-1)
+            request = head.Request(ids.long(), temperature, chunk)
+            logprobs, _ = head.score(hidden, lm_head.weight, lm_head.bias, request)
+            per_token, _ = objective.policy_loss(logprobs, old, advantages, mask)
+            numerator, _ = objective.aggregate(per_token, mask)
+            return numerator / denominator
+
+        return loss_fn
+
+    return make
+
+
+def targets(input_ids: torch.Tensor, advantages: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The [b, T, 4] target of padded rows ``input_ids`` [b, T]; ``advantages``, ``old`` and ``mask`` are
+    [b, T − 1], aligned with the token each position predicts (the last position predicts nothing)."""
+    pad = input_ids.new_zeros(input_ids.shape[0], 1)
+    nxt = torch.cat([input_ids[:, 1:], pad], dim=1).float()
+    zero = advantages.new_zeros(advantages.shape[0], 1)
+    cols = [torch.cat([v, zero], dim=1) for v in (advantages, old, mask)]
+    return torch.stack([nxt, *cols], dim=-1)
+
+
+class Pipeline:
+    """This rank's stages and a schedule over them; ``step`` runs one forward and backward of a batch in
+    ``micro_batches`` micro-batches (gradients accumulate in the stages' parameters)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        group: dist.ProcessGroup,
+        loss: Callable,
+        micro_batches: int,
+        schedule: str = "1f1b",
+        virtual: int = 1,
+    ):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"trainer.pp_schedule={schedule!r}: {' | '.join(SCHEDULES)}")
+        if virtual > 1 and schedule != "interleaved":
+            raise ValueError(f"trainer.pp_virtual_stages={virtual} needs trainer.pp_schedule=interleaved")
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        if schedule != "gpipe" and micro_batches < self.size:
+            raise ValueError(
+                f"{micro_batches} micro-batches for {self.size} pipeline stages: 1F1B needs at least one a stage; "
+                "raise the step's rows or lower trainer.max_tokens_per_micro_batch"
+            )
+        self.group, self.model = group, model
+        self.stages = build_stages(model, self.rank, self.size, virtual)
+        total, device = self.size * virtual, next(model.parameters()).device
+        ids = stage_ids(self.rank, self.size, virtual)
+        self.pipe_stages = [PipelineStage(s, i, total, device, group=group) for s, i in zip(self.stages, ids)]
+        self.first, self.last = 0 in ids, total - 1 in ids
+        lm = head.lm_head(model)
+        loss_fn = loss(lm)
+        if schedule == "interleaved":
+            self.schedule: Any = ScheduleInterleaved1F1B(
+                self.pipe_stages, micro_batches, loss_fn=loss_fn, scale_grads=False
+            )
+        else:
+            cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+            self.schedule = cls(self.pipe_stages[0], micro_batches, loss_fn=loss_fn, scale_grads=False)
+        self.tied = _tied(model)
+
+    def step(self, input_ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+        """Forward and backward of one batch; returns the summed loss on the rank holding the last stage."""
+        losses: list[torch.Tensor] = []
+        args = (input_ids,) if self.first else ()
+        kw = {"target": target, "losses": losses} if self.last else {}
+        self.schedule.step(*args, **kw)
+        self.sync_tied_grads()
+        return torch.stack(losses).sum().detach() if self.last else None
+
+    def sync_tied_grads(self) -> None:
+        """A tied embedding's gradient, summed over the first and the last stage's copies (module doc). The two
+        ends are on different ranks whenever pp > 1 (the last stage, pp·v − 1, is on rank pp − 1); the other
+        ranks join the all-reduce with zeros, so no subgroup is needed."""
+        if not self.tied or self.size == 1:
+            return
+        weight = cast(Any, self.model).model.embed_tokens.weight
+        holds = self.first or self.last
+        grad = weight.grad if holds and weight.grad is not None else torch.zeros_like(weight)
+        dist.all_reduce(grad, group=self.group)
+        if holds:
+            weight.grad = grad
+
+    def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """This rank's parameters under the model's own names (each once)."""
+        seen: dict[int, tuple[str, torch.nn.Parameter]] = {}
+        for stage in self.stages:
+            for name, p in stage.named_parameters():
+                seen.setdefault(id(p), (stage.global_name(name), p))
+        return list(seen.values())
+
+
+def _tied(model: torch.nn.Module) -> bool:
+    return head.lm_head(model).weight is cast(Any, model).model.embed_tokens.weight

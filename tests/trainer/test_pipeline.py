@@ -1,0 +1,146 @@
+"""Pipeline stages (``trainer/pipeline.py``): the split by hand, then 2 gloo ranks in real processes running
+torch's GPipe, 1F1B and interleaved 1F1B schedules, whose gradients equal one process's full-model backward
+of the same RL loss (fp32), with a tied and an untied LM head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from relayrl.algorithms.objective import build_loss
+from relayrl.config import AlgorithmConfig
+from relayrl.trainer import pipeline
+from relayrl.trainer.pipeline import Pipeline, build_stages, stage_ids, stage_layers, targets
+
+ROWS, LENGTH, MICRO = 8, 12, 4
+CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]
+
+
+def test_stage_layers_and_ids_by_hand():
+    assert stage_layers(8, 4) == [range(2), range(2, 4), range(4, 6), range(6, 8)]
+    assert stage_ids(1, 2, 2) == [1, 3] and stage_ids(0, 4) == [0]
+    with pytest.raises(ValueError, match="6 layers do not split into 4 pipeline stages"):
+        stage_layers(6, 4)
+
+
+def test_targets_by_hand():
+    """Position t predicts token t + 1; the last position predicts nothing (id 0, mask 0)."""
+    ids = torch.tensor([[5, 6, 7]])
+    out = targets(ids, torch.tensor([[1.0, 2.0]]), torch.tensor([[-1.0, -2.0]]), torch.tensor([[1.0, 0.0]]))
+    assert out.tolist() == [[[6, 1, -1, 1], [7, 2, -2, 0], [0, 0, 0, 0]]]
+
+
+def _model(tied: bool) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(cfg).float()
+
+
+def _batch() -> tuple[torch.Tensor, ...]:
+    """Right-padded rows: row i has 12 - (i % 3) tokens (its padding is masked), random advantages and old
+    logprobs near log(1/64) so that some ratios clip."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 64, (ROWS, LENGTH), generator=g)
+    mask = torch.ones(ROWS, LENGTH - 1)
+    for i in range(ROWS):
+        if i % 3:
+            ids[i, LENGTH - i % 3 :] = 0
+            mask[i, LENGTH - 1 - i % 3 :] = 0
+    mask[:, :3] = 0  # the prompt
+    advantages = torch.randn(ROWS, 1, generator=g).expand(ROWS, LENGTH - 1).contiguous()
+    old = -4.2 + 0.3 * torch.randn(ROWS, LENGTH - 1, generator=g)
+    return ids, advantages, old, mask
+
+
+def _loss_parts():
+    objective = build_loss(AlgorithmConfig())
+    mask = _batch()[-1]
+    _, denominator = objective.aggregate(torch.zeros_like(mask), mask)
+    return objective, denominator
+
+
+def _worker(rank: int, store: str, tied: bool, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        model = _model(tied)
+        ids, advantages, old, mask = _batch()
+        objective, denominator = _loss_parts()
+        results = {}
+        for schedule, virtual in CASES:
+            model.zero_grad(set_to_none=True)
+            loss = pipeline.rl_loss(objective, 1.0, 5, denominator)
+            pipe = Pipeline(model, dist.group.WORLD, loss, MICRO, schedule, virtual)
+            total = pipe.step(ids, targets(ids, advantages, old, mask))
+            grads = {name: p.grad.clone() for name, p in pipe.named_parameters() if p.grad is not None}
+            results[schedule] = (grads, total)
+        torch.save(results, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _oracle(tied: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The same loss from HF's own forward of the whole model, the whole batch at once, in this process."""
+    model = _model(tied)
+    ids, advantages, old, mask = _batch()
+    objective, denominator = _loss_parts()
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    per_token, _ = objective.policy_loss(logprobs, old, advantages, mask)
+    numerator, _ = objective.aggregate(per_token, mask)
+    loss = numerator / denominator
+    loss.backward()
+    return {n: p.grad for n, p in model.named_parameters()}, loss.detach()
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_two_pipeline_ranks_train_what_one_process_trains(tmp_path, tied):
+    """Every parameter's gradient on the rank(s) holding it equals the full model's, for each schedule; the
+    last stage's loss is the full batch's. Tied: both ends' copies of the embedding hold the summed grad."""
+    out = str(tmp_path / "grads")
+    mp.spawn(_worker, args=(str(tmp_path / "store"), tied, out), nprocs=2, join=True)
+    expected, loss = _oracle(tied)
+    ranks = [torch.load(f"{out}.{r}") for r in range(2)]
+    for schedule, _ in CASES:
+        seen: set[str] = set()
+        for rank in ranks:
+            grads, total = rank[schedule]
+            for name, grad in grads.items():
+                torch.testing.assert_close(grad, expected[name], rtol=1e-5, atol=1e-7, msg=f"{schedule} {name}")
+                seen.add(name)
+            if total is not None:
+                torch.testing.assert_close(total, loss, rtol=1e-5, atol=1e-7)
+        assert seen == set(expected), (schedule, set(expected) - seen)
+    assert ranks[0]["1f1b"][1] is None and ranks[1]["1f1b"][1] is not None
+
+
+def test_build_stages_cover_every_parameter_once_by_its_model_name():
+    model = _model(tied=False)
+    names = [
+        stage.global_name(n)
+        for r in range(2)
+        for stage in build_stages(model, r, 2, 2)
+        for n, _ in stage.named_parameters()
+    ]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_a_model_without_causal_maskless_attention_is_refused():
+    model = _model(tied=False)
+    model.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="pipeline stages need causal attention without a mask"):
+        build_stages(model, 0, 2)
