@@ -8,7 +8,7 @@ from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
 def test_a_streaming_engine_runs_at_most_in_flight_sequences():
     """``rollout.stream``: vLLM's ``max_num_seqs`` is ``rollout.in_flight`` (the driver submits twice that, the
     rest wait in the engine); chunks leave it at vLLM's default."""
-    from relayrl.rollout.engine import engine_args  # imports vLLM
+    from relayrl.rollout.engine_args import engine_args  # its call imports vLLM
 
     def args(**rollout):
         return engine_args("tiny", ModelConfig(), RolloutConfig(**rollout), 0, WeightSyncConfig())
