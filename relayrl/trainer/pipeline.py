@@ -31,6 +31,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from relayrl.algorithms.objective import Objective
 from relayrl.trainer import attention, head
@@ -109,7 +110,7 @@ def build_stages(model: torch.nn.Module, pp_rank: int, pp_size: int, virtual: in
 def rl_loss(objective: Objective, temperature: float, chunk: int, denominator: torch.Tensor) -> Callable:
     """The last stage's loss of one micro-batch, given its LM head (module docstring)."""
 
-    def make(lm_head: torch.nn.Module) -> LossFn:
+    def make(lm_head: Any) -> LossFn:
         def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             ids, advantages, old, mask = target.unbind(-1)
             request = head.Request(ids.long(), temperature, chunk)
@@ -160,7 +161,9 @@ class Pipeline:
         self.stages = build_stages(model, self.rank, self.size, virtual)
         total, device = self.size * virtual, next(model.parameters()).device
         ids = stage_ids(self.rank, self.size, virtual)
-        self.pipe_stages = [PipelineStage(s, i, total, device, group=group) for s, i in zip(self.stages, ids)]
+        self.pipe_stages: list[_PipelineStageBase] = [
+            PipelineStage(s, i, total, device, group=group) for s, i in zip(self.stages, ids)
+        ]
         self.first, self.last = 0 in ids, total - 1 in ids
         lm = head.lm_head(model)
         loss_fn = loss(lm)
