@@ -198,6 +198,49 @@ class Pipeline:
         if holds:
             weight.grad = grad
 
+    @torch.no_grad()
+    def logprobs(self, input_ids: torch.Tensor, temperature: float, chunk: int) -> torch.Tensor | None:
+        """Forward only: per-position logprobs [b, T − 1] of each next token (the old or a reference policy's),
+        on the rank holding the last stage (None elsewhere), through the chunked head."""
+        args = (input_ids,) if self.first else ()
+        # the schedule's loss runs on the last stage in eval too: an all-masked target makes it 0
+        dummy = {"target": input_ids.new_zeros(*input_ids.shape, 4, dtype=torch.float32)} if self.last else {}
+        out = self.schedule.eval(*args, **dummy)
+        if not self.last:
+            return None
+        lm: Any = head.lm_head(self.model)
+        request = head.Request(input_ids[:, 1:], temperature, chunk)
+        logprobs, _ = head.score(out[:, :-1], lm.weight, lm.bias, request)
+        return logprobs
+
+    def grad_norm(self) -> torch.Tensor:
+        """The whole model's gradient L2 norm, the same on every pipeline rank: each rank's squared norm of
+        its stages' gradients, summed over the ranks (a tied embedding counted once, on the first stage)."""
+        grads = [p.grad for name, p in self._owned() if p.grad is not None]
+        local = torch.nn.utils.get_total_norm(grads, norm_type=2.0).float() ** 2 if grads else torch.zeros(())
+        local = local.detach().clone()
+        dist.all_reduce(local, group=self.group)
+        return local.sqrt()
+
+    def clip_and_step(self, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+        """Clip to ``grad_clip`` by the global norm (<= 0: no clip), step, zero the grads; returns the norm. A
+        NaN/inf norm skips the step on every rank alike (the norm is the same on all)."""
+        norm = self.grad_norm()
+        if torch.isfinite(norm):
+            if grad_clip > 0:
+                coef = (grad_clip / (norm + 1e-6)).clamp(max=1.0)
+                torch._foreach_mul_([p.grad for _, p in self.named_parameters() if p.grad is not None], coef)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _owned(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """``named_parameters`` less the last stage's copy of a tied embedding (the first stage counts it)."""
+        if not self.tied or self.first:
+            return self.named_parameters()
+        tied = cast(Any, self.model).model.embed_tokens.weight
+        return [(n, p) for n, p in self.named_parameters() if p is not tied]
+
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """This rank's parameters under the model's own names (each once)."""
         seen: dict[int, tuple[str, torch.nn.Parameter]] = {}

@@ -17,6 +17,11 @@ from relayrl.trainer import pipeline
 from relayrl.trainer.pipeline import Pipeline, build_stages, stage_ids, stage_layers, targets
 
 ROWS, LENGTH, MICRO = 8, 12, 4
+LR, CLIP = 1e-3, 0.05
+PARAM_ATOL = 3e-5
+"""Weights after 2 AdamW steps at lr 1e-3: Adam scales a near-zero gradient's float noise up to an update of
+order lr, so weights differ by ~1e-5 where gradients agree to 1e-6 (as in ``test_tp``); a wrong split moves
+them by ~lr."""
 CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]
 
 
@@ -92,21 +97,57 @@ def _worker(rank: int, store: str, tied: bool, out: str) -> None:
             total = pipe.step(ids, targets(ids, advantages, old, mask))
             grads = {name: p.grad.clone() for name, p in pipe.named_parameters() if p.grad is not None}
             results[schedule] = (grads, total)
+        results["train"] = _train_two_steps(_model(tied), objective, denominator)
         torch.save(results, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
-def _oracle(tied: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The same loss from HF's own forward of the whole model, the whole batch at once, in this process."""
-    model = _model(tied)
+def _train_two_steps(model: torch.nn.Module, objective, denominator) -> tuple:
+    """Two 1F1B steps with AdamW and clipping; (this rank's weights, the pre-clip norms, logprobs after)."""
+    world = dist.group.WORLD
+    assert world is not None
     ids, advantages, old, mask = _batch()
-    objective, denominator = _loss_parts()
+    pipe = Pipeline(model, world, pipeline.rl_loss(objective, 1.0, 5, denominator), MICRO, "1f1b")
+    optimizer = torch.optim.AdamW([p for _, p in pipe.named_parameters()], lr=LR)
+    norms = []
+    for _ in range(2):
+        pipe.step(ids, targets(ids, advantages, old, mask))
+        norms.append(pipe.clip_and_step(optimizer, CLIP))
+    weights = {name: p.detach().clone() for name, p in pipe.named_parameters()}
+    return weights, norms, pipe.logprobs(ids, 1.0, 5)
+
+
+def _full_loss(model: torch.nn.Module, objective, denominator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, per-position logprobs) from HF's own forward of the whole model and batch."""
+    ids, advantages, old, mask = _batch()
     logits = model(input_ids=ids).logits[:, :-1].float()
     logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
     per_token, _ = objective.policy_loss(logprobs, old, advantages, mask)
     numerator, _ = objective.aggregate(per_token, mask)
-    loss = numerator / denominator
+    return numerator / denominator, logprobs
+
+
+def _oracle_training(tied: bool) -> tuple[dict[str, torch.Tensor], list[float], torch.Tensor]:
+    model = _model(tied)
+    objective, denominator = _loss_parts()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    norms = []
+    for _ in range(2):
+        _full_loss(model, objective, denominator)[0].backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        logprobs = _full_loss(model, objective, denominator)[1]
+    return {n: p.detach() for n, p in model.named_parameters()}, norms, logprobs
+
+
+def _oracle(tied: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The same loss from HF's own forward of the whole model, the whole batch at once, in this process."""
+    model = _model(tied)
+    objective, denominator = _loss_parts()
+    loss = _full_loss(model, objective, denominator)[0]
     loss.backward()
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, loss.detach()
 
@@ -130,6 +171,18 @@ def test_two_pipeline_ranks_train_what_one_process_trains(tmp_path, tied):
                 torch.testing.assert_close(total, loss, rtol=1e-5, atol=1e-7)
         assert seen == set(expected), (schedule, set(expected) - seen)
     assert ranks[0]["1f1b"][1] is None and ranks[1]["1f1b"][1] is not None
+    weights, norms, logprobs = _oracle_training(tied)
+    assert norms[0] > CLIP  # the clip acted
+    start = dict(_model(tied).named_parameters())
+    assert max((weights[n] - start[n]).abs().max().item() for n in weights) > 10 * PARAM_ATOL  # they moved
+    for rank in ranks:
+        got, got_norms, _ = rank["train"]
+        assert got_norms == pytest.approx(norms, rel=1e-5)
+        for name, w in got.items():
+            torch.testing.assert_close(w, weights[name], rtol=0, atol=PARAM_ATOL, msg=f"after 2 steps: {name}")
+    assert set(ranks[0]["train"][0]) | set(ranks[1]["train"][0]) == set(weights)
+    assert ranks[0]["train"][2] is None
+    torch.testing.assert_close(ranks[1]["train"][2], logprobs, rtol=1e-5, atol=1e-6)
 
 
 def test_build_stages_cover_every_parameter_once_by_its_model_name():
