@@ -62,8 +62,8 @@ def resolve_model_path(cfg: Config) -> Path:
 
 
 def check_context(cfg: Config, path: Path) -> None:
-    """``model.max_model_len`` within the model's positions, room for a prompt beside ``max_tokens``, and
-    attention heads that ``trainer.tp_size`` divides."""
+    """``model.max_model_len`` within the model's positions, room for a prompt beside ``max_tokens``,
+    attention heads that ``trainer.tp_size`` divides, and layers that the pipeline stages divide."""
     from relayrl.trainer.tp import check_heads
 
     model_config = json.loads((Path(path) / "config.json").read_text())
@@ -72,6 +72,13 @@ def check_context(cfg: Config, path: Path) -> None:
             check_heads(model_config, cfg.trainer.tp_size)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    stages = cfg.trainer.pp_size * cfg.trainer.pp_virtual_stages
+    layers = model_config.get("num_hidden_layers")
+    if stages > 1 and layers and layers % stages:
+        raise ConfigError(
+            f"the model's {layers} layers do not split into trainer.pp_size x trainer.pp_virtual_stages = {stages} "
+            "equal pipeline stages; choose sizes whose product divides the layers"
+        )
     positions = model_config.get("max_position_embeddings")
     if positions and cfg.model.max_model_len > positions:
         raise ConfigError(

@@ -11,6 +11,7 @@ from relayrl.config.base import ConfigError, choices_of, one_of, positive
 TrainerBackend = Literal["auto", "gloo", "nccl"]
 """``trainer.backend`` values."""
 TrainerDtype = Literal["float32", "bf16"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
 """Values of ``trainer.dtype``, a ``str`` field checked against them (``base`` says why)."""
 
 
@@ -81,6 +82,16 @@ class TrainerConfig:
     by position, attention gathers the row's keys and values, so one row takes 1/cp_size of the
     activations on each rank (a sequence too long for one rank trains on several). world_size = dp x cp;
     needs packed rows (max_tokens_per_micro_batch > 0) and tp_size=1; PPO's critic needs cp_size=1."""
+    pp_size: int = 1
+    """Pipeline stages of the policy (``trainer/pipeline.py``, on ``torch.distributed.pipelining``): its decoder
+    layers cut into pp_size x pp_virtual_stages equal runs, one pipeline rank each, the RL loss on the last
+    stage. Built so far: world_size = pp_size (no data-parallel ranks beside it), padded rows
+    (max_tokens_per_micro_batch=0, shared_prefix=false), tp_size = cp_size = 1, no LoRA, no critic, no KL or
+    entropy term in the loss."""
+    pp_schedule: str = "1f1b"
+    """gpipe | 1f1b | interleaved (interleaved 1F1B: pp_virtual_stages stages a rank, a smaller bubble)."""
+    pp_virtual_stages: int = 1
+    """Stages each pipeline rank holds under pp_schedule=interleaved (Megatron-LM's v)."""
     lr: float = 1e-5
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -157,8 +168,50 @@ class TrainerConfig:
                 f"trainer.cp_size={self.cp_size} splits packed rows; set trainer.max_tokens_per_micro_batch > 0"
             )
 
+    def _check_pp(self) -> None:
+        one_of("trainer.pp_schedule", self.pp_schedule, PipelineSchedule)
+        if self.pp_virtual_stages > 1 and self.pp_schedule != "interleaved":
+            raise ConfigError(
+                f"trainer.pp_virtual_stages={self.pp_virtual_stages} needs trainer.pp_schedule=interleaved"
+            )
+        if self.pp_size == 1:
+            return
+        fix = "set trainer.pp_size=1"
+        if self.world_size % self.pp_size:
+            raise ConfigError(
+                f"trainer.world_size={self.world_size} is not divisible by trainer.pp_size={self.pp_size}; "
+                f"set trainer.world_size to a multiple of {self.pp_size} (or lower trainer.pp_size)"
+            )
+        if self.world_size != self.pp_size:
+            raise ConfigError(
+                f"trainer.pp_size={self.pp_size} with data-parallel ranks beside it (trainer.world_size="
+                f"{self.world_size}) is not built yet; set trainer.world_size={self.pp_size}"
+            )
+        for name in ("tp_size", "cp_size"):
+            if getattr(self, name) > 1:
+                raise ConfigError(f"trainer.pp_size with trainer.{name} > 1 is not built yet; {fix} or {name}=1")
+        if self.lora.r:
+            raise ConfigError(f"LoRA (trainer.lora.r={self.lora.r}) under trainer.pp_size is not built; {fix}")
+        if self.max_tokens_per_micro_batch:
+            raise ConfigError(
+                "trainer.pp_size > 1 trains padded rows; set trainer.max_tokens_per_micro_batch=0 "
+                "trainer.shared_prefix=false"
+            )
+
     def __post_init__(self) -> None:
-        positive("trainer", self, "world_size", "tp_size", "cp_size", "lr", "micro_batch_size", "epochs", "num_cpus")
+        positive(
+            "trainer",
+            self,
+            "world_size",
+            "tp_size",
+            "cp_size",
+            "pp_size",
+            "pp_virtual_stages",
+            "lr",
+            "micro_batch_size",
+            "epochs",
+            "num_cpus",
+        )
         if not 0 <= self.setup_nice <= 19:
             raise ConfigError(f"trainer.setup_nice={self.setup_nice} is not a niceness increment; set 0 (off) to 19")
         one_of("trainer.backend", self.backend, TrainerBackend)
@@ -169,6 +222,7 @@ class TrainerConfig:
                 "trainer.tp_size)"
             )
         self._check_cp()
+        self._check_pp()
         if self.lora.r and self.tp_size > 1:
             raise ConfigError(
                 f"trainer.lora.r={self.lora.r} runs with FSDP only (the adapters "

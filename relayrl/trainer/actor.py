@@ -5,7 +5,9 @@ collective (FSDP2 all-gathers parameters in each forward), so the group calls it
 With ``trainer.tp_size > 1`` the ranks form a ("dp", "tp") mesh (``tp.py``): rows are split over dp,
 the ranks of a tp group hold the same rows and one model's layer shards, and every all-reduce of sums
 below runs over dp only. With ``trainer.cp_size > 1`` the mesh is ("dp", "cp") the same way: the ranks of
-a cp group hold the same rows and each runs its slice of every packed row (``context.py``).
+a cp group hold the same rows and each runs its slice of every packed row (``context.py``). With
+``trainer.pp_size > 1`` every rank holds the same rows and its own pipeline stages of an unsharded policy, and
+``PipelinedPolicy.epochs`` (``pp_step.py``) runs the epochs below in their place.
 
 A train step, on every rank (``train_step``; right: where each part is done):
 
@@ -64,8 +66,9 @@ from relayrl.trainer.background import in_background
 from relayrl.trainer.balance import token_imbalance
 from relayrl.trainer.batch import MicroBatch, build_train_batch, dp_share, fetch_groups, forward_tokens, micro_batches
 from relayrl.trainer.critic import Critic, GaeTargets
-from relayrl.trainer.hf import load_sharded, pad_token_id
+from relayrl.trainer.hf import load_plain, load_sharded, pad_token_id
 from relayrl.trainer.optim import policy_adamw
+from relayrl.trainer.pp_step import PipelinedPolicy
 from relayrl.trainer.step import PolicyStep, learnable, step_totals
 from relayrl.trainer.tp import build_mesh
 from relayrl.trainer.weights_out import WeightsOut
@@ -172,7 +175,7 @@ class TrainerActor(WeightsOut):
         dist.init_process_group(
             backend, store=self._store(), rank=self.rank, world_size=self.world_size, timeout=self.timeout
         )
-        self.mesh = build_mesh(self.device.type, self.world_size, self.cfg.tp_size, self.cfg.cp_size)
+        self.mesh = build_mesh(self.device.type, self.world_size, self.cfg.tp_size, self.cfg.cp_size, self.cfg.pp_size)
         self.dp_group, self.dp_rank, self.dp_size = (
             self.mesh.get_group("dp"),
             self.mesh["dp"].get_local_rank(),
@@ -183,13 +186,21 @@ class TrainerActor(WeightsOut):
         torch.manual_seed(self.seed)
         every = self._checkpoint_every()
         load = functools.partial(load_sharded, self.model_path, self.device, self.mesh, self.model_cfg.dtype)
-        self.model = load(trainable=True, lora_cfg=self.cfg.lora, checkpoint_every=every)
+        if self.cfg.pp_size > 1:  # config.validate refused what pipeline stages do not train yet
+            self.model = load_plain(self.model_path, self.device, every)
+        else:
+            self.model = load(trainable=True, lora_cfg=self.cfg.lora, checkpoint_every=every)
         self.uses_lora = lora.is_peft(self.model)  # the reference is then the base: adapters off, no copy
         self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 and not self.uses_lora else None
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)
         if self.uses_lora and self.rank == 0:
             logger.info(lora.summary_line(self.model, self.cfg.lora))
         self.pad_token_id = pad_token_id(cast("PretrainedConfig", self.model.config))  # an HF model's config
+        self.pipelined = (
+            PipelinedPolicy(self.model, self.cfg, self.objective, self.temperature, self.pad_token_id)
+            if self.cfg.pp_size > 1
+            else None
+        )
         self.trained: checkpoint.Parts = {"policy": (self.model, self.optimizer)}  # name -> (module, optimizer)
         if ppo:
             self.critic = Critic(
@@ -259,11 +270,24 @@ class TrainerActor(WeightsOut):
         if not any(live):  # every advantage 0 and no other term: no gradient, so no AdamW step (it would still
             # move the weights). ``_load_stats`` is a collective: ``live`` is the same on every rank.
             return {**shaping_stats, **counts, **self._load_stats(micro), "step_seconds": time.perf_counter() - t0}
-        trained_tokens = n_tokens if all(live) else self._trained_tokens(micro, live)
+        # the pipeline runs every row (a skipped micro-batch adds 0 to the loss; its stats count here)
+        trained_tokens = n_tokens if all(live) or self.pipelined else self._trained_tokens(micro, live)
         t2 = time.perf_counter()
-        sums, grad_norms = self.policy_step.epochs(
-            self.model, self.optimizer, micro, old, ref, denom, self.dp_size, self.cfg.epochs, self.cfg.grad_clip, live
-        )
+        if self.pipelined is not None:  # trainer.pp_size > 1: the stages run the epochs (pp_step.py)
+            sums, grad_norms = self.pipelined.epochs(self._share(batch), self.optimizer, denom)
+        else:
+            sums, grad_norms = self.policy_step.epochs(
+                self.model,
+                self.optimizer,
+                micro,
+                old,
+                ref,
+                denom,
+                self.dp_size,
+                self.cfg.epochs,
+                self.cfg.grad_clip,
+                live,
+            )
         out = {**sums.reduce(self._all_reduce, self.cfg.epochs, trained_tokens, denom), **shaping_stats, **counts}
         if targets is not None and self.critic is not None:  # PPO: the critic learns too; its KL is the step's
             out |= targets.stats | self.critic.train(micro, targets, n_tokens, self.cfg.epochs)

@@ -11,8 +11,9 @@ Rows are padded: causal attention with right padding needs no mask (a pad only f
 disturb), positions are 0..T−1, and activations crossing a stage boundary are hidden states [b, T, H].
 
 The loss (``rl_loss``) runs on the last stage for each micro-batch. Its target is one float tensor
-[b, T, 4], chunked along the batch like the input: the token each position predicts, the advantage, the old
-logprob and the loss mask (token ids below 2^24 are exact in float32). The logprobs come from the final hidden
+[b, T, 5], chunked along the batch like the input: the token each position predicts, the advantage, the old
+logprob, the loss mask and the engine's logprob (for an off-policy weight and ``behaviour_kl``; token ids
+below 2^24 are exact in float32). The logprobs come from the final hidden
 states through the chunked head (``head.score``: [N, V] logits never exist), the per-token loss from the
 objective's policy loss, and the micro-batch's loss is its ``LOSS_AGG`` numerator over the step's global
 denominator, so that the schedule's sum over micro-batches is the step's loss however it is split
@@ -26,15 +27,17 @@ same update.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
+from relayrl.algorithms.losses import masked_token_sum
 from relayrl.algorithms.objective import Objective
 from relayrl.trainer import attention, head
+from relayrl.trainer.step import PolicyStep, StepStats
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 CAUSAL_WITHOUT_MASK = ("sdpa", attention.NAME)
@@ -107,16 +110,36 @@ def build_stages(model: torch.nn.Module, pp_rank: int, pp_size: int, virtual: in
     return [Stage(model, runs[k], k == 0, k == last) for k in stage_ids(pp_rank, pp_size, virtual)]
 
 
-def rl_loss(objective: Objective, temperature: float, chunk: int, denominator: torch.Tensor) -> Callable:
-    """The last stage's loss of one micro-batch, given its LM head (module docstring)."""
+class _Rows(NamedTuple):
+    """What ``Objective.policy`` and ``PolicyStep._stats`` read of a micro-batch, from a target's columns."""
+
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+
+
+def rl_loss(
+    objective: Objective,
+    temperature: float,
+    chunk: int,
+    denominator: torch.Tensor,
+    record: Callable[[StepStats], None] | None = None,
+) -> Callable:
+    """The last stage's loss of one micro-batch, given its LM head (module docstring); ``record`` receives
+    each micro-batch's ``StepStats`` (token sums, as ``PolicyStep.train_micro`` reports them)."""
 
     def make(lm_head: Any) -> LossFn:
         def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            ids, advantages, old, mask = target.unbind(-1)
+            ids, advantages, old, mask, behaviour = target.unbind(-1)
             request = head.Request(ids.long(), temperature, chunk)
-            logprobs, _ = head.score(hidden, lm_head.weight, lm_head.bias, request)
-            per_token, _ = objective.policy_loss(logprobs, old, advantages, mask)
+            logprobs, entropy = head.score(hidden, lm_head.weight, lm_head.bias, request)
+            rows = _Rows(advantages, mask, behaviour)
+            per_token, stats = objective.policy(logprobs, old, cast(Any, rows))
             numerator, _ = objective.aggregate(per_token, mask)
+            if record is not None:
+                zero = mask.new_zeros(())
+                entropy_sum = masked_token_sum(entropy.detach(), mask)
+                record(PolicyStep._stats(stats, numerator, zero, entropy_sum, old, cast(Any, rows)))
             return numerator / denominator
 
         return loss_fn
@@ -124,13 +147,20 @@ def rl_loss(objective: Objective, temperature: float, chunk: int, denominator: t
     return make
 
 
-def targets(input_ids: torch.Tensor, advantages: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The [b, T, 4] target of padded rows ``input_ids`` [b, T]; ``advantages``, ``old`` and ``mask`` are
-    [b, T − 1], aligned with the token each position predicts (the last position predicts nothing)."""
+def targets(
+    input_ids: torch.Tensor,
+    advantages: torch.Tensor,
+    old: torch.Tensor,
+    mask: torch.Tensor,
+    behaviour: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The [b, T, 5] target of padded rows ``input_ids`` [b, T]: the next token, then ``advantages``, ``old``,
+    ``mask`` and ``behaviour`` (the engine's logprobs; default ``old``), each [b, T − 1] and aligned with the
+    token each position predicts (the last position predicts nothing: all zero)."""
     pad = input_ids.new_zeros(input_ids.shape[0], 1)
     nxt = torch.cat([input_ids[:, 1:], pad], dim=1).float()
-    zero = advantages.new_zeros(advantages.shape[0], 1)
-    cols = [torch.cat([v, zero], dim=1) for v in (advantages, old, mask)]
+    zero = mask.new_zeros(mask.shape[0], 1)
+    cols = [torch.cat([v, zero], dim=1) for v in (advantages, old, mask, old if behaviour is None else behaviour)]
     return torch.stack([nxt, *cols], dim=-1)
 
 
@@ -176,11 +206,11 @@ class Pipeline:
             self.schedule = cls(self.pipe_stages[0], micro_batches, loss_fn=loss_fn, scale_grads=False)
         self.tied = _tied(model)
 
-    def step(self, input_ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+    def step(self, input_ids: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor | None:
         """Forward and backward of one batch; returns the summed loss on the rank holding the last stage."""
         losses: list[torch.Tensor] = []
         args = (input_ids,) if self.first else ()
-        kw = {"target": target, "losses": losses} if self.last else {}
+        kw = {"target": target, "losses": losses} if self.last else {}  # the last stage's target
         self.schedule.step(*args, **kw)
         self.sync_tied_grads()
         return torch.stack(losses).sum().detach() if self.last else None
@@ -204,7 +234,7 @@ class Pipeline:
         on the rank holding the last stage (None elsewhere), through the chunked head."""
         args = (input_ids,) if self.first else ()
         # the schedule's loss runs on the last stage in eval too: an all-masked target makes it 0
-        dummy = {"target": input_ids.new_zeros(*input_ids.shape, 4, dtype=torch.float32)} if self.last else {}
+        dummy = {"target": input_ids.new_zeros(*input_ids.shape, 5, dtype=torch.float32)} if self.last else {}
         out = self.schedule.eval(*args, **dummy)
         if not self.last:
             return None

@@ -31,15 +31,15 @@ if TYPE_CHECKING:
 _STYLES = ("colwise", "rowwise")
 
 
-def build_mesh(device_type: str, world_size: int, tp_size: int, cp_size: int = 1) -> DeviceMesh:
-    """``tp_size == cp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp") or
-    ("dp", "cp") mesh, row-major as tp's (``TrainerConfig`` checked the sizes divide world_size and that
-    at most one of them is > 1)."""
+def build_mesh(device_type: str, world_size: int, tp_size: int, cp_size: int = 1, pp_size: int = 1) -> DeviceMesh:
+    """``tp_size == cp_size == pp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp"),
+    ("dp", "cp") or ("dp", "pp") mesh, row-major as tp's (``TrainerConfig`` checked the sizes divide
+    world_size and that at most one of them is > 1)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if tp_size == 1 and cp_size == 1:
+    if tp_size == 1 and cp_size == 1 and pp_size == 1:
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
-    inner, name = (tp_size, "tp") if tp_size > 1 else (cp_size, "cp")
+    inner, name = (tp_size, "tp") if tp_size > 1 else (cp_size, "cp") if cp_size > 1 else (pp_size, "pp")
     return init_device_mesh(device_type, (world_size // inner, inner), mesh_dim_names=("dp", name))
 
 

@@ -1,0 +1,141 @@
+"""The policy's update under pipeline parallelism (``trainer.pp_size`` > 1), in place of ``PolicyStep.epochs``.
+
+Every pipeline rank holds the same rows (the step's whole batch: world_size = pp_size, no data-parallel ranks
+beside it yet) and its own stages of the policy (``pipeline.py``). A step, on every rank:
+
+    rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
+           out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size when interleaved
+    old logprobs = one forward-only pass of the schedule (the last stage's), as one rank's first epoch
+    for epoch in 1..E: schedule.step (forward and backward of every micro-batch; the loss on the last stage:
+                       policy loss, LOSS_AGG numerator / D_step); global-norm clip; AdamW
+    stats: the last stage's ``StepStats`` sums, broadcast to every rank
+    refresh: each parameter broadcast from the rank whose stage owns it, so every rank's ``model`` is the
+             whole current policy again (what weight sync, the probe, ``save_hf`` and checkpoints read)
+
+The stages are rebuilt each step: a step's row length sets the shapes every stage sends and receives.
+The refresh moves the whole model once a step (a first version: a sender per stage would move each stage's
+weights to the engines straight from its rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relayrl.algorithms.objective import Objective
+from relayrl.config import TrainerConfig
+from relayrl.trainer.pipeline import Pipeline, build_stages, rl_loss, targets
+from relayrl.trainer.precision import autocast
+from relayrl.trainer.step import StepStats
+from relayrl.types import TrainBatch
+
+
+def micro_batch_count(rows: int, micro_batch_size: int, pp_size: int, schedule: str) -> int:
+    """m: at least one micro-batch a stage and at most ``micro_batch_size`` rows each; interleaved 1F1B
+    runs rounds of pp_size micro-batches, so m is rounded up to a multiple of it."""
+    m = max(pp_size, math.ceil(rows / micro_batch_size))
+    return math.ceil(m / pp_size) * pp_size if schedule == "interleaved" else m
+
+
+def padded_rows(batch: TrainBatch, count: int, pad_id: int) -> TrainBatch:
+    """``batch`` trimmed to its longest sequence and grown to ``count`` rows with filler rows whose every
+    token is masked out (they add nothing to the loss or its gradient)."""
+    length = int(batch.attention_mask.sum(1).max())
+    extra = count - len(batch)
+
+    def grow(x: torch.Tensor, fill: float) -> torch.Tensor:
+        return torch.cat([x, x.new_full((extra, *x.shape[1:]), fill)]) if extra else x
+
+    advantages = batch.advantages[:, : length - 1] if batch.advantages.dim() == 2 else batch.advantages
+    return dataclasses.replace(
+        batch,
+        input_ids=grow(batch.input_ids[:, :length], pad_id),
+        attention_mask=grow(batch.attention_mask[:, :length], 0),
+        loss_mask=grow(batch.loss_mask[:, : length - 1], 0),
+        behaviour_logprobs=grow(batch.behaviour_logprobs[:, : length - 1], 0),
+        advantages=grow(advantages, 0),
+        prompt_ids=batch.prompt_ids + [-1] * extra,
+    )
+
+
+@dataclass
+class PipelinedPolicy:
+    """The policy's pipeline stages on this rank and how a step trains them (module docstring)."""
+
+    model: torch.nn.Module
+    cfg: TrainerConfig
+    objective: Objective
+    temperature: float
+    pad_id: int
+
+    def epochs(
+        self, batch: TrainBatch, optimizer: torch.optim.Optimizer, denom: torch.Tensor
+    ) -> tuple[StepStats, list[float]]:
+        """``trainer.epochs`` clipped AdamW steps on ``batch``; (summed stats, the same on every rank; each
+        epoch's pre-clip gradient norm)."""
+        c = self.cfg
+        group = dist.group.WORLD
+        assert group is not None
+        m = micro_batch_count(len(batch), c.micro_batch_size, c.pp_size, c.pp_schedule)
+        rows = padded_rows(batch, math.ceil(len(batch) / m) * m, self.pad_id)
+        ids = rows.input_ids.to(next(self.model.parameters()).device)
+        records: list[StepStats] = []
+        loss = rl_loss(self.objective, self.temperature, c.logits_chunk, denom, records.append)
+        pipe = Pipeline(self.model, group, loss, m, c.pp_schedule, c.pp_virtual_stages)
+        with autocast(ids.device.type, c.dtype):
+            old = pipe.logprobs(ids, self.temperature, c.logits_chunk)
+        target = self._target(rows, old) if pipe.last else None
+        sums: list[StepStats] = []
+        norms = []
+        for _ in range(c.epochs):
+            records.clear()
+            with autocast(ids.device.type, c.dtype):
+                pipe.step(ids, target)  # None off the last stage: only it takes a target
+            # a schedule's first step also calls the loss once on its own to infer shapes: the last m are real
+            sums += records[-m:]
+            norms.append(pipe.clip_and_step(optimizer, c.grad_clip))
+        self.refresh()
+        return self._broadcast(sums, pipe.last, ids.device), norms
+
+    def refresh(self) -> None:
+        """Every parameter broadcast from its owner (the first rank whose stages hold it), in place. Collective."""
+        owner: dict[int, int] = {}
+        for rank in range(self.cfg.pp_size):
+            for stage in build_stages(self.model, rank, self.cfg.pp_size, self.cfg.pp_virtual_stages):
+                for p in stage.parameters():
+                    owner.setdefault(id(p), rank)
+        for p in self.model.parameters():
+            dist.broadcast(p.data, src=owner[id(p)])
+
+    def _target(self, rows: TrainBatch, old: torch.Tensor | None) -> torch.Tensor:
+        assert old is not None  # the last stage computed it
+        advantages = rows.advantages
+        if advantages.dim() == 1:
+            advantages = advantages[:, None].expand_as(rows.loss_mask)
+        device = old.device
+        return targets(
+            rows.input_ids.to(device),
+            advantages.to(device, torch.float32),
+            old.float(),
+            rows.loss_mask.to(device, torch.float32),
+            rows.behaviour_logprobs.to(device, torch.float32),
+        )
+
+    @staticmethod
+    def _broadcast(sums: list[StepStats], last: bool, device: torch.device) -> StepStats:
+        """The last stage's summed stats on every rank (the last stage is on the last rank)."""
+        total = StepStats.zeros(device)
+        for s in sums:
+            total.add_(s)
+        fields = [f.name for f in dataclasses.fields(StepStats)]
+        packed = torch.stack([getattr(total, f).detach().float() for f in fields])
+        if not last:
+            packed = torch.zeros_like(packed)
+        dist.broadcast(packed, src=dist.get_world_size() - 1)
+        values: dict[str, Any] = dict(zip(fields, packed.unbind()))
+        return StepStats(**values)

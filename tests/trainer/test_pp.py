@@ -1,0 +1,204 @@
+"""``trainer.pp_size``: the policy in pipeline stages, through the real trainer (Ray actors, gloo), trains
+what one rank trains: three GRPO steps with the clip acting, stats, grad norms and gathered weights equal
+(fp32), for 1F1B on the 2-layer tiny model and interleaved 1F1B on a 4-layer one; the gathered weights score
+like the trainer, and a pp=2 checkpoint resumes on one rank. What is not built yet is refused in one line
+before Ray starts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.trainer import manifest
+from tests.trainer.test_actor import PROBE, TEMPERATURE, _hf_model, _logprobs, _synthetic_groups
+from tests.trainer.test_tp import GRAD_CLIP, PARAM_ATOL, STAT_KEYS, STEPS
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["trainer.world_size=3", "trainer.pp_size=2"], "trainer.world_size=3 is not divisible by trainer.pp_size=2"),
+        (["trainer.world_size=4", "trainer.pp_size=2"], "set trainer.world_size=2"),
+        (["trainer.world_size=2", "trainer.pp_size=2"], "set trainer.max_tokens_per_micro_batch=0"),
+        (["trainer.pp_virtual_stages=2"], "trainer.pp_virtual_stages=2 needs trainer.pp_schedule=interleaved"),
+        (["trainer.pp_schedule=zb"], "trainer.pp_schedule"),
+        (["trainer.pp_size=0"], "trainer.pp_size=0 must be > 0"),
+    ],
+)
+def test_bad_pp_config_is_one_line_before_ray(overrides, expected):
+    from relayrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(expected)) as info:
+        load_config("grpo_tiny", overrides)
+    assert "\n" not in str(info.value)
+
+
+PADDED = ["trainer.max_tokens_per_micro_batch=0", "trainer.shared_prefix=false"]
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["trainer.tp_size=2"], "trainer.pp_size with trainer.tp_size > 1 is not built yet"),
+        (["trainer.lora.r=8"], "LoRA (trainer.lora.r=8) under trainer.pp_size is not built"),
+        (["algorithm.name=gae"], "PPO's critic (algorithm.name=gae) under trainer.pp_size=2 is not built"),
+        (["algorithm.kl_coef=0.1"], "a KL term in the loss (algorithm.kl_coef=0.1) under trainer.pp_size=2"),
+        (["algorithm.entropy_coef=0.01"], "an entropy bonus (algorithm.entropy_coef=0.01) under"),
+    ],
+)
+def test_what_pipeline_stages_do_not_train_yet_is_refused_by_name(overrides, expected):
+    from relayrl.config import ConfigError, load_config
+
+    base = ["trainer.world_size=2", "trainer.pp_size=2", *PADDED]
+    if "trainer.tp_size=2" in overrides:
+        base = ["trainer.world_size=4", "trainer.pp_size=4", *PADDED]
+        expected = expected.replace("pp_size=2", "pp_size=4")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config("grpo_tiny", [*base, *overrides])
+
+
+def test_stages_that_do_not_divide_the_layers_fail_before_ray(tiny_llama):
+    """tiny-llama has 2 layers: 2 ranks x 2 virtual stages is refused when the model is resolved."""
+    from relayrl.config import ConfigError, load_config
+    from relayrl.preflight import check_context
+
+    over = ["trainer.world_size=2", "trainer.pp_size=2", "trainer.pp_schedule=interleaved", *PADDED]
+    cfg = load_config("grpo_tiny", [f"model.path={tiny_llama}", *over, "trainer.pp_virtual_stages=2"])
+    with pytest.raises(ConfigError, match=r"2 layers do not split into .* = 4 equal pipeline stages"):
+        check_context(cfg, tiny_llama)
+
+
+def test_micro_batch_count_and_filler_rows():
+    """9 rows at 2 a micro-batch: 5 micro-batches (1F1B), 6 interleaved over 2 ranks; 3 rows over 4 stages:
+    4 micro-batches, so filler rows (all masked) make 4 rows."""
+    from relayrl.trainer.pp_step import micro_batch_count, padded_rows
+    from relayrl.types import TrainBatch
+
+    assert micro_batch_count(9, 2, 2, "1f1b") == 5 and micro_batch_count(9, 2, 2, "interleaved") == 6
+    assert micro_batch_count(3, 8, 4, "gpipe") == 4
+    batch = TrainBatch(
+        input_ids=torch.tensor([[5, 6, 7, 0], [5, 6, 0, 0], [5, 6, 7, 0]]),
+        attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 0]]),
+        loss_mask=torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]),
+        behaviour_logprobs=torch.zeros(3, 3),
+        advantages=torch.tensor([1.0, -1.0, 0.5]),
+        prompt_ids=[0, 0, 1],
+    )
+    rows = padded_rows(batch, 4, pad_id=0)
+    assert rows.input_ids.tolist() == [[5, 6, 7], [5, 6, 0], [5, 6, 7], [0, 0, 0]]
+    assert rows.loss_mask.tolist() == [[0, 1], [1, 0], [0, 1], [0, 0]] and rows.advantages.tolist()[-1] == 0
+
+
+def _layers(base: Path, out: Path, layers: int) -> Path:
+    """``base``'s tokenizer and config with ``layers`` decoder layers, fresh seeded weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if (out / "config.json").exists():
+        return out
+    config = AutoConfig.from_pretrained(base)
+    config.num_hidden_layers = layers
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return out
+
+
+def train(path: Path, pp_size: int, refs: list, schedule: str = "1f1b", virtual: int = 1) -> dict:
+    """Three train_steps of padded rows; per-step stats, the gathered state and the live group."""
+    from relayrl.trainer.ranks import TrainerGroup
+
+    cfg = TrainerConfig(
+        world_size=pp_size,
+        pp_size=pp_size,
+        pp_schedule=schedule,
+        pp_virtual_stages=virtual,
+        lr=1e-3,
+        micro_batch_size=2,
+        max_tokens_per_micro_batch=0,
+        shared_prefix=False,
+        grad_clip=GRAD_CLIP,
+        num_cpus=0.5,
+        num_threads=1,
+    )
+    trainer = TrainerGroup(
+        pp_size, str(path), ModelConfig(path=str(path)), cfg, AlgorithmConfig(group_size=3), TEMPERATURE, seed=0
+    )
+    trainer.ready()
+    stats = [trainer.train_step(refs) for _ in range(STEPS)]
+    return {"stats": stats, "state": trainer.state_dict(), "trainer": trainer}
+
+
+def _assert_same_run(run: dict, ref: dict, label: str) -> None:
+    for step, (s, r) in enumerate(zip(run["stats"], ref["stats"])):
+        for key in STAT_KEYS:
+            assert s[key] == pytest.approx(r[key], abs=1e-5, rel=1e-5), (label, step, key)
+    assert run["state"].keys() == ref["state"].keys()
+    for k in ref["state"]:
+        torch.testing.assert_close(run["state"][k], ref["state"][k], atol=PARAM_ATOL, rtol=0, msg=f"{label}: {k}")
+
+
+@pytest.fixture(scope="module")
+def refs(ray_session, tiny_llama):
+    groups = _synthetic_groups(vocab=_hf_model(tiny_llama).config.vocab_size)
+    return [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama, refs):
+    run = train(tiny_llama, 1, refs)
+    run.pop("trainer").shutdown()
+    return run
+
+
+def test_pp2_1f1b_trains_what_one_rank_trains(tiny_llama, refs, reference, tmp_path):
+    """Three steps, the clip acting: the same stats and weights; the gathered weights load into transformers
+    and score like the trainer; a pp=2 checkpoint resumes on one rank to the same weights."""
+    assert reference["stats"][0]["grad_norm"] > GRAD_CLIP
+    start = _hf_model(tiny_llama).state_dict()
+    assert max((reference["state"][k] - start[k]).abs().max().item() for k in start) > 10 * PARAM_ATOL  # moved
+    assert reference["stats"][-1]["entropy"] != pytest.approx(reference["stats"][0]["entropy"], abs=1e-6)
+    run = train(tiny_llama, 2, refs)
+    try:
+        _assert_same_run(run, reference, "pp=2 1f1b")
+        model = _hf_model(tiny_llama)
+        model.load_state_dict(run["state"], strict=True)
+        trainer_lp = torch.tensor(run["trainer"].sequence_logprobs(PROBE))
+        torch.testing.assert_close(_logprobs(model, PROBE), trainer_lp, atol=1e-5, rtol=0)
+        run["trainer"].save_checkpoint(str(tmp_path))
+        manifest.write(tmp_path)  # the driver's commit
+        next_pp = run["trainer"].train_step(refs)
+        after_pp = run["trainer"].state_dict()
+    finally:
+        run["trainer"].shutdown()
+    one = train(tiny_llama, 1, refs)
+    try:  # the pp=2 checkpoint (each stage's weights and AdamW moments under the model's names) on one rank
+        one["trainer"].load_checkpoint(str(tmp_path))
+        for k, v in one["trainer"].state_dict().items():
+            torch.testing.assert_close(v, run["state"][k], atol=0, rtol=0, msg=f"resumed on 1 rank: {k}")
+        next_one = one["trainer"].train_step(refs)
+        assert next_one["grad_norm"] == pytest.approx(next_pp["grad_norm"], rel=1e-5)
+        for k, v in one["trainer"].state_dict().items():
+            torch.testing.assert_close(v, after_pp[k], atol=PARAM_ATOL, rtol=0, msg=f"a step after resuming: {k}")
+    finally:
+        one["trainer"].shutdown()
+
+
+@pytest.mark.slow
+def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory):
+    """4 layers, 2 ranks x 2 virtual stages (interleaved 1F1B) against one rank."""
+    path = _layers(tiny_llama, tmp_path_factory.mktemp("pp") / "four", 4)
+    groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
+    refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
+    reference = train(path, 1, refs)
+    reference.pop("trainer").shutdown()
+    run = train(path, 2, refs, "interleaved", 2)
+    try:
+        _assert_same_run(run, reference, "pp=2 interleaved v=2")
+    finally:
+        run["trainer"].shutdown()
