@@ -152,7 +152,19 @@ def load(path: Path, parts: Parts, rank: int) -> None:
             optim_state_dict=state[name]["optim"],
             options=LOAD_TRAINED,
         )
-    rng = torch.load(path / f"rng-rank{rank}.pt", weights_only=True)
+    rng = torch.load(_rng_file(path, rank), weights_only=True)
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
+
+
+def _rng_file(path: Path, rank: int) -> Path:
+    """This rank's RNG file; a checkpoint written by fewer ranks (another layout: a world size or pipeline
+    change, resharded by DCP) has none for it, and this rank takes rank ``rank % ranks written``'s."""
+    own = path / f"rng-rank{rank}.pt"
+    if own.exists():
+        return own
+    written = len(list(path.glob("rng-rank*.pt")))
+    if not written:
+        raise FileNotFoundError(f"{path} holds no rng-rank*.pt: not a complete trainer checkpoint")
+    return path / f"rng-rank{rank % written}.pt"

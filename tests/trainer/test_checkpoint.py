@@ -3,6 +3,7 @@ after a resume equals the step an uninterrupted trainer takes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
@@ -57,3 +58,14 @@ def test_resume_from_checkpoint_takes_the_same_next_step(ray_session, tiny_llama
         "rng-rank0.pt",
         "rng-rank1.pt",
     ]
+
+
+def test_a_rank_the_checkpoint_had_not_takes_a_written_ranks_rng(tmp_path):
+    """Written by 2 ranks, loaded by 4 (another layout): ranks 2 and 3 take ranks 0's and 1's RNG files."""
+    from relayrl.trainer.checkpoint import _rng_file
+
+    for r in range(2):
+        (tmp_path / f"rng-rank{r}.pt").write_bytes(b"")
+    assert [_rng_file(tmp_path, r).name for r in range(4)] == [f"rng-rank{r % 2}.pt" for r in range(4)]
+    with pytest.raises(FileNotFoundError, match="no rng-rank"):
+        _rng_file(tmp_path / "missing", 0)

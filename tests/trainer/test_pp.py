@@ -190,15 +190,22 @@ def test_pp2_1f1b_trains_what_one_rank_trains(tiny_llama, refs, reference, tmp_p
 
 
 @pytest.mark.slow
-def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory):
-    """4 layers, 2 ranks x 2 virtual stages (interleaved 1F1B) against one rank."""
+def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory, tmp_path):
+    """4 layers, 2 ranks x 2 virtual stages (interleaved 1F1B) against one rank; the one rank's checkpoint
+    loads into the interleaved pipeline (each rank its two stages) to the same weights."""
     path = _layers(tiny_llama, tmp_path_factory.mktemp("pp") / "four", 4)
     groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
     refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
     reference = train(path, 1, refs)
+    reference["trainer"].save_checkpoint(str(tmp_path))
+    manifest.write(tmp_path)
     reference.pop("trainer").shutdown()
     run = train(path, 2, refs, "interleaved", 2)
     try:
         _assert_same_run(run, reference, "pp=2 interleaved v=2")
+        run["trainer"].train_step(refs)  # move away from the checkpoint's weights, then back
+        run["trainer"].load_checkpoint(str(tmp_path))
+        for k, v in run["trainer"].state_dict().items():
+            torch.testing.assert_close(v, reference["state"][k], atol=0, rtol=0, msg=f"1 rank -> pp=2: {k}")
     finally:
         run["trainer"].shutdown()
