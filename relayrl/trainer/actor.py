@@ -203,13 +203,13 @@ class TrainerActor(WeightsOut):
         )
         self.trained: checkpoint.Parts = {"policy": (self.model, self.optimizer)}  # name -> (module, optimizer)
         if ppo:
-            self.critic = Critic(
+            self.critic = Critic(  # under pp_size > 1 a whole critic on each rank (its "dp" is this rank alone)
                 self.model_path,
-                self.mesh,
+                self.mesh["dp"] if self.cfg.pp_size > 1 else self.mesh,
                 self.device,
                 self.model_cfg.dtype,
                 self.critic_cfg,
-                self.world_size,
+                self.dp_size,
                 self.algo,
                 self._all_reduce,
                 fused_adamw=self.cfg.fused_adamw,
@@ -274,7 +274,10 @@ class TrainerActor(WeightsOut):
         trained_tokens = n_tokens if all(live) or self.pipelined else self._trained_tokens(micro, live)
         t2 = time.perf_counter()
         if self.pipelined is not None:  # trainer.pp_size > 1: the stages run the epochs (pp_step.py)
-            sums, grad_norms = self.pipelined.epochs(self._share(batch), self.optimizer, denom)
+            rows = (
+                self._share(batch) if self.critic is None else self.pipelined.with_advantages(self._share(batch), micro)
+            )
+            sums, grad_norms = self.pipelined.epochs(rows, self.optimizer, denom)
         else:
             sums, grad_norms = self.policy_step.epochs(
                 self.model,

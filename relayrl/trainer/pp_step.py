@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from relayrl.algorithms.objective import Objective
 from relayrl.config import TrainerConfig
+from relayrl.trainer.batch import MicroBatch
 from relayrl.trainer.pipeline import Pipeline, build_stages, rl_loss, targets
 from relayrl.trainer.precision import autocast
 from relayrl.trainer.step import StepStats
@@ -101,6 +102,18 @@ class PipelinedPolicy:
             norms.append(pipe.clip_and_step(optimizer, c.grad_clip))
         self.refresh()
         return self._broadcast(sums, pipe.last, ids.device), norms
+
+    @staticmethod
+    def with_advantages(share: TrainBatch, micro: list[MicroBatch]) -> TrainBatch:
+        """``share`` with PPO's per-token advantages, which ``Critic.advantages`` wrote into each padded
+        micro-batch (consecutive rows of ``share``, columns from its ``target_start``), laid out [B, L - 1]."""
+        advantages = torch.zeros_like(share.loss_mask, dtype=torch.float32)
+        row = 0
+        for mb in micro:
+            n, width = mb.advantages.shape
+            advantages[row : row + n, mb.target_start : mb.target_start + width] = mb.advantages.cpu()
+            row += n
+        return dataclasses.replace(share, advantages=advantages)
 
     def refresh(self) -> None:
         """Every parameter broadcast from its owner (the first rank whose stages hold it), in place. Collective."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig
 from relayrl.trainer import manifest
 from tests.trainer.test_actor import PROBE, TEMPERATURE, _hf_model, _logprobs, _synthetic_groups
 from tests.trainer.test_tp import GRAD_CLIP, PARAM_ATOL, STAT_KEYS, STEPS
@@ -45,7 +45,6 @@ PADDED = ["trainer.max_tokens_per_micro_batch=0", "trainer.shared_prefix=false"]
     [
         (["trainer.tp_size=2"], "trainer.pp_size with trainer.tp_size > 1 is not built yet"),
         (["trainer.lora.r=8"], "LoRA (trainer.lora.r=8) under trainer.pp_size is not built"),
-        (["algorithm.name=gae"], "PPO's critic (algorithm.name=gae) under trainer.pp_size=2 is not built"),
         (["algorithm.kl_coef=0.1"], "a KL term in the loss (algorithm.kl_coef=0.1) under trainer.pp_size=2"),
         (["algorithm.entropy_coef=0.01"], "an entropy bonus (algorithm.entropy_coef=0.01) under"),
     ],
@@ -109,7 +108,7 @@ def _layers(base: Path, out: Path, layers: int) -> Path:
     return out
 
 
-def train(path: Path, pp_size: int, refs: list, schedule: str = "1f1b", virtual: int = 1) -> dict:
+def train(path: Path, pp_size: int, refs: list, schedule: str = "1f1b", virtual: int = 1, algo: str = "grpo") -> dict:
     """Three train_steps of padded rows; per-step stats, the gathered state and the live group."""
     from relayrl.trainer.ranks import TrainerGroup
 
@@ -127,7 +126,14 @@ def train(path: Path, pp_size: int, refs: list, schedule: str = "1f1b", virtual:
         num_threads=1,
     )
     trainer = TrainerGroup(
-        pp_size, str(path), ModelConfig(path=str(path)), cfg, AlgorithmConfig(group_size=3), TEMPERATURE, seed=0
+        pp_size,
+        str(path),
+        ModelConfig(path=str(path)),
+        cfg,
+        AlgorithmConfig(name=algo, group_size=3),
+        TEMPERATURE,
+        seed=0,
+        critic_cfg=CriticConfig(lr=1e-3),
     )
     trainer.ready()
     stats = [trainer.train_step(refs) for _ in range(STEPS)]
@@ -207,5 +213,35 @@ def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tm
         run["trainer"].load_checkpoint(str(tmp_path))
         for k, v in run["trainer"].state_dict().items():
             torch.testing.assert_close(v, reference["state"][k], atol=0, rtol=0, msg=f"1 rank -> pp=2: {k}")
+    finally:
+        run["trainer"].shutdown()
+
+
+@pytest.mark.slow
+def test_ppo_pp2_trains_what_one_rank_trains(tiny_llama, refs, tmp_path):
+    """PPO (GAE, its critic whole on each pipeline rank) with the policy in 2 stages: the same policy stats
+    and weights, and the same critic stats, as one rank; its checkpoint (policy stages and critics) restores
+    the critic and the next step exactly."""
+    reference = train(tiny_llama, 1, refs, algo="gae")
+    reference.pop("trainer").shutdown()
+    run = train(tiny_llama, 2, refs, algo="gae")
+    try:
+        _assert_same_run(run, reference, "ppo pp=2")
+        for step, (s, r) in enumerate(zip(run["stats"], reference["stats"])):
+            for key in ("value_loss", "critic_grad_norm", "explained_variance"):
+                assert s[key] == pytest.approx(r[key], abs=1e-5, rel=1e-5), (step, key)
+        trainer = run["trainer"]
+        trainer.save_checkpoint(str(tmp_path))
+        manifest.write(tmp_path)
+        critic, first = trainer.critic_state_dict(), trainer.train_step(refs)
+        trainer.load_checkpoint(str(tmp_path))
+        for k, v in trainer.critic_state_dict().items():
+            assert torch.equal(v, critic[k]), k
+        again = trainer.train_step(refs)
+        assert (again["loss"], again["grad_norm"], again["value_loss"]) == (
+            first["loss"],
+            first["grad_norm"],
+            first["value_loss"],
+        )
     finally:
         run["trainer"].shutdown()
