@@ -86,8 +86,8 @@ class TrainerConfig:
     """Pipeline stages of the policy (``trainer/pipeline.py``, on ``torch.distributed.pipelining``): its decoder
     layers cut into pp_size x pp_virtual_stages equal runs, one pipeline rank each, the RL loss on the last
     stage. Built so far: world_size = pp_size (no data-parallel ranks beside it), padded rows
-    (max_tokens_per_micro_batch=0, shared_prefix=false), tp_size = cp_size = 1, no LoRA, no KL or
-    entropy term in the loss."""
+    (max_tokens_per_micro_batch=0, shared_prefix=false), tp_size = cp_size = 1, no LoRA, no entropy bonus,
+    no KL penalty in PPO's reward (GRPO's KL term in the loss trains)."""
     pp_schedule: str = "1f1b"
     """gpipe | 1f1b | interleaved (interleaved 1F1B: pp_virtual_stages stages a rank, a smaller bubble)."""
     pp_virtual_stages: int = 1

@@ -84,11 +84,14 @@ def _validate_tp(cfg: Config) -> None:
 def _validate_pp(cfg: Config) -> None:
     """What ``trainer.pp_size`` > 1 does not train yet, refused by name (``TrainerConfig`` checks the sizes;
     ``preflight.check_context`` that the stages divide the model's layers)."""
+    from relayrl.algorithms.advantages import CRITIC_ESTIMATORS
+
     if cfg.trainer.pp_size == 1:
         return
     algo = cfg.algorithm
     unbuilt = {
-        f"a KL term in the loss (algorithm.kl_coef={algo.kl_coef})": algo.kl_coef > 0,
+        f"PPO's KL penalty in the reward (algorithm.kl_coef={algo.kl_coef})": algo.kl_coef > 0
+        and algo.name in CRITIC_ESTIMATORS,
         f"an entropy bonus (algorithm.entropy_coef={algo.entropy_coef})": algo.entropy_coef > 0,
     }
     for what, refused in unbuilt.items():

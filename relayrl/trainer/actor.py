@@ -191,13 +191,18 @@ class TrainerActor(WeightsOut):
         else:
             self.model = load(trainable=True, lora_cfg=self.cfg.lora, checkpoint_every=every)
         self.uses_lora = lora.is_peft(self.model)  # the reference is then the base: adapters off, no copy
-        self.ref_model = load(trainable=False) if self.algo.kl_coef > 0 and not self.uses_lora else None
+        self.ref_model = None
+        if self.algo.kl_coef > 0 and not self.uses_lora:
+            if self.cfg.pp_size > 1:
+                self.ref_model = load_plain(self.model_path, self.device).requires_grad_(False)
+            else:
+                self.ref_model = load(trainable=False)
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)
         if self.uses_lora and self.rank == 0:
             logger.info(lora.summary_line(self.model, self.cfg.lora))
         self.pad_token_id = pad_token_id(cast("PretrainedConfig", self.model.config))  # an HF model's config
         self.pipelined = (
-            PipelinedPolicy(self.model, self.cfg, self.objective, self.temperature, self.pad_token_id)
+            PipelinedPolicy(self.model, self.cfg, self.objective, self.temperature, self.pad_token_id, self.ref_model)
             if self.cfg.pp_size > 1
             else None
         )
@@ -321,7 +326,8 @@ class TrainerActor(WeightsOut):
         """
         step = self.policy_step
         old: list[torch.Tensor | None] = [None] * len(micro)
-        ref = step.reference_logprobs(self.model, self.ref_model, micro) if self.algo.kl_coef > 0 else None
+        kl = self.algo.kl_coef > 0 and self.pipelined is None  # pipelined: the stages score the reference
+        ref = step.reference_logprobs(self.model, self.ref_model, micro) if kl else None
         if self.critic is None:
             return old, ref, None
         if ref is None:

@@ -11,9 +11,9 @@ Rows are padded: causal attention with right padding needs no mask (a pad only f
 disturb), positions are 0..T−1, and activations crossing a stage boundary are hidden states [b, T, H].
 
 The loss (``rl_loss``) runs on the last stage for each micro-batch. Its target is one float tensor
-[b, T, 5], chunked along the batch like the input: the token each position predicts, the advantage, the old
-logprob, the loss mask and the engine's logprob (for an off-policy weight and ``behaviour_kl``; token ids
-below 2^24 are exact in float32). The logprobs come from the final hidden
+[b, T, 6], chunked along the batch like the input: the token each position predicts, the advantage, the old
+logprob, the loss mask, the engine's logprob (for an off-policy weight and ``behaviour_kl``) and the
+reference's (GRPO's KL term; token ids below 2^24 are exact in float32). The logprobs come from the final hidden
 states through the chunked head (``head.score``: [N, V] logits never exist), the per-token loss from the
 objective's policy loss, and the micro-batch's loss is its ``LOSS_AGG`` numerator over the step's global
 denominator, so that the schedule's sum over micro-batches is the step's loss however it is split
@@ -34,12 +34,14 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
+from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.losses import masked_token_sum
 from relayrl.algorithms.objective import Objective
 from relayrl.trainer import attention, head
 from relayrl.trainer.step import PolicyStep, StepStats
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+TARGET_COLUMNS = 6  # next token, advantage, old, mask, behaviour, reference (``targets``)
 CAUSAL_WITHOUT_MASK = ("sdpa", attention.NAME)
 """Attention kernels that attend causally when given no mask (the stages pass none)."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -130,16 +132,19 @@ def rl_loss(
 
     def make(lm_head: Any) -> LossFn:
         def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            ids, advantages, old, mask, behaviour = target.unbind(-1)
+            ids, advantages, old, mask, behaviour, ref = target.unbind(-1)
             request = head.Request(ids.long(), temperature, chunk)
             logprobs, entropy = head.score(hidden, lm_head.weight, lm_head.bias, request)
             rows = _Rows(advantages, mask, behaviour)
             per_token, stats = objective.policy(logprobs, old, cast(Any, rows))
+            kl_sum = mask.new_zeros(())
+            if objective.kl_coef > 0:  # GRPO's KL to the reference in the loss (PPO puts it in the reward)
+                kl_term, kl_stats = kl_loss(logprobs, ref, mask, objective.kl_coef, objective.kl_estimator)
+                per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mask.sum()
             numerator, _ = objective.aggregate(per_token, mask)
             if record is not None:
-                zero = mask.new_zeros(())
                 entropy_sum = masked_token_sum(entropy.detach(), mask)
-                record(PolicyStep._stats(stats, numerator, zero, entropy_sum, old, cast(Any, rows)))
+                record(PolicyStep._stats(stats, numerator, kl_sum, entropy_sum, old, cast(Any, rows)))
             return numerator / denominator
 
         return loss_fn
@@ -153,14 +158,17 @@ def targets(
     old: torch.Tensor,
     mask: torch.Tensor,
     behaviour: torch.Tensor | None = None,
+    ref: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The [b, T, 5] target of padded rows ``input_ids`` [b, T]: the next token, then ``advantages``, ``old``,
-    ``mask`` and ``behaviour`` (the engine's logprobs; default ``old``), each [b, T − 1] and aligned with the
-    token each position predicts (the last position predicts nothing: all zero)."""
+    """The [b, T, 6] target of padded rows ``input_ids`` [b, T]: the next token, then ``advantages``, ``old``,
+    ``mask``, ``behaviour`` (the engine's logprobs; default ``old``) and ``ref`` (the reference's, for a KL term;
+    default ``old``), each [b, T − 1] and aligned with the token each position predicts (the last position
+    predicts nothing: all zero)."""
     pad = input_ids.new_zeros(input_ids.shape[0], 1)
     nxt = torch.cat([input_ids[:, 1:], pad], dim=1).float()
     zero = mask.new_zeros(mask.shape[0], 1)
-    cols = [torch.cat([v, zero], dim=1) for v in (advantages, old, mask, old if behaviour is None else behaviour)]
+    behaviour, ref = (old if x is None else x for x in (behaviour, ref))
+    cols = [torch.cat([v, zero], dim=1) for v in (advantages, old, mask, behaviour, ref)]
     return torch.stack([nxt, *cols], dim=-1)
 
 
@@ -234,7 +242,9 @@ class Pipeline:
         on the rank holding the last stage (None elsewhere), through the chunked head."""
         args = (input_ids,) if self.first else ()
         # the schedule's loss runs on the last stage in eval too: an all-masked target makes it 0
-        dummy = {"target": input_ids.new_zeros(*input_ids.shape, 5, dtype=torch.float32)} if self.last else {}
+        dummy = (
+            {"target": input_ids.new_zeros(*input_ids.shape, TARGET_COLUMNS, dtype=torch.float32)} if self.last else {}
+        )
         out = self.schedule.eval(*args, **dummy)
         if not self.last:
             return None

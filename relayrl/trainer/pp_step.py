@@ -5,7 +5,8 @@ beside it yet) and its own stages of the policy (``pipeline.py``). A step, on ev
 
     rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
            out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size when interleaved
-    old logprobs = one forward-only pass of the schedule (the last stage's), as one rank's first epoch
+    old logprobs = one forward-only pass of the schedule (the last stage's), as one rank's first epoch;
+                   with a KL term the reference's too, through its own stages
     for epoch in 1..E: schedule.step (forward and backward of every micro-batch; the loss on the last stage:
                        policy loss, LOSS_AGG numerator / D_step); global-norm clip; AdamW
     stats: the last stage's ``StepStats`` sums, broadcast to every rank
@@ -73,6 +74,7 @@ class PipelinedPolicy:
     objective: Objective
     temperature: float
     pad_id: int
+    ref_model: torch.nn.Module | None = None  # algorithm.kl_coef > 0: the frozen reference, cut the same way
 
     def epochs(
         self, batch: TrainBatch, optimizer: torch.optim.Optimizer, denom: torch.Tensor
@@ -90,7 +92,8 @@ class PipelinedPolicy:
         pipe = Pipeline(self.model, group, loss, m, c.pp_schedule, c.pp_virtual_stages)
         with autocast(ids.device.type, c.dtype):
             old = pipe.logprobs(ids, self.temperature, c.logits_chunk)
-        target = self._target(rows, old) if pipe.last else None
+            ref = self._reference(group, ids, m)
+        target = self._target(rows, old, ref) if pipe.last else None
         sums: list[StepStats] = []
         norms = []
         for _ in range(c.epochs):
@@ -125,7 +128,16 @@ class PipelinedPolicy:
         for p in self.model.parameters():
             dist.broadcast(p.data, src=owner[id(p)])
 
-    def _target(self, rows: TrainBatch, old: torch.Tensor | None) -> torch.Tensor:
+    def _reference(self, group: dist.ProcessGroup, ids: torch.Tensor, m: int) -> torch.Tensor | None:
+        """The reference's logprobs on the last stage (forward only through its own stages), else None."""
+        if self.ref_model is None:
+            return None
+        c = self.cfg
+        unused = rl_loss(self.objective, self.temperature, c.logits_chunk, torch.ones(()))
+        pipe = Pipeline(self.ref_model, group, unused, m, c.pp_schedule, c.pp_virtual_stages)
+        return pipe.logprobs(ids, self.temperature, c.logits_chunk)
+
+    def _target(self, rows: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None) -> torch.Tensor:
         assert old is not None  # the last stage computed it
         advantages = rows.advantages
         if advantages.dim() == 1:
@@ -137,6 +149,7 @@ class PipelinedPolicy:
             old.float(),
             rows.loss_mask.to(device, torch.float32),
             rows.behaviour_logprobs.to(device, torch.float32),
+            None if ref is None else ref.float(),
         )
 
     @staticmethod

@@ -45,7 +45,10 @@ PADDED = ["trainer.max_tokens_per_micro_batch=0", "trainer.shared_prefix=false"]
     [
         (["trainer.tp_size=2"], "trainer.pp_size with trainer.tp_size > 1 is not built yet"),
         (["trainer.lora.r=8"], "LoRA (trainer.lora.r=8) under trainer.pp_size is not built"),
-        (["algorithm.kl_coef=0.1"], "a KL term in the loss (algorithm.kl_coef=0.1) under trainer.pp_size=2"),
+        (
+            ["algorithm.name=gae", "algorithm.kl_coef=0.1"],
+            "PPO's KL penalty in the reward (algorithm.kl_coef=0.1) under trainer.pp_size=2",
+        ),
         (["algorithm.entropy_coef=0.01"], "an entropy bonus (algorithm.entropy_coef=0.01) under"),
     ],
 )
@@ -108,7 +111,15 @@ def _layers(base: Path, out: Path, layers: int) -> Path:
     return out
 
 
-def train(path: Path, pp_size: int, refs: list, schedule: str = "1f1b", virtual: int = 1, algo: str = "grpo") -> dict:
+def train(
+    path: Path,
+    pp_size: int,
+    refs: list,
+    schedule: str = "1f1b",
+    virtual: int = 1,
+    algo: str = "grpo",
+    kl_coef: float = 0.0,
+) -> dict:
     """Three train_steps of padded rows; per-step stats, the gathered state and the live group."""
     from relayrl.trainer.ranks import TrainerGroup
 
@@ -130,7 +141,7 @@ def train(path: Path, pp_size: int, refs: list, schedule: str = "1f1b", virtual:
         str(path),
         ModelConfig(path=str(path)),
         cfg,
-        AlgorithmConfig(name=algo, group_size=3),
+        AlgorithmConfig(name=algo, group_size=3, kl_coef=kl_coef),
         TEMPERATURE,
         seed=0,
         critic_cfg=CriticConfig(lr=1e-3),
@@ -155,21 +166,25 @@ def refs(ray_session, tiny_llama):
     return [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
 
 
+KL = 0.05  # GRPO's KL to the reference in the loss: the reference runs in pipeline stages too
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_llama, refs):
-    run = train(tiny_llama, 1, refs)
+    run = train(tiny_llama, 1, refs, kl_coef=KL)
     run.pop("trainer").shutdown()
     return run
 
 
 def test_pp2_1f1b_trains_what_one_rank_trains(tiny_llama, refs, reference, tmp_path):
-    """Three steps, the clip acting: the same stats and weights; the gathered weights load into transformers
-    and score like the trainer; a pp=2 checkpoint resumes on one rank to the same weights."""
+    """Three steps with a KL term, the clip acting: the same stats and weights; the gathered weights load into
+    transformers and score like the trainer; a pp=2 checkpoint resumes on one rank to the same weights."""
     assert reference["stats"][0]["grad_norm"] > GRAD_CLIP
     start = _hf_model(tiny_llama).state_dict()
     assert max((reference["state"][k] - start[k]).abs().max().item() for k in start) > 10 * PARAM_ATOL  # moved
-    assert reference["stats"][-1]["entropy"] != pytest.approx(reference["stats"][0]["entropy"], abs=1e-6)
-    run = train(tiny_llama, 2, refs)
+    assert abs(reference["stats"][-1]["loss"] - reference["stats"][0]["loss"]) > 1e-4  # the KL term moved it
+    assert reference["stats"][-1]["kl"] > 0
+    run = train(tiny_llama, 2, refs, kl_coef=KL)
     try:
         _assert_same_run(run, reference, "pp=2 1f1b")
         model = _hf_model(tiny_llama)
@@ -182,7 +197,7 @@ def test_pp2_1f1b_trains_what_one_rank_trains(tiny_llama, refs, reference, tmp_p
         after_pp = run["trainer"].state_dict()
     finally:
         run["trainer"].shutdown()
-    one = train(tiny_llama, 1, refs)
+    one = train(tiny_llama, 1, refs, kl_coef=KL)
     try:  # the pp=2 checkpoint (each stage's weights and AdamW moments under the model's names) on one rank
         one["trainer"].load_checkpoint(str(tmp_path))
         for k, v in one["trainer"].state_dict().items():
