@@ -85,9 +85,9 @@ class TrainerConfig:
     pp_size: int = 1
     """Pipeline stages of the policy (``trainer/pipeline.py``, on ``torch.distributed.pipelining``): its decoder
     layers cut into pp_size x pp_virtual_stages equal runs, one pipeline rank each, the RL loss on the last
-    stage. Built so far: world_size = pp_size (no data-parallel ranks beside it), padded rows
-    (max_tokens_per_micro_batch=0, shared_prefix=false), tp_size = cp_size = 1, no LoRA, no entropy bonus,
-    no KL penalty in PPO's reward (GRPO's KL term in the loss trains)."""
+    stage; world_size = dp x pp, the dp replicas of a stage summing their gradients (not FSDP-sharded yet).
+    Built so far: padded rows (max_tokens_per_micro_batch=0, shared_prefix=false), tp_size = cp_size = 1, no
+    LoRA, no entropy bonus, no KL penalty in PPO's reward (GRPO's KL term in the loss trains)."""
     pp_schedule: str = "1f1b"
     """gpipe | 1f1b | interleaved (interleaved 1F1B: pp_virtual_stages stages a rank, a smaller bubble)."""
     pp_virtual_stages: int = 1
@@ -181,11 +181,6 @@ class TrainerConfig:
             raise ConfigError(
                 f"trainer.world_size={self.world_size} is not divisible by trainer.pp_size={self.pp_size}; "
                 f"set trainer.world_size to a multiple of {self.pp_size} (or lower trainer.pp_size)"
-            )
-        if self.world_size != self.pp_size:
-            raise ConfigError(
-                f"trainer.pp_size={self.pp_size} with data-parallel ranks beside it (trainer.world_size="
-                f"{self.world_size}) is not built yet; set trainer.world_size={self.pp_size}"
             )
         for name in ("tp_size", "cp_size"):
             if getattr(self, name) > 1:

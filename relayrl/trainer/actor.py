@@ -202,7 +202,16 @@ class TrainerActor(WeightsOut):
             logger.info(lora.summary_line(self.model, self.cfg.lora))
         self.pad_token_id = pad_token_id(cast("PretrainedConfig", self.model.config))  # an HF model's config
         self.pipelined = (
-            PipelinedPolicy(self.model, self.cfg, self.objective, self.temperature, self.pad_token_id, self.ref_model)
+            PipelinedPolicy(
+                self.model,
+                self.cfg,
+                self.objective,
+                self.temperature,
+                self.pad_token_id,
+                self.ref_model,
+                self.mesh.get_group("pp"),
+                self.dp_group,
+            )
             if self.cfg.pp_size > 1
             else None
         )

@@ -1,15 +1,17 @@
 """The policy's update under pipeline parallelism (``trainer.pp_size`` > 1), in place of ``PolicyStep.epochs``.
 
-Every pipeline rank holds the same rows (the step's whole batch: world_size = pp_size, no data-parallel ranks
-beside it yet) and its own stages of the policy (``pipeline.py``). A step, on every rank:
+The ranks form a ("dp", "pp") mesh. The ranks of a pipeline hold the same rows (their dp share of the step)
+and each its own stages of the policy (``pipeline.py``); the dp replicas of a stage sum their gradients
+(replicated, not FSDP-sharded yet). A step, on every rank:
 
     rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
            out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size when interleaved
     old logprobs = one forward-only pass of the schedule (the last stage's), as one rank's first epoch;
                    with a KL term the reference's too, through its own stages
     for epoch in 1..E: schedule.step (forward and backward of every micro-batch; the loss on the last stage:
-                       policy loss, LOSS_AGG numerator / D_step); global-norm clip; AdamW
-    stats: the last stage's ``StepStats`` sums, broadcast to every rank
+                       policy loss, LOSS_AGG numerator / D_step); gradients summed over dp; global-norm clip;
+                       AdamW
+    stats: the last stage's ``StepStats`` sums, broadcast to every rank of its pipeline
     refresh: each parameter broadcast from the rank whose stage owns it, so every rank's ``model`` is the
              whole current policy again (what weight sync, the probe, ``save_hf`` and checkpoints read)
 
@@ -75,6 +77,8 @@ class PipelinedPolicy:
     temperature: float
     pad_id: int
     ref_model: torch.nn.Module | None = None  # algorithm.kl_coef > 0: the frozen reference, cut the same way
+    pp_group: dist.ProcessGroup | None = None  # this rank's pipeline (None: every rank)
+    dp_group: dist.ProcessGroup | None = None  # the ranks holding the same stages (None: this rank alone)
 
     def epochs(
         self, batch: TrainBatch, optimizer: torch.optim.Optimizer, denom: torch.Tensor
@@ -82,7 +86,7 @@ class PipelinedPolicy:
         """``trainer.epochs`` clipped AdamW steps on ``batch``; (summed stats, the same on every rank; each
         epoch's pre-clip gradient norm)."""
         c = self.cfg
-        group = dist.group.WORLD
+        group = self.pp_group or dist.group.WORLD
         assert group is not None
         m = micro_batch_count(len(batch), c.micro_batch_size, c.pp_size, c.pp_schedule)
         rows = padded_rows(batch, math.ceil(len(batch) / m) * m, self.pad_id)
@@ -102,9 +106,10 @@ class PipelinedPolicy:
                 pipe.step(ids, target)  # None off the last stage: only it takes a target
             # a schedule's first step also calls the loss once on its own to infer shapes: the last m are real
             sums += records[-m:]
+            self._reduce_grads(pipe)
             norms.append(pipe.clip_and_step(optimizer, c.grad_clip))
         self.refresh()
-        return self._broadcast(sums, pipe.last, ids.device), norms
+        return self._broadcast(sums, pipe.last, ids.device, group), norms
 
     @staticmethod
     def with_advantages(share: TrainBatch, micro: list[MicroBatch]) -> TrainBatch:
@@ -125,8 +130,19 @@ class PipelinedPolicy:
             for stage in build_stages(self.model, rank, self.cfg.pp_size, self.cfg.pp_virtual_stages):
                 for p in stage.parameters():
                     owner.setdefault(id(p), rank)
+        group = self.pp_group or dist.group.WORLD
+        assert group is not None
         for p in self.model.parameters():
-            dist.broadcast(p.data, src=owner[id(p)])
+            dist.broadcast(p.data, src=dist.get_global_rank(group, owner[id(p)]), group=group)
+
+    def _reduce_grads(self, pipe: Pipeline) -> None:
+        """Data-parallel replicas of the same stages: their gradients summed (each rank's loss is over the step's
+        global denominator, so the sum is the step's gradient), one all-reduce a parameter."""
+        if self.dp_group is None or dist.get_world_size(self.dp_group) == 1:
+            return
+        for _, p in pipe.named_parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=self.dp_group)
 
     def _reference(self, group: dist.ProcessGroup, ids: torch.Tensor, m: int) -> torch.Tensor | None:
         """The reference's logprobs on the last stage (forward only through its own stages), else None."""
@@ -153,8 +169,8 @@ class PipelinedPolicy:
         )
 
     @staticmethod
-    def _broadcast(sums: list[StepStats], last: bool, device: torch.device) -> StepStats:
-        """The last stage's summed stats on every rank (the last stage is on the last rank)."""
+    def _broadcast(sums: list[StepStats], last: bool, device: torch.device, group: dist.ProcessGroup) -> StepStats:
+        """The last stage's summed stats on every rank of the pipeline (the last stage is on its last rank)."""
         total = StepStats.zeros(device)
         for s in sums:
             total.add_(s)
@@ -162,6 +178,6 @@ class PipelinedPolicy:
         packed = torch.stack([getattr(total, f).detach().float() for f in fields])
         if not last:
             packed = torch.zeros_like(packed)
-        dist.broadcast(packed, src=dist.get_world_size() - 1)
+        dist.broadcast(packed, src=dist.get_global_rank(group, dist.get_world_size(group) - 1), group=group)
         values: dict[str, Any] = dict(zip(fields, packed.unbind()))
         return StepStats(**values)

@@ -22,7 +22,6 @@ from tests.trainer.test_tp import GRAD_CLIP, PARAM_ATOL, STAT_KEYS, STEPS
     "overrides, expected",
     [
         (["trainer.world_size=3", "trainer.pp_size=2"], "trainer.world_size=3 is not divisible by trainer.pp_size=2"),
-        (["trainer.world_size=4", "trainer.pp_size=2"], "set trainer.world_size=2"),
         (["trainer.world_size=2", "trainer.pp_size=2"], "set trainer.max_tokens_per_micro_batch=0"),
         (["trainer.pp_virtual_stages=2"], "trainer.pp_virtual_stages=2 needs trainer.pp_schedule=interleaved"),
         (["trainer.pp_schedule=zb"], "trainer.pp_schedule"),
@@ -115,6 +114,8 @@ def train(
     path: Path,
     pp_size: int,
     refs: list,
+    *,
+    world_size: int | None = None,
     schedule: str = "1f1b",
     virtual: int = 1,
     algo: str = "grpo",
@@ -123,8 +124,9 @@ def train(
     """Three train_steps of padded rows; per-step stats, the gathered state and the live group."""
     from relayrl.trainer.ranks import TrainerGroup
 
+    world = world_size or pp_size
     cfg = TrainerConfig(
-        world_size=pp_size,
+        world_size=world,
         pp_size=pp_size,
         pp_schedule=schedule,
         pp_virtual_stages=virtual,
@@ -133,11 +135,11 @@ def train(
         max_tokens_per_micro_batch=0,
         shared_prefix=False,
         grad_clip=GRAD_CLIP,
-        num_cpus=0.5,
+        num_cpus=1 / world,
         num_threads=1,
     )
     trainer = TrainerGroup(
-        pp_size,
+        world,
         str(path),
         ModelConfig(path=str(path)),
         cfg,
@@ -221,7 +223,7 @@ def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tm
     reference["trainer"].save_checkpoint(str(tmp_path))
     manifest.write(tmp_path)
     reference.pop("trainer").shutdown()
-    run = train(path, 2, refs, "interleaved", 2)
+    run = train(path, 2, refs, schedule="interleaved", virtual=2)
     try:
         _assert_same_run(run, reference, "pp=2 interleaved v=2")
         run["trainer"].train_step(refs)  # move away from the checkpoint's weights, then back
@@ -258,5 +260,16 @@ def test_ppo_pp2_trains_what_one_rank_trains(tiny_llama, refs, tmp_path):
             first["grad_norm"],
             first["value_loss"],
         )
+    finally:
+        run["trainer"].shutdown()
+
+
+@pytest.mark.slow
+def test_dp2_x_pp2_trains_what_one_rank_trains(tiny_llama, refs, reference):
+    """4 ranks: 2 data-parallel replicas of a 2-stage pipeline (9 rows: 5 and 4 with a filler), GRPO with the KL
+    term, against one rank."""
+    run = train(tiny_llama, 2, refs, world_size=4, kl_coef=KL)
+    try:
+        _assert_same_run(run, reference, "dp=2 x pp=2")
     finally:
         run["trainer"].shutdown()
