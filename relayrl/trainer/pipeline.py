@@ -12,8 +12,9 @@ disturb), positions are 0..T−1, and activations crossing a stage boundary are 
 
 The loss (``rl_loss``) runs on the last stage for each micro-batch. Its target is one float tensor
 [b, T, 6], chunked along the batch like the input: the token each position predicts, the advantage, the old
-logprob, the loss mask, the engine's logprob (for an off-policy weight and ``behaviour_kl``) and the
-reference's (GRPO's KL term; token ids below 2^24 are exact in float32). The logprobs come from the final hidden
+logprob (NaN: this forward's own, detached, as the first epoch's is), the loss mask, the engine's logprob (for
+an off-policy weight and ``behaviour_kl``) and the reference's (GRPO's KL term; token ids below 2^24 are exact
+in float32). The logprobs come from the final hidden
 states through the chunked head (``head.score``: [N, V] logits never exist), the per-token loss from the
 objective's policy loss, and the micro-batch's loss is its ``LOSS_AGG`` numerator over the step's global
 denominator, so that the schedule's sum over micro-batches is the step's loss however it is split
@@ -135,6 +136,7 @@ def rl_loss(
             ids, advantages, old, mask, behaviour, ref = target.unbind(-1)
             request = head.Request(ids.long(), temperature, chunk)
             logprobs, entropy = head.score(hidden, lm_head.weight, lm_head.bias, request)
+            old = torch.where(old.isnan(), logprobs.detach(), old)  # NaN: pi_old is this very forward (epoch 1)
             rows = _Rows(advantages, mask, behaviour)
             per_token, stats = objective.policy(logprobs, old, cast(Any, rows))
             kl_sum = mask.new_zeros(())

@@ -6,8 +6,8 @@ and each its own stages of the policy (``pipeline.py``); the dp replicas of a st
 
     rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
            out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size when interleaved
-    old logprobs = one forward-only pass of the schedule (the last stage's), as one rank's first epoch;
-                   with a KL term the reference's too, through its own stages
+    old logprobs = with one epoch the training forward's own (detached), as one rank's; with more, one
+                   forward-only pass of the schedule first; with a KL term the reference's, through its stages
     for epoch in 1..E: schedule.step (forward and backward of every micro-batch; the loss on the last stage:
                        policy loss, LOSS_AGG numerator / D_step); gradients summed over dp; global-norm clip;
                        AdamW
@@ -95,7 +95,9 @@ class PipelinedPolicy:
         loss = rl_loss(self.objective, self.temperature, c.logits_chunk, denom, records.append)
         pipe = Pipeline(self.model, group, loss, m, c.pp_schedule, c.pp_virtual_stages)
         with autocast(ids.device.type, c.dtype):
-            old = pipe.logprobs(ids, self.temperature, c.logits_chunk)
+            # one epoch: pi_old is the training forward's own logprobs (NaN asks the loss for them, as one rank's
+            # first epoch does); more: one forward-only pass first, since later epochs need them fixed
+            old = pipe.logprobs(ids, self.temperature, c.logits_chunk) if c.epochs > 1 else None
             ref = self._reference(group, ids, m)
         target = self._target(rows, old, ref) if pipe.last else None
         sums: list[StepStats] = []
@@ -154,11 +156,12 @@ class PipelinedPolicy:
         return pipe.logprobs(ids, self.temperature, c.logits_chunk)
 
     def _target(self, rows: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None) -> torch.Tensor:
-        assert old is not None  # the last stage computed it
         advantages = rows.advantages
         if advantages.dim() == 1:
             advantages = advantages[:, None].expand_as(rows.loss_mask)
-        device = old.device
+        device = next(self.model.parameters()).device
+        if old is None:
+            old = torch.full(rows.loss_mask.shape, float("nan"), device=device)
         return targets(
             rows.input_ids.to(device),
             advantages.to(device, torch.float32),

@@ -34,10 +34,10 @@ def test_stage_layers_and_ids_by_hand():
 
 def test_targets_by_hand():
     """Position t predicts token t + 1; the last position predicts nothing (id 0, mask 0); the engine's
-    logprobs default to the old ones."""
+    and the reference's logprobs default to the old ones."""
     ids = torch.tensor([[5, 6, 7]])
     out = targets(ids, torch.tensor([[1.0, 2.0]]), torch.tensor([[-1.0, -2.0]]), torch.tensor([[1.0, 0.0]]))
-    assert out.tolist() == [[[6, 1, -1, 1, -1], [7, 2, -2, 0, -2], [0, 0, 0, 0, 0]]]
+    assert out.tolist() == [[[6, 1, -1, 1, -1, -1], [7, 2, -2, 0, -2, -2], [0, 0, 0, 0, 0, 0]]]
 
 
 def _model(tied: bool) -> torch.nn.Module:

@@ -120,6 +120,7 @@ def train(
     virtual: int = 1,
     algo: str = "grpo",
     kl_coef: float = 0.0,
+    epochs: int = 1,
 ) -> dict:
     """Three train_steps of padded rows; per-step stats, the gathered state and the live group."""
     from relayrl.trainer.ranks import TrainerGroup
@@ -131,6 +132,7 @@ def train(
         pp_schedule=schedule,
         pp_virtual_stages=virtual,
         lr=1e-3,
+        epochs=epochs,
         micro_batch_size=2,
         max_tokens_per_micro_batch=0,
         shared_prefix=False,
@@ -271,5 +273,19 @@ def test_dp2_x_pp2_trains_what_one_rank_trains(tiny_llama, refs, reference):
     run = train(tiny_llama, 2, refs, world_size=4, kl_coef=KL)
     try:
         _assert_same_run(run, reference, "dp=2 x pp=2")
+    finally:
+        run["trainer"].shutdown()
+
+
+@pytest.mark.slow
+def test_two_epochs_under_pp2_train_what_one_rank_trains(tiny_llama, refs):
+    """trainer.epochs=2: pi_old comes from a forward-only pass before the first epoch and stays fixed, so the
+    second epoch's ratio moves and the clip can act, as on one rank."""
+    reference = train(tiny_llama, 1, refs, kl_coef=KL, epochs=2)
+    reference.pop("trainer").shutdown()
+    assert reference["stats"][0]["ratio_max"] > 1.0  # the second epoch saw a ratio other than 1
+    run = train(tiny_llama, 2, refs, kl_coef=KL, epochs=2)
+    try:
+        _assert_same_run(run, reference, "pp=2, 2 epochs")
     finally:
         run["trainer"].shutdown()
