@@ -1,0 +1,139 @@
+"""Pipeline parallelism on this box: one GRPO step of SmolLM2-135M with the policy on 1 rank and in 2 pipeline
+stages (``trainer.pp_size=2``) under each schedule, side by side, against the floor and the PTD-P model.
+
+The step: ``groups`` groups of ``group_size`` padded rows of ``length`` tokens (a 32-token prompt each), one
+micro-batch a row (``trainer.micro_batch_size=1``: m = rows micro-batches). Each case is a fresh
+``TrainerGroup`` of real Ray actors over gloo; one warm-up step, then the median of ``--steps`` timed steps:
+
+    pp=1, 2 threads    world_size 1: the row on one rank, both cores (relayrl's default on this box)
+    pp=1, 1 thread     world_size 1 on one core: the work of the whole step, serially
+    pp=2 <schedule>    world_size 2, pp_size 2, one core a rank: gpipe, 1f1b, interleaved (v = 3: 6 stages of 5 layers)
+
+The floor of a 2-stage step is half the one-thread step (each core runs half the layers) times the bubble the
+schedule leaves, 1 + (p - 1) / (v m) (``relayrl.plan.ptdp.bubble_fraction``). Between the two, the gap is
+what the pipeline spends beyond the model: p2p sends of activations and gradients, and the per-step broadcast
+of every weight from its owner (``pp_step.PipelinedPolicy.refresh``). Peak RSS is the busiest rank's: every rank
+loads the whole model today, so it is not expected to halve. Usage::
+
+    .venv/bin/python -m bench.pipeline [--length 512] [--groups 2] [--group-size 4] [--steps 2] [--tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+
+import ray
+import torch
+
+from bench.common import load_note
+from bench.long_context import TEMPERATURE, model_path
+from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from relayrl.monitor.schema import MEMORY_TRAINER_PEAK_GB
+from relayrl.plan.ptdp import bubble_fraction
+from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
+
+PROMPT = 32
+CASES = [  # (label, pp, threads a rank, schedule, virtual stages)
+    ("pp=1, 2 threads", 1, 2, "1f1b", 1),
+    ("pp=1, 1 thread", 1, 1, "1f1b", 1),
+    ("pp=2 gpipe", 2, 1, "gpipe", 1),
+    ("pp=2 1f1b", 2, 1, "1f1b", 1),
+    ("pp=2 interleaved v=3", 2, 1, "interleaved", 3),
+]
+
+
+def groups_of(n_groups: int, size: int, length: int, vocab: int) -> list[TrajectoryGroup]:
+    """``n_groups`` groups of ``size`` completions of length - PROMPT tokens, varied rewards."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for p in range(n_groups):
+        prompt = torch.randint(10, vocab, (PROMPT,), generator=g).tolist()
+        trajs = []
+        for s in range(size):
+            n = length - PROMPT
+            completion = torch.randint(10, vocab, (n,), generator=g).tolist()
+            logprobs = (-torch.rand(n, generator=g) * 6).tolist()
+            spans = [VersionSpan(0, 0, n)]
+            trajs.append(Trajectory(p, s, prompt, completion, logprobs, "", "length", spans, reward=float(s % 2)))
+        out.append(TrajectoryGroup(p, f"prompt {p}", {}, trajs))
+    return out
+
+
+def run_case(path: str, pp: int, threads: int, schedule: str, virtual: int, groups: list, steps: int) -> dict:
+    from relayrl.trainer.ranks import TrainerGroup
+
+    cfg = TrainerConfig(
+        world_size=pp,
+        pp_size=pp,
+        pp_schedule=schedule,
+        pp_virtual_stages=virtual,
+        micro_batch_size=1,
+        max_tokens_per_micro_batch=0,
+        shared_prefix=False,
+        num_cpus=1.0 / pp,
+        num_threads=threads,
+    )
+    length = len(groups[0].trajectories[0].prompt_token_ids) + len(groups[0].trajectories[0].completion_token_ids)
+    trainer = TrainerGroup(
+        pp,
+        path,
+        ModelConfig(path=path, max_model_len=max(length, 1024)),
+        cfg,
+        AlgorithmConfig(group_size=len(groups[0].trajectories)),
+        temperature=TEMPERATURE,
+        timeout_s=3600.0,
+    )
+    try:
+        trainer.ready()
+        ref = ray.put(groups)
+        stats = trainer.train_step([ref])  # warm-up
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            stats = trainer.train_step([ref])
+            times.append(time.perf_counter() - t0)
+        return {"s": statistics.median(times), "gb": stats[MEMORY_TRAINER_PEAK_GB]}
+    finally:
+        trainer.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--length", type=int, default=512)
+    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--tiny", action="store_true", help="the tiny Llama (2 layers: no interleaved case)")
+    args = ap.parse_args()
+    from transformers import AutoConfig
+
+    path = model_path(args.tiny)
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    groups = groups_of(args.groups, args.group_size, args.length, vocab)
+    rows = args.groups * args.group_size
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M}  model {path}  {rows} rows x {args.length} tokens  {load_note()}")
+    print("| case | s/step | peak GB (busiest rank) | vs pp=1 2 threads | floor s | vs floor |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    results: dict[str, dict] = {}
+    for label, pp, threads, schedule, virtual in CASES:
+        if args.tiny and virtual > 1:
+            continue
+        out = results[label] = run_case(path, pp, threads, schedule, virtual, groups, args.steps)
+        base = results[CASES[0][0]]["s"]
+        floor = ""
+        if pp > 1 and CASES[1][0] in results:
+            f = results[CASES[1][0]]["s"] / pp * (1 + bubble_fraction(pp, rows, virtual, schedule))
+            floor = f"{f:.2f} | {out['s'] / f:.2f}"
+        else:
+            floor = "- | -"
+        print(f"| {label} | {out['s']:.2f} | {out['gb']:.2f} | {out['s'] / base:.2f} | {floor} |", flush=True)
+    print(f"after: {load_note()}")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
