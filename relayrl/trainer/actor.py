@@ -125,6 +125,7 @@ class TrainerActor(WeightsOut):
         self.critic_cfg = critic_cfg or CriticConfig()
         self.critic: Critic | None = None  # made in setup for gae
         self.context: context.Group | None = None  # trainer.cp_size > 1: this rank's cp group (setup)
+        self.pipelined: PipelinedPolicy | None = None  # trainer.pp_size > 1: this rank's stages (setup)
         self.master = (master_addr, master_port)  # port 0: rank 0 binds one the OS picks (``listen``)
         self._master_store: dist.TCPStore | None = None
         self.model_path, self.model_cfg, self.cfg, self.algo = model_path, model_cfg, trainer_cfg, algo_cfg

@@ -29,7 +29,7 @@ import torch
 
 from relayrl.algorithms.advantages import ADVANTAGES, CRITIC_ESTIMATORS, sequence_advantages
 from relayrl.algorithms.filtering import trainable_groups
-from relayrl.trainer.balance import assign_lpt
+from relayrl.trainer.balance import split_units
 from relayrl.trainer.packing import PackedRow, pack_rows, plan_chunks, segment_tokens
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup
 
@@ -169,17 +169,18 @@ def balanced_split(batch: TrainBatch, rank: int, world_size: int, budget: int, s
     """Rank ``rank``'s share for packed micro-batches: whole packing units, balanced by packed tokens.
 
     Units and costs are ``packing_units`` of the whole batch (one row; with ``share_prefix`` one group, or
-    a part of one that fits ``budget``, whose rows share one prefix copy and so stay on one rank), assigned
-    by ``assign_lpt``: the same on every rank. The rank's rows keep their batch order. Row counts may differ
+    a part of one that fits ``budget``, whose rows share one prefix copy), assigned by ``assign_lpt``, and
+    while the busiest rank holds over 1.05 times the mean its largest group is cut in halves, each with its own
+    prefix copy (``split_units``): the same on every rank. The rank's rows keep their batch order. Row counts may differ
     across ranks: ``micro_batches`` evens out the forward counts. A rank given no unit gets one zero-weight
     copy of row 0 (as ``split_batch`` pads), so it still has a valid share to run its forwards on.
     The step's gradient is the same as any other split's: every row is on exactly one rank and the loss's
-    denominator is the step's (``step_totals``). Whole groups are coarse: with a few groups per rank the
-    busiest rank can hold more than under ``split_batch``, which cuts a group (one more prefix copy).
+    denominator is the step's (``step_totals``).
     """
     _check_rank(rank, world_size)
-    units, costs = packing_units(batch, budget, share_prefix)
-    owner = assign_lpt(costs, world_size)
+    units, _ = packing_units(batch, budget, share_prefix)
+    seqs = _sequences(batch)
+    units, owner = split_units(units, lambda rows: segment_tokens([seqs[r] for r in rows], share_prefix), world_size)
     rows = sorted(r for unit, o in zip(units, owner) if o == rank for r in unit)
     if not rows:
         return _zero_weight_from(_rows(batch, torch.zeros(1, dtype=torch.long)), 0)

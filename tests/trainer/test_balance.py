@@ -72,20 +72,54 @@ def test_rows_go_by_tokens_without_shared_prefix():
     assert shares[0].prompt_ids == [10, 11] and torch.equal(shares[0].advantages, batch.advantages[[0, 3]])
 
 
-def test_groups_stay_whole_and_a_rank_without_a_unit_gets_a_filler():
-    # shared prefix: group 10 packs 3 + 2 + 1 = 6 tokens, group 11 1 + 3 + 1 = 5: one group per rank, rank 2 none
+def test_a_group_is_cut_when_a_rank_would_wait_and_a_rank_without_a_unit_gets_a_filler():
+    # shared prefix: group 10 packs 3 + 2 + 1 = 6 tokens, group 11 1 + 3 + 1 = 5: whole groups over 3 ranks load
+    # 6, 5, 0 (1.64x the mean), so group 10 is cut: its rows alone cost 5 and 4 (each with the prefix), loads 5,
+    # 5, 4; cutting group 11 next (4 + 2) would load one rank 6, so it stays whole
     batch = _batch()
     shares = [balanced_split(batch, r, 3, budget=100, share_prefix=True) for r in range(3)]
-    assert [s.prompt_ids for s in shares] == [[10, 10], [11, 11], [-1]]
-    assert torch.equal(shares[1].input_ids, batch.input_ids[[2, 3]])
-    filler = shares[2]
+    assert [s.prompt_ids for s in shares] == [[10], [11, 11], [10]]
+    assert torch.equal(shares[2].input_ids, batch.input_ids[[1]])
+    assert sum(float(s.loss_mask.sum()) for s in shares) == float(batch.loss_mask.sum())
+    # 4 ranks: the busiest (5 tokens) can only lose by cutting group 11 (4 + 2: no lower), so the last rank
+    # gets a zero-weight copy of row 0
+    shares = [balanced_split(batch, r, 4, budget=100, share_prefix=True) for r in range(4)]
+    filler = shares[3]
+    assert [s.prompt_ids for s in shares] == [[10], [11, 11], [10], [-1]]
     assert torch.equal(filler.input_ids, batch.input_ids[[0]])  # real tokens: attention stays defined
     assert float(filler.loss_mask.sum()) == 0.0 and filler.advantages.tolist() == [0.0]
     assert filler.rewards is not None and filler.rewards.tolist() == [0.0]
     assert float(batch.loss_mask[0].sum()) == 2.0  # the batch is untouched
-    assert sum(float(s.loss_mask.sum()) for s in shares) == float(batch.loss_mask.sum())
     with pytest.raises(ValueError, match="rank"):
         balanced_split(batch, 3, 3, budget=100, share_prefix=True)
+
+
+def test_improve_by_hand():
+    """``improve``'s docstring case: LPT's 9 | 11 becomes 10 | 10 by swapping the 4 for a 3."""
+    from relayrl.trainer.balance import improve, loads
+
+    costs = [5, 5, 4, 3, 3]
+    lpt = assign_lpt(costs, 2)
+    assert loads(costs, lpt, 2) == [9, 11]
+    assert loads(costs, improve(costs, lpt, 2), 2) == [10, 10]
+    assert improve([4, 4], [0, 1], 2) == [0, 1]  # already even: nothing moves
+
+
+def test_split_units_by_hand():
+    """``split_units``' docstring case: [0, 1, 2, 3] costs 10 whole, 6 a half, 4 a row; [4] costs 2."""
+    from relayrl.trainer.balance import split_units
+
+    costs = {(0, 1, 2, 3): 10, (0, 1): 6, (2, 3): 6, (0,): 4, (1,): 4, (2,): 4, (3,): 4, (4,): 2}
+    assert split_units([[0, 1, 2, 3], [4]], lambda rows: costs[tuple(rows)], 2) == ([[0, 1], [2, 3], [4]], [0, 1, 0])
+    # the busiest rank's own group ([0, 1]: 395 over rank 0's 508) cut in halves would leave 516; cutting [3, 4]
+    # on the other rank lets LPT reach 505 | 433, and no further cut lowers 505
+    costs |= {(0, 1): 395, (0,): 218, (1,): 218, (2,): 113, (3, 4): 185, (3,): 110, (4,): 110}
+    costs |= {(5, 6): 210, (5,): 125, (6,): 125}
+    units, owner = split_units([[0, 1], [2], [3, 4], [5, 6]], lambda rows: costs[tuple(rows)], 2)
+    assert units == [[0, 1], [2], [3], [4], [5, 6]] and owner == [0, 1, 1, 0, 1]
+    # already within 1.05: nothing is cut
+    costs = {(0, 1): 6, (2, 3): 6}
+    assert split_units([[0, 1], [2, 3]], lambda rows: costs[tuple(rows)], 2) == ([[0, 1], [2, 3]], [0, 1])
 
 
 # ------------------------------------------------------------------------------------------- the step's gradient
@@ -107,17 +141,16 @@ def simulated_step(actor, shares: list[TrainBatch]) -> tuple[float, dict[str, to
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_balanced_shares_give_the_gradient_of_the_contiguous_split(one_rank_group, tiny_llama, world):
-    """3 groups of 4 with a shared prefix (23, 29, 30 packed tokens): 2 ranks get {30} and {29, 23}; 4 ranks
-    one group each and a filler."""
+    """3 groups of 4 with a shared prefix (23, 29, 30 packed tokens), over 2 and 4 ranks: the token-balanced
+    shares (groups cut where a rank would wait) train the same gradient as one rank and as the contiguous
+    split, and are no less even than it."""
     actor = local_actor(tiny_llama, algo=AlgorithmConfig(group_size=4, entropy_coef=0.01), **SHARED)
     batch = build_train_batch(synthetic_groups(), pad_token_id=0)
     one = simulated_step(actor, [split_batch(batch, 0, 1)])
     contiguous = simulated_step(actor, [split_batch(batch, r, world) for r in range(world)])
     balanced_shares = [balanced_split(batch, r, world, 60, True) for r in range(world)]
     balanced = simulated_step(actor, balanced_shares)
-    assert [len(s) for s in balanced_shares] != [len(s) for s in [split_batch(batch, r, world) for r in range(world)]]
-    owners = {pid: r for r, s in enumerate(balanced_shares) for pid in s.prompt_ids}
-    assert all(owners[pid] == r for r, s in enumerate(balanced_shares) for pid in s.prompt_ids)  # groups whole
+    assert token_imbalance(balanced[2]) <= token_imbalance(contiguous[2])
     assert one[0] != 0.0
     for other in (contiguous, balanced):
         assert abs(other[0] - one[0]) < 1e-6
