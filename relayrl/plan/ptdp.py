@@ -41,13 +41,16 @@ Adam, no ZeRO) and the activations of the micro-batches a schedule keeps in flig
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from relayrl.config.base import choices_of
+from relayrl.config.trainer import PipelineSchedule
 from relayrl.plan.costs import Hardware
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = choices_of(PipelineSchedule)  # the schedules trainer.pp_schedule takes
 
 
 @dataclass(frozen=True)
@@ -171,16 +174,16 @@ def tflops_per_gpu(hw: Hardware, gpt: GPT, lay: PTDP, eff: Efficiency) -> float:
 def fit_gemm(hw: Hardware, gpt: GPT, lay: PTDP, measured_tflops: float, eff: Efficiency = Efficiency()) -> float:
     """The GEMM efficiency at which ``lay`` reaches ``measured_tflops`` (bisection: throughput rises with it)."""
     lo, hi = 1e-3, 1.0
-    if tflops_per_gpu(hw, gpt, lay, _with_gemm(eff, hi)) < measured_tflops:
+    if tflops_per_gpu(hw, gpt, lay, dataclasses.replace(eff, gemm=hi)) < measured_tflops:
         raise ValueError(f"{measured_tflops} TFLOP/s is out of reach even at 100 % GEMM efficiency")
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tflops_per_gpu(hw, gpt, lay, _with_gemm(eff, mid)) < measured_tflops else (lo, mid)
+        lo, hi = (
+            (mid, hi)
+            if tflops_per_gpu(hw, gpt, lay, dataclasses.replace(eff, gemm=mid)) < measured_tflops
+            else (lo, mid)
+        )
     return (lo + hi) / 2
-
-
-def _with_gemm(eff: Efficiency, gemm: float) -> Efficiency:
-    return Efficiency(gemm, eff.hbm, eff.nvlink, eff.ib, eff.replicated, eff.split, eff.score, eff.grad_bytes)
 
 
 TRAIN_STATE_BYTES = 16.0

@@ -38,10 +38,12 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.losses import masked_token_sum
 from relayrl.algorithms.objective import Objective
+from relayrl.config.base import choices_of
+from relayrl.config.trainer import PipelineSchedule
 from relayrl.trainer import attention, head
 from relayrl.trainer.step import PolicyStep, StepStats
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = choices_of(PipelineSchedule)
 TARGET_COLUMNS = 6  # next token, advantage, old, mask, behaviour, reference (``targets``)
 CAUSAL_WITHOUT_MASK = ("sdpa", attention.NAME)
 """Attention kernels that attend causally when given no mask (the stages pass none)."""
