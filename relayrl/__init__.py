@@ -5,6 +5,7 @@ Python API::
     import relayrl
     cfg = relayrl.load_config("grpo_arith", ["run.steps=10"])
     relayrl.train(cfg, rewards=[my_reward_fn])
+    relayrl.scale("runs/<id>", replicas=2)  # from another process, while it runs
 """
 
 from __future__ import annotations
@@ -25,4 +26,12 @@ def train(cfg: Config, rewards: list[Callable] | None = None) -> RunResult:
     return _train(cfg, rewards)
 
 
-__all__ = ["Config", "ConfigError", "load_config", "train"]
+def scale(run_dir: str, replicas: int) -> str:
+    """Ask the running run in ``run_dir`` for ``replicas`` rollout replicas (``relayrl scale``); returns the
+    console line, or raises ``ScaleError`` (one line, nothing changed) for a run that is not running."""
+    from relayrl.controller.membership import request_scale
+
+    return request_scale(run_dir, replicas)
+
+
+__all__ = ["Config", "ConfigError", "load_config", "scale", "train"]

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir")
     runs = sub.add_parser("runs", help="list run directories with status (finished/running/failed) and best reward")
     runs.add_argument("dir", nargs="?", default="runs", help="folder holding run directories (default: runs)")
+    scale = sub.add_parser("scale", help="add or remove rollout replicas of a running run")
+    scale.add_argument("run_dir", help="the running run's directory (runs/<id>)")
+    scale.add_argument("--replicas", type=int, required=True, help="rollout replicas to serve from now on")
     _eval_parser(sub)
     _plan_parser(sub)
     _simulate_parser(sub)
@@ -278,7 +281,26 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-COMMANDS = {"train": _train, "plot": _plot, "runs": _runs, "eval": _eval, "plan": _plan, "simulate": _simulate}
+def _scale(args: argparse.Namespace) -> int:
+    from relayrl.controller.membership import ScaleError, request_scale
+
+    try:
+        print(request_scale(args.run_dir, args.replicas))
+    except ScaleError as exc:
+        print(f"relayrl: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+COMMANDS = {
+    "train": _train,
+    "scale": _scale,
+    "plot": _plot,
+    "runs": _runs,
+    "eval": _eval,
+    "plan": _plan,
+    "simulate": _simulate,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,16 +3,30 @@ their deadlines and restarts)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relayrl.config.base import ConfigError, positive
 from relayrl.config.runtime import has_cuda
 
 
 @dataclass
+class AutoscaleConfig:
+    """``rollout.autoscale``: replicas that join and leave with the cluster's nodes (``controller/membership.py``).
+    With ``max`` > 0 the run keeps asking for ``max`` replicas, each in a placement group of its own that Ray
+    fulfils when a node with the resources joins; a replica whose node goes is removed (its calls generated
+    again elsewhere) rather than restarted, and asked for again. ``relayrl scale`` never goes below ``min``."""
+
+    min: int = 0
+    """Fewest replicas ``relayrl scale`` may ask for (0: 1)."""
+    max: int = 0
+    """Replicas to keep asking for as nodes come and go (0: autoscaling off; the count is num_replicas)."""
+
+
+@dataclass
 class RolloutConfig:
     num_replicas: int = 1
-    """vLLM engines (Ray actors); prompts are spread across them."""
+    """vLLM engines (Ray actors) at the start; prompts are spread across them (``relayrl scale`` changes it)."""
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     max_tokens: int = 32
     """Most new tokens per completion."""
     min_tokens: int = 0
@@ -84,6 +98,14 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "kv_cache_gb")
+        if isinstance(self.autoscale, dict):  # a plain mapping (a config read back from YAML)
+            self.autoscale = AutoscaleConfig(**self.autoscale)
+        low, high = self.autoscale.min, self.autoscale.max
+        if low < 0 or (high and not max(low, 1) <= self.num_replicas <= high):
+            raise ConfigError(
+                f"rollout.autoscale min={low} max={high} must satisfy 0 <= min <= num_replicas="
+                f"{self.num_replicas} <= max (max 0: off); raise rollout.autoscale.max or lower rollout.num_replicas"
+            )
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ConfigError(
                 f"rollout.min_tokens={self.min_tokens} must be in [0, rollout.max_tokens={self.max_tokens}]; "

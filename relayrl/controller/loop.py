@@ -54,12 +54,20 @@ class Loop(ABC):
                 self._finish_training()
             else:
                 self._expire_overdue()
+            self._cancel_losers()
 
     def _launch(self) -> None:
-        """Start every chunk the policy allows on the idle slots."""
-        for flight in self.policy.launches(self.idle):
+        """Start every chunk the policy allows on the idle slots (slots of replicas that left are dropped)."""
+        self.idle = [r for r in self.idle if r in self.policy.replicas.live]
+        for flight in self.policy.launches(self.idle, self._now()):
             self.idle.remove(flight.replica)
             self._submit(flight)
+
+    def _cancel_losers(self) -> None:
+        """Calls the policy no longer needs (a copy lost, a chunk handed back): cancel them, free their slots."""
+        for flight in self.policy.take_cancelled(self._now()):
+            self._cancel(flight)
+            self.idle.append(flight.replica)
 
     def _start_training(self) -> None:
         if (step := self.policy.take_step()) is not None:  # None while a step trains
@@ -69,12 +77,21 @@ class Loop(ABC):
         """A replica died mid-generation: a new one (with the current weights) replaces it, once however many of
         its calls fail, and the chunk is generated again under the same seq, so data order and accounting are
         unchanged."""
-        if self._is_current(flight):  # not yet replaced (e.g. during a sync)
+        serving = self.policy.replicas.takes_work(flight.replica)  # a leaving replica is not replaced
+        if serving and self._is_current(flight):  # not yet replaced (e.g. during a sync)
             self._restart(flight, error)
-        self.policy.on_failed(flight.seq)
+        self.policy.on_failed(flight.seq, flight, self._now())
         self.idle.append(flight.replica)
 
     # ---- the effects --------------------------------------------------------------------------------------
+    @abstractmethod
+    def _now(self) -> float:
+        """The loop's clock (seconds): wall time, or the simulation's."""
+
+    @abstractmethod
+    def _cancel(self, flight: Flight) -> None:
+        """Stop ``flight``'s generate call: its result is no longer needed (its slot is freed by the caller)."""
+
     @abstractmethod
     def _submit(self, flight: Flight) -> None:
         """Start ``flight``'s generate call on its replica."""

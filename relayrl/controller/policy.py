@@ -25,12 +25,14 @@ step trains, no step while a chunk generates.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from relayrl.config import Config
 from relayrl.controller.buffer import Admission, Entry, ReplayBuffer
+from relayrl.controller.swarm import ReplicaSet
 from relayrl.data.sampler import Prompt
 
 Prompts = list[Prompt]
@@ -70,6 +72,8 @@ class Flight:
     scored: Any = None  # the scored groups' ref
     generate_s: float = 0.0  # how long the generate call took
     score_t0: float = 0.0  # when its scoring started
+    copy: bool = False  # a straggler's second copy on another replica (the policy's; first result wins)
+    finished: bool = False  # its generate call ended (``on_generated``; the policy's)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -143,22 +147,48 @@ class StepPolicy:
         self.counts = {"issued": 0, "trained": 0, "dropped": 0}
         self.dropped_before_resume = 0  # restored drops: the buffer's own count starts at 0
         self.next_seq = 0
+        self.replicas = ReplicaSet.of(pc.replicas)  # live and draining replicas, their throughput
+        self.copies: dict[int, Flight] = {}  # seq -> a straggler's copy on another replica
+        self.reissued = 0  # results discarded because the chunk's other copy came back first
+        self.cancelled: list[Flight] = []  # losing copies still generating: the loop cancels them
 
     # ---- rollout side ----------------------------------------------------------------------------
-    def launches(self, idle: list[int]) -> list[Flight]:
-        """Chunks to start now on the ``idle`` slots (replica indexes, in that order; a streaming replica
-        is listed once per free slot): chunks to regenerate first (already admitted), then new ones while
-        admission and the buffer's capacity allow."""
+    def launches(self, idle: list[int], now: float = 0.0) -> list[Flight]:
+        """Chunks to start now on the ``idle`` slots (replica ids; a streaming replica is listed once per free
+        slot; draining replicas' slots are passed over): chunks to regenerate first (already admitted), then new
+        ones while admission and the buffer's capacity allow, each on the slot whose replica would finish it
+        first (``swarm.ReplicaSet.pick``), then copies of stragglers (``_reissues``)."""
         if self.pc.colocated and self.training is not None:
             return []
-        out, free = [], list(idle)
+        out: list[Flight] = []
+        free = [r for r in idle if self.replicas.takes_work(r)]
         while free and self.retry:
             seq = self.retry.pop(0)
-            out.append(Flight(seq, free.pop(0), self.outstanding[seq]))
+            out.append(Flight(seq, self._place(free, out), self.outstanding[seq]))
         while free and self.admission.allows(self.version, self.chunk) and self._room():
-            out.append(Flight(self._issue(), free.pop(0), self.outstanding[self.next_seq - 1]))
+            seq = self._issue()
+            out.append(Flight(seq, self._place(free, out), self.outstanding[seq]))
         self.generating.update((flight.seq, flight) for flight in out)
-        return out
+        copies = self._reissues(free, out)
+        self.copies.update((flight.seq, flight) for flight in copies)
+        for flight in out + copies:
+            self.replicas.started(flight.replica, now)
+        return out + copies
+
+    def _place(self, free: list[int], placed: list[Flight]) -> int:
+        extra = Counter(f.replica for f in placed)
+        return free.pop(self.replicas.pick(free, extra))
+
+    def _reissues(self, free: list[int], placed: list[Flight]) -> list[Flight]:
+        """Copies of stragglers for replicas that would sit idle while the next step waits on them
+        (``swarm.ReplicaSet.copies``); not colocated (it never generates while it trains)."""
+        if self.pc.colocated or not free or self.buffer.ready(self.version, self.B, self.max_groups):
+            return []
+        running = [f for seq, f in sorted(self.generating.items()) if not f.finished]
+        busy = {f.replica for f in running} | {f.replica for f in placed}
+        stragglers = [(f.seq, f.replica) for f in running if f.seq not in self.copies]
+        pairs = self.replicas.copies([r for r in free if r not in busy], stragglers)
+        return [Flight(seq, r, self.generating[seq].prompts, copy=True) for seq, r in pairs]
 
     def _issue(self) -> int:
         """The next chunk: ``pending`` prompts first, topped up from ``draw`` (whose surplus waits there when a
@@ -176,22 +206,102 @@ class StepPolicy:
         """Buffer capacity counts what is buffered plus this chunk; in-flight chunks are not counted."""
         return self.buffer.has_room(self.chunk)
 
-    def on_scored(self, entry: Entry) -> None:
-        """Chunk ``entry.seq`` came back scored. ``entry.useful`` holds its groups with reward spread;
-        with dynamic sampling only those count towards a step, the rest free their admission budget
-        (so more prompts are drawn); without it every group counts."""
+    def on_generated(self, flight: Flight, now: float = 0.0) -> None:
+        """``flight``'s generate call ended (scoring starts): its replica's throughput counts it."""
+        if not flight.finished and self.is_live(flight):
+            self.replicas.stopped(flight.replica, now, len(flight.prompts))
+        flight.finished = True
+
+    def is_live(self, flight: Flight) -> bool:
+        """``flight`` is its chunk's call (or its copy) still: not superseded by the other copy's result."""
+        return self.generating.get(flight.seq) is flight or self.copies.get(flight.seq) is flight
+
+    def on_scored(self, entry: Entry, flight: Flight | None = None) -> bool:
+        """Chunk ``entry.seq`` came back scored (from ``flight``, when the loop says which). ``entry.useful``
+        holds its groups with reward spread; with dynamic sampling only those count towards a step, the rest
+        free their admission budget (so more prompts are drawn); without it every group counts.
+        False: the chunk's other copy came back first, and this result is discarded."""
+        if flight is not None and not self._resolve(flight):
+            return False
         self.generating.pop(entry.seq, None)
         if self.pc.refill:
             self.admission.waste(entry.num_groups - entry.counted)
         else:
             entry.useful = None
         self.buffer.put(entry)
+        return True
 
-    def on_failed(self, seq: int) -> None:
+    def _resolve(self, flight: Flight) -> bool:
+        """``flight`` won its seq: the other copy, if any, is cancelled (still generating) or discarded."""
+        if not self.is_live(flight):
+            return False
+        primary, copy = self.generating.pop(flight.seq, None), self.copies.pop(flight.seq, None)
+        other = copy if flight is primary else primary
+        if other is not None:
+            self.reissued += 1
+            if not other.finished:
+                self.cancelled.append(other)
+        return True
+
+    def take_cancelled(self, now: float = 0.0) -> list[Flight]:
+        """Losing copies (and handed-back chunks) still generating: the loop cancels their calls and frees
+        their slots."""
+        out, self.cancelled = self.cancelled, []
+        for flight in out:
+            if not flight.finished:
+                self.replicas.stopped(flight.replica, now)
+            flight.finished = True
+        return out
+
+    def on_failed(self, seq: int, flight: Flight | None = None, now: float = 0.0) -> None:
         """Chunk ``seq``'s replica died: generate the same prompts again under the same seq, so data
-        order and accounting are as if nothing happened (it stays admitted and issued)."""
+        order and accounting are as if nothing happened (it stays admitted and issued). With ``flight`` given:
+        a copy that failed, or a result already superseded, changes nothing; a failed original whose copy
+        still runs leaves the copy as the chunk's one call."""
+        if flight is not None:
+            if not self.is_live(flight):
+                return
+            if not flight.finished:
+                self.replicas.stopped(flight.replica, now)
+            flight.finished = True
+            if self.copies.get(seq) is flight:
+                del self.copies[seq]
+                return
+            if self._promote(seq):
+                return
         self.generating.pop(seq, None)
         self.retry.append(seq)
+
+    # ---- joins and leaves ------------------------------------------------------------------------
+    def retire(self, replica: int, hand_back: bool = False) -> None:
+        """``replica`` takes no new chunk from now on; with ``hand_back`` its chunks still generating are
+        cancelled and generated again elsewhere under their seqs (a copy elsewhere carries on instead), so
+        nothing is lost and data order holds. Its chunks being scored finish as usual."""
+        self.replicas.retire(replica)
+        if not hand_back:
+            return
+        for seq, copy in list(self.copies.items()):
+            if copy.replica == replica and not copy.finished:
+                del self.copies[seq]
+                self.cancelled.append(copy)
+        for seq, flight in sorted(self.generating.items()):
+            if flight.replica == replica and not flight.finished:
+                self.cancelled.append(flight)
+                if not self._promote(seq):
+                    del self.generating[seq]
+                    self.retry.append(seq)
+
+    def _promote(self, seq: int) -> bool:
+        """The copy of chunk ``seq``, if one runs, becomes the chunk's one call."""
+        if (twin := self.copies.pop(seq, None)) is None:
+            return False
+        twin.copy, self.generating[seq] = False, twin
+        return True
+
+    def drained(self, replica: int) -> bool:
+        """No chunk of ``replica``'s is generating or being scored: a retired replica can be ended."""
+        flights = [*self.generating.values(), *self.copies.values()]
+        return not any(f.replica == replica for f in flights)
 
     # ---- trainer side ----------------------------------------------------------------------------
     def take_step(self) -> Step | None:

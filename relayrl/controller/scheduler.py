@@ -46,8 +46,11 @@ The driver holds refs and counters only; trajectories go rollout -> scorer -> bu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections import Counter
+from typing import Any
 
 import ray
 
@@ -55,17 +58,30 @@ from relayrl.config import Config
 from relayrl.controller.buffer import Entry
 from relayrl.controller.faults import GenerateError, generation_error, task_error_line, trainer_result
 from relayrl.controller.loop import Event, Loop
+from relayrl.controller.membership import Membership
 from relayrl.controller.policy import Flight, PolicyConfig, Step, StepPolicy
 from relayrl.controller.replicas import is_death
 from relayrl.controller.run import RunDir
 from relayrl.controller.steplog import StepLog
-from relayrl.controller.system import System, generate_remote
+from relayrl.controller.system import System
 from relayrl.controller.training_eval import TrainingEval
-from relayrl.monitor.schema import ROLLOUT_CALLS, TIMING_GENERATE, TIMING_SCORE, TIMING_SYNC, TIMING_TRAIN
+from relayrl.data.sampler import Prompt
+from relayrl.monitor.schema import (
+    ROLLOUT_CALLS,
+    ROLLOUT_REISSUED,
+    ROLLOUT_REPLICAS,
+    TIMING_GENERATE,
+    TIMING_SCORE,
+    TIMING_SYNC,
+    TIMING_TRAIN,
+)
 from relayrl.rewards.scoring import Scored
 from relayrl.rollout.occupancy import engine_memory, occupancy_metrics
 
 logger = logging.getLogger(__name__)
+
+CONTROL_POLL_S = 2.0
+"""The longest the loop waits on Ray before it looks at ``control/`` (``controller/membership.py``)."""
 
 
 class Scheduler(Loop):
@@ -80,14 +96,16 @@ class Scheduler(Loop):
         self.policy = StepPolicy(PolicyConfig.from_config(cfg, self.n), system.sampler.next_batch, system.sampler)
         self.generate_calls: dict[ray.ObjectRef, Flight] = {}  # generate ref -> the policy's flight
         self.score_calls: dict[ray.ObjectRef, Flight] = {}  # Scored ref -> the policy's flight
-        self.idle = [r for _ in range(self.policy.pc.slots) for r in range(self.n)]  # free slots, by replica
+        self.idle = [r for _ in range(self.policy.pc.slots) for r in system.ids]  # free slots, by replica id
         self.idle_since = time.perf_counter()
         self.bad_steps = 0  # consecutive steps skipped for a NaN/inf gradient
-        self.calls = [0] * self.n  # generate calls scored, per replica
+        self.calls: Counter[int] = Counter()  # generate calls scored, per replica
         self.log = StepLog(cfg, run, self.n, getattr(system, "startup", {}), self.policy.pc.refill)
         self.evaluator = TrainingEval(cfg, system, run)  # eval.every: held-out prompts drawn once
         pc = self.policy.pc  # the sequences an engine is meant to run: rollout.occupancy's target
         self.target = cfg.rollout.in_flight if pc.stream else pc.chunk * cfg.algorithm.group_size
+        self.members = Membership(self)  # replicas joining and leaving (``relayrl scale``)
+        self.reissued = 0  # the policy's count when the last step was logged
 
     def restore(self, state: dict) -> None:
         """Continue after checkpoint ``state`` (``controller.checkpoint``): the trainer and engines already
@@ -105,8 +123,18 @@ class Scheduler(Loop):
         if self.colocated and self.cfg.placement.offload_trainer:
             self.system.trainer.offload()  # rollout goes first: the trainer waits in host memory
         self.evaluator.before_first_step(self.policy.version)  # eval.before_first_step: step 0
-        self.run_loop(self.cfg.run.steps)
+        try:
+            self.run_loop(self.cfg.run.steps)
+        finally:
+            self.members.shutdown()  # replicas still starting; the joined ones end with the system
         logger.info(self.policy.check_accounting())
+        calls = ", ".join(f"{r}: {n}" for r, n in sorted(self.calls.items()))
+        logger.info("relayrl: generate calls scored per replica: %s; %d copies lost", calls, self.policy.reissued)
+
+    def _launch(self) -> None:
+        """Joins and leaves first (reconnecting the trainer only while no step trains), then the launches."""
+        self.members.update(quiet=self.policy.training is None)
+        super()._launch()
 
     # ---- waiting ------------------------------------------------------------------------------------
     def _in_flight(self) -> bool:
@@ -124,18 +152,19 @@ class Scheduler(Loop):
 
     # ---- rollout side ----------------------------------------------------------------------------
     def _submit(self, flight: Flight) -> None:
-        flight.actor = self.system.rollouts[flight.replica]
+        flight.actor = self.system.replica(flight.replica)
         ref = generate_remote(self.cfg, flight.actor, flight.prompts)
         flight.t0 = time.perf_counter()
         self.generate_calls[ref] = flight
 
     def _wait_s(self) -> float | None:
-        """How long ``ray.wait`` may block: until the oldest generate call's deadline (None: no limit)."""
+        """How long ``ray.wait`` may block: until the oldest generate call's deadline, and at most
+        ``CONTROL_POLL_S`` (a ``relayrl scale`` request, a joiner coming up, are noticed between waits)."""
         limit = self.cfg.rollout.generate_timeout_s
         if not limit or not self.generate_calls:
-            return None
+            return CONTROL_POLL_S
         oldest = min(f.t0 for f in self.generate_calls.values())
-        return max(0.0, oldest + limit - time.perf_counter())
+        return min(CONTROL_POLL_S, max(0.0, oldest + limit - time.perf_counter()))
 
     def _expire_overdue(self) -> None:
         """Generate calls past ``rollout.generate_timeout_s``: their replica is hung; treat it as dead."""
@@ -146,24 +175,45 @@ class Scheduler(Loop):
                 error = TimeoutError(f"generate call {flight.seq} ran past rollout.generate_timeout_s={limit:g}")
                 self._replace_replica(flight, error)
 
+    def _now(self) -> float:
+        return time.perf_counter()
+
+    def _cancel(self, flight: Flight) -> None:
+        """Cancel ``flight``'s generate call (the actor's coroutine gets ``CancelledError``; vLLM aborts its
+        requests, freeing their KV cache); its result, if it still comes, is never looked at."""
+        for ref, other in list(self.generate_calls.items()):
+            if other is flight:
+                del self.generate_calls[ref]
+                with contextlib.suppress(Exception):  # a dead actor's call: nothing left to stop
+                    ray.cancel(ref)
+
     def _is_current(self, flight: Flight) -> bool:
-        return self.system.rollouts[flight.replica] is flight.actor
+        return self.system.replica(flight.replica) is flight.actor
 
     def _restart(self, flight: Flight, error: BaseException | None) -> None:
+        """Replace a dead replica in its bundle, or with ``rollout.autoscale`` (and another replica serving) let
+        it leave and ask for a new one wherever Ray finds room (``Membership.lose``)."""
         assert error is not None, "a real replica is replaced for a reason"
-        self.system.restart_rollout(flight.replica, self.policy.version, error)
+        if self.members.autoscale and len(self.policy.replicas.serving()) > 1:
+            self.members.lose(flight.replica)
+            return
+        self.system.restart_rollout(self.system.ids.index(flight.replica), self.policy.version, error)
 
     def _score(self, ref: ray.ObjectRef) -> None:
         """A generate call finished (or failed): hand its ref to the scorer; its ``Scored`` joins the wait."""
         flight = self.generate_calls.pop(ref)
         now = time.perf_counter()
         flight.generated, flight.generate_s, flight.score_t0 = ref, now - flight.t0, now
+        self.policy.on_generated(flight, now)
         self.log.clock.generated(flight.replica, flight.t0, now)
         (flight.scored,), scored = self.system.score([ref])
         self.score_calls[scored] = flight
 
     def _finish_scoring(self, ref: ray.ObjectRef) -> None:
         flight = self.score_calls.pop(ref)
+        if not self.policy.is_live(flight):  # its copy came back first: nothing to look at
+            self.idle.append(flight.replica)
+            return
         try:
             scored = self.system.rewards.result(ref)
         except Exception:
@@ -180,7 +230,7 @@ class Scheduler(Loop):
             TIMING_GENERATE: flight.generate_s,
             ROLLOUT_CALLS: 1.0,
         }
-        self.policy.on_scored(scored_entry(flight, scored))
+        self.policy.on_scored(scored_entry(flight, scored), flight)
 
     # ---- trainer side ----------------------------------------------------------------------------
     def _train(self, step: Step) -> None:
@@ -214,7 +264,11 @@ class Scheduler(Loop):
         trained_at = self.policy.version
         self.log.prompts(trained_at + 1, self.policy.on_trained())
         replies = self.system.occupancy()
+        self.log.replicas = len(self.policy.replicas.serving())
+        reissued, self.reissued = self.policy.reissued - self.reissued, self.policy.reissued
         stats = {
+            ROLLOUT_REPLICAS: float(self.log.replicas),
+            ROLLOUT_REISSUED: float(reissued),
             **train_stats,
             **sync_stats,
             **self.policy.buffer.stats(),
@@ -259,3 +313,12 @@ def scored_entry(flight: Flight, scored: Scored) -> Entry:
         scored.metrics,
         useful=scored.useful,
     )
+
+
+def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.ObjectRef:
+    """One replica's generate call: G multi-turn episodes per prompt when ``env.name`` is set (against that
+    environment, ``relayrl.rollout.episode``), else G single completions."""
+    G, env = cfg.algorithm.group_size, cfg.env
+    if env.name:
+        return rollout.generate_episodes.remote(prompts, G, env.name, env.max_turns, env.kwargs, env.episode_timeout_s)
+    return rollout.generate.remote(prompts, G)

@@ -17,7 +17,7 @@ from relayrl.config import Config
 from relayrl.controller.cluster import Placement, rollout_config, sync_config
 from relayrl.controller.policy import PolicyConfig
 from relayrl.controller.replicas import actor_process, answers, restart_backoff_s, wait_engines_up
-from relayrl.data.sampler import Prompt, PromptSampler
+from relayrl.data.sampler import PromptSampler
 from relayrl.monitor.schema import (
     MISMATCH_MEAN_ABS,
     ROLLOUT_COMPLETIONS,
@@ -96,6 +96,14 @@ class System:
     restarts: int = 0  # rollout replicas replaced after they died
     procs: list[tuple[str, int]] = field(default_factory=list)  # (node ip, actor pid) per replica
     startup: dict[str, float] = field(default_factory=dict)  # startup/* metrics, logged with the first step
+    ids: list[int] = field(default_factory=list)  # the policy's replica id of each rollout (none is reused)
+    on_death: Callable[[int], bool] | None = None  # takes a dead replica out instead of a restart (autoscale)
+
+    def __post_init__(self) -> None:
+        self.ids = self.ids or list(range(len(self.rollouts)))
+
+    def replica(self, rid: int) -> Any:
+        return self.rollouts[self.ids.index(rid)]
 
     @classmethod
     def start(cls, cfg: Config, model_path: Path, placement: Placement, reward_fns: RewardFns, run: Any) -> System:
@@ -230,16 +238,14 @@ class System:
         ray.kill(self.rollouts[i], no_restart=True)
 
     def pause_rollouts(self, pause: bool = True) -> None:
-        """``rollout.pause_while_training``: freeze the engines' running sequences (``pause("keep")``) or let
-        them go on. A replica that fails to answer is left to the fault path: its generate calls fail."""
+        """Freeze the engines' running sequences (``pause("keep")``) or let them go on (the silent ones: faults)."""
         calls = [r.pause.remote("keep") if pause else r.resume.remote() for r in self.rollouts]
         for call in calls:
             with contextlib.suppress(Exception):
                 ray.get(call, timeout=60)
 
     def occupancy(self, timeout_s: float = 10.0) -> list[dict[str, float]]:
-        """Every replica's engine steps and mean running sequences since the last call
-        (``rollout.occupancy``); a replica that does not answer (dying, being replaced) is left out."""
+        """Every replica's engine steps and running sequences since the last call (the silent ones left out)."""
         out = []
         for rollout in self.rollouts:
             with contextlib.suppress(Exception):  # a metric: a dead replica is the fault table's business
@@ -289,12 +295,13 @@ class System:
             return self.sync_weights(version)
 
     def replace_dead_rollouts(self, error: BaseException, version: int, during: str = "") -> bool:
-        """Replace every replica that no longer answers after ``error`` (synced to ``version`` when > 0);
-        False when all answer, i.e. ``error`` was not a replica's death."""
-        if not (dead := self.dead_rollouts()):
+        """Replace every replica that no longer answers after ``error`` (synced to ``version`` when > 0), unless
+        ``on_death`` took it out (autoscale); False when all answer, i.e. ``error`` was not a replica's death."""
+        if not (dead := [self.ids[i] for i in self.dead_rollouts()]):
             return False
-        for i in dead:
-            self.restart_rollout(i, version, error, during)
+        for rid in dead:
+            if not (self.on_death and self.on_death(rid)):
+                self.restart_rollout(self.ids.index(rid), version, error, during)
         return True
 
     def sync_weights(self, version: int) -> dict[str, float]:
@@ -366,15 +373,6 @@ class System:
             ray.kill(r)
         self.trainer.shutdown()
         self.rewards.shutdown()
-
-
-def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.ObjectRef:
-    """One replica's generate call: G multi-turn episodes per prompt when ``env.name`` is set (against that
-    environment, ``relayrl.rollout.episode``), else G single completions."""
-    G, env = cfg.algorithm.group_size, cfg.env
-    if env.name:
-        return rollout.generate_episodes.remote(prompts, G, env.name, env.max_turns, env.kwargs, env.episode_timeout_s)
-    return rollout.generate.remote(prompts, G)
 
 
 def make_sampler(cfg: Config, model_path: Path) -> PromptSampler:

@@ -46,6 +46,8 @@ ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 ROLLOUT_MIN_VERSION = "rollout/min_version"
 ROLLOUT_MAX_VERSION = "rollout/max_version"
 ROLLOUT_OCCUPANCY = "rollout/occupancy"
+ROLLOUT_REPLICAS = "rollout/replicas"
+ROLLOUT_REISSUED = "rollout/reissued"
 STALENESS_LAG = "staleness/<d>"
 STALENESS_MAX = "staleness/max"
 TIMING_GENERATE = "timing/generate"
@@ -180,6 +182,13 @@ SCHEMA: tuple[Metric, ...] = (
         ROLLOUT_OCCUPANCY,
         "fraction",
         "rollout/running / the target: rollout.in_flight when streaming, else a chunk's sequences",
+    ),
+    M(ROLLOUT_REPLICAS, "count", "rollout replicas serving when the step was logged (``relayrl scale``)"),
+    M(
+        ROLLOUT_REISSUED,
+        "count",
+        "straggler copies whose other copy came back first during the step: cancelled or discarded, never trained",
+        reduce="sum",
     ),
     M("rollout/engine_steps", "count", "engine steps (prefill or decode) of all replicas in the step", reduce="sum"),
     # env/* - multi-turn episodes (relayrl.controller.system.env_metrics), means over the step's episodes

@@ -11,7 +11,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from relayrl.controller.policy import Flight, StepPolicy
@@ -60,17 +60,20 @@ class Engine:
     running: list[Job] = field(default_factory=list)
     busy: list[list[float]] = field(default_factory=list)  # merged [start, end] spans running, not paused
     paused: list[list[float]] = field(default_factory=list)  # merged spans with calls frozen by a pause
+    speed: float = 1.0  # relative to the cost model's: its calls' fixed seconds and decode steps take 1/speed
+    up: list[float] = field(default_factory=lambda: [0.0, math.inf])  # [joined, left] (a restart stays up)
 
 
 class Devices:
-    """The engines of ``replicas`` replicas, the trainer and the heap of their next events. ``Simulator``
-    subclasses it and supplies ``_complete`` (what a finished job means to the driver) and the policy."""
+    """The engines of replicas at ``speeds`` (one each, in id order), the trainer and the heap of their next
+    events. ``Simulator`` subclasses it and supplies ``_complete`` (what a finished job means to the driver) and
+    the policy. ``engines`` is indexed by replica id and only grows (``swarm_events``)."""
 
     policy: StepPolicy
 
-    def __init__(self, costs: CostModel, replicas: int, colocated: bool):
-        self.costs, self.colocated, self.n = costs, colocated, replicas
-        self.engines = [Engine() for _ in range(replicas)]
+    def __init__(self, costs: CostModel, speeds: Sequence[float], colocated: bool):
+        self.costs, self.colocated = costs, colocated
+        self.engines = [Engine(speed=s) for s in speeds]
         self.train_job: Job | None = None  # fixed_left: seconds of work left at ``train_t``
         self.train_t = 0.0
         self.now = 0.0  # the driver's clock
@@ -88,6 +91,9 @@ class Devices:
             return 1.0 / self.costs.overlap_slowdown
         return 1.0
 
+    def _engine_speed(self, engine: Engine) -> float:
+        return self._gen_speed() * engine.speed
+
     def _training(self) -> bool:
         """The trainer is computing (its step may have finished before the driver noticed)."""
         return self.train_job is not None and not self.train_job.done
@@ -100,7 +106,7 @@ class Devices:
         """Account ``engine``'s running calls from ``engine.t`` to now (its batch and speed held meanwhile)."""
         dt = self.now - engine.t
         if dt > 0 and engine.running:
-            speed = self._gen_speed()
+            speed = self._engine_speed(engine)
             extend_span(engine.busy if speed > 0 else engine.paused, engine.t, self.now)
             step = self.costs.decode_step_s(min(self.costs.engine_seqs, engine.seqs))
             for job in engine.running:
@@ -123,7 +129,7 @@ class Devices:
         """The engine's next event at the current speed: the earliest of its running calls' next releases and
         ends. Only that call holds a heap entry: the engine's calls run at one speed until its next event, so
         the others' entries would only be replaced there."""
-        speed = self._gen_speed()
+        speed = self._engine_speed(engine)
         step = self.costs.decode_step_s(min(self.costs.engine_seqs, engine.seqs)) if engine.running else 0.0
         first, first_left = None, math.inf
         for job in engine.running:
@@ -218,6 +224,15 @@ class Devices:
                 self.spans.append(Span(f"rollout/{job.replica}", "queued", flight.t0, self.now, flight.seq))
             engine.running.append(job)
             engine.seqs += job.cost.seqs
+
+    def _drop(self, engine: Engine, job: Job) -> None:
+        """``job`` leaves its engine unfinished (cancelled): its sequences free their batch slots."""
+        job.done = True  # its heap entry is void
+        if job in engine.queue:
+            engine.queue.remove(job)
+        elif job in engine.running:
+            engine.running.remove(job)
+            engine.seqs -= job.live
 
     def _die(self, engine: Engine, replica: int) -> None:
         if not engine.alive:

@@ -53,7 +53,7 @@ class StepRecord:
     staleness: dict[str, float]
     trainer_busy: float = 0.0  # train + sync + switch + checkpoint seconds inside the window
     rollout_busy: float = 0.0  # replica-seconds some call was running (not paused) on an engine
-    replicas: int = 1
+    replicas: float = 1  # rollout engines up over the window, on average (swarm_events.replicas_in)
 
     @property
     def end(self) -> float:
@@ -86,6 +86,8 @@ class SimResult:
     restarts: int
     completions_per_group: int
     tokens_per_completion: float
+    replica_s: float  # replica-seconds the rollout pool had engines up (replicas x wall without joins or leaves)
+    groups_by_replica: Counter[int]  # groups trained, by the replica that generated them (a copy's winner)
 
     def step_s(self, skip: int = 1) -> float:
         """Median step after ``skip`` warm-up steps (the planner's profile skips one as well)."""
@@ -106,11 +108,10 @@ class SimResult:
         """Idle fractions over the run: of the rollout pool's replica-seconds (an engine running no call, or
         paused) and of the trainer's seconds (not training, syncing, switching or saving)."""
         wall = max(self.wall_s, 1e-12)
-        replicas = self.policy.pc.replicas
         rollout = sum(s.end - s.start for s in self.spans if s.what == "busy")
         trainer = union_length([(s.start, s.end) for s in self.spans if s.lane == "trainer"])
         return {
-            "idle/rollout": max(0.0, 1 - rollout / (replicas * wall)),
+            "idle/rollout": max(0.0, 1 - rollout / max(self.replica_s, 1e-12)),
             "idle/trainer": max(0.0, 1 - trainer / wall),
         }
 
@@ -125,7 +126,7 @@ class SimResult:
         tp = self.throughput()
         out.append(
             f"wall {self.wall_s:.3f}s, median step {self.step_s():.3f}s, {tp['completions_per_s']:.2f} completions/s, "
-            f"{tp['tokens_per_s']:.1f} tokens/s, restarts {self.restarts}"
+            f"{tp['tokens_per_s']:.1f} tokens/s, restarts {self.restarts}, reissued {self.policy.reissued}"
         )
         out.append(", ".join(f"{k} {v:.2f}" for k, v in self.idle().items()))
         out.append("staleness (groups): " + ", ".join(f"{d}: {n}" for d, n in sorted(self.staleness.items())))

@@ -23,6 +23,7 @@ from relayrl.plan.cost_model import AnalyticCosts
 from relayrl.plan.costs import Cluster, Workload, activation_bytes, memory_fits, memory_per_device
 from relayrl.plan.simulate import SimResult, simulate
 from relayrl.plan.specs import ClusterSpec, cluster_spec, load_cluster
+from relayrl.plan.swarm_events import Swarm
 
 CLUSTERS_DIR = Path(__file__).parent / "clusters"
 DEFAULT_PROMPT_LEN = 256
@@ -36,6 +37,7 @@ class Scenario:
     steps: int
     pause_while_training: bool = False
     checkpoint_every: int = 0
+    swarm: Swarm = dataclasses.field(default_factory=Swarm)
 
     @property
     def cluster(self) -> Cluster:
@@ -52,6 +54,7 @@ class Scenario:
             steps or self.steps,
             pause_while_training=self.pause_while_training,
             checkpoint_every=self.checkpoint_every,
+            swarm=self.swarm,
         )
 
 
@@ -124,11 +127,13 @@ def scenario(cfg: Config, spec: ClusterSpec) -> Scenario:
         cfg.run.steps,
         cfg.rollout.pause_while_training,
         cfg.run.checkpoint_every,
+        spec.swarm,
     )
 
 
 HEADER = (
     f"{'step':>4} {'step_s':>9} {'generate':>9} {'train':>9} {'sync':>8} {'idle ro':>8} {'idle tr':>8} {'stale':>5}"
+    f" {'repl':>5} {'tokens/s':>9}"
 )
 
 # ---- the report --------------------------------------------------------------------------------------------
@@ -136,9 +141,10 @@ HEADER = (
 
 def timeline(result: SimResult) -> list[dict[str, float]]:
     """Per step: its seconds, each pool's busy time split by what (generate on the rollout pool as mean busy
-    seconds a replica; train and sync on the trainer), and each pool's idle seconds."""
+    seconds a replica; train and sync on the trainer), each pool's idle seconds, the replicas up (on average
+    over the step) and the completion tokens the step trained per second of it."""
     out = []
-    replicas = result.policy.pc.replicas
+    per_group = result.completions_per_group * result.tokens_per_completion
     for s in result.steps:
         inside = [sp for sp in result.spans if sp.lane == "trainer" and sp.start < s.end and sp.end > s.start]
         by = {w: sum(min(sp.end, s.end) - max(sp.start, s.start) for sp in inside if sp.what == w) for w in _TRAINER}
@@ -147,11 +153,13 @@ def timeline(result: SimResult) -> list[dict[str, float]]:
                 "step": s.step,
                 "start_s": s.start,
                 "step_s": s.step_s,
-                "generate_s": s.rollout_busy / replicas,
+                "generate_s": s.rollout_busy / s.replicas,
                 **{f"{w}_s": v for w, v in by.items()},
-                "idle_rollout_s": s.rollout_idle_s / replicas,
+                "idle_rollout_s": s.rollout_idle_s / s.replicas,
                 "idle_trainer_s": s.trainer_idle_s,
                 "staleness_mean": s.staleness.get("staleness/mean", 0.0),
+                "replicas": s.replicas,
+                "tokens_per_s": s.groups * per_group / max(s.step_s, 1e-12),
             }
         )
     return out
@@ -176,15 +184,26 @@ def report_lines(sc: Scenario, result: SimResult, name: str = "") -> list[str]:
         + (" stream" if sc.pc.stream else ""),
         f"memory a device: {mem} of {cl.hardware.memory_bytes / 2**30:.0f} GiB"
         + ("" if fits else f"  DOES NOT FIT: {why}"),
+        *swarm_lines(sc.swarm),
         HEADER,
     ]
     out += [
         f"{row['step']:>4} {row['step_s']:>9.2f} {row['generate_s']:>9.2f} {row['train_s']:>9.2f} "
         f"{row['sync_s']:>8.2f} {row['idle_rollout_s']:>8.2f} {row['idle_trainer_s']:>8.2f} "
-        f"{row['staleness_mean']:>5.2f}"
+        f"{row['staleness_mean']:>5.2f} {row['replicas']:>5.1f} {row['tokens_per_s']:>9.0f}"
         for row in timeline(result)
     ]
     out += result.lines()[len(result.steps) + 1 :]  # throughput, idle, staleness
+    return out
+
+
+def swarm_lines(swarm: Swarm) -> list[str]:
+    """The replicas' speeds and membership events, when the cluster file gives any."""
+    out = [f"replica speeds: {', '.join(f'{v:g}' for v in swarm.speeds)}"] if swarm.speeds else []
+    for ev in swarm.events:
+        when = f"after step {ev.step}" if ev.step is not None else f"at {ev.at:g} s"
+        what = f"{ev.join} join (speed {ev.speed:g})" if ev.join else f"leave: {ev.leave}"
+        out.append(f"swarm: {when}, {what}")
     return out
 
 
@@ -200,6 +219,8 @@ def write_outputs(sc: Scenario, result: SimResult, out: Path, gantt_steps: int =
         "idle": result.idle(),
         "staleness": {str(k): v for k, v in sorted(result.staleness.items())},
         "median_step_s": result.step_s(),
+        "reissued": result.policy.reissued,
+        "groups_by_replica": {str(r): n for r, n in sorted(result.groups_by_replica.items())},
     }
     (out / "timeline.json").write_text(json.dumps(data, indent=1))
     end = result.steps[min(gantt_steps, len(result.steps)) - 1].end if result.steps else result.wall_s
@@ -248,6 +269,8 @@ def candidate_layouts(spec: ClusterSpec, ks: tuple[int, ...]) -> list[tuple[dict
 def rank_layouts(cfg: Config, spec: ClusterSpec, ks: tuple[int, ...] = (1,), steps: int = 8) -> list[Ranked]:
     """Every candidate layout simulated for ``steps`` steps; fitting ones by simulated tokens/s (fastest
     first), then the ones that do not fit, with why."""
+    if spec.swarm != Swarm():
+        raise ValueError("--rank ranks fixed layouts of one GPU speed: remove the cluster file's swarm section")
     ranked = []
     for changes, mode, k in candidate_layouts(spec, ks):
         s = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, **changes))

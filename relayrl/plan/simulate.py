@@ -42,6 +42,9 @@ the newest its version when the call ended (engines take v+1 when a sync commits
 StepLog's (``buffer.staleness_histogram`` of each step's entries at the version it trains at), and the buffer
 raises ``StalenessError`` as in a real run if admission ever let one through.
 
+Replicas of different speeds, and replicas joining and leaving (a spot node reclaimed, one added), are
+``relayrl.plan.swarm_events``: ``Simulator`` is its ``Elastic`` loop, and ``engines`` is indexed by replica id.
+
 Not simulated yet: generate timeouts (``rollout.generate_timeout_s``), a trainer rank's death (restart from the
 last checkpoint), evaluation during training, the mismatch probe; dynamic
 sampling is driven by a given ``useful`` function rather than rewards.
@@ -55,12 +58,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from relayrl.controller.buffer import Entry, staleness_histogram
-from relayrl.controller.loop import Event, Loop
+from relayrl.controller.loop import Event
 from relayrl.controller.policy import Flight, PolicyConfig, Step, StepPolicy
 from relayrl.data.sampler import Prompt
 from relayrl.plan.cost_model import CostModel
-from relayrl.plan.fluid import Devices, Job, seq_of
+from relayrl.plan.fluid import Job, seq_of
 from relayrl.plan.records import Death, SimResult, Span, StepRecord, coverage
+from relayrl.plan.swarm_events import Change, Elastic, Swarm, replica_seconds, replicas_in
 
 __all__ = ["Death", "SimResult", "Simulator", "Span", "policy_config", "simulate", "simulate_config"]
 
@@ -83,11 +87,12 @@ class _Sampler:
         self.next = state["next"]
 
 
-class Simulator(Devices, Loop):
+class Simulator(Elastic):
     """One simulated run of ``steps`` steps; ``run()`` returns its ``SimResult``. See the module docstring.
 
     ``deaths``: engines that die, and when; ``useful``: with dynamic sampling (``pc.refill``), the groups of a
-    scored call whose rewards vary; ``max_restarts``: ``rollout.max_restarts`` (None: no limit)."""
+    scored call whose rewards vary; ``max_restarts``: ``rollout.max_restarts`` (None: no limit); ``swarm``: the
+    replicas' speeds and joins and leaves (``relayrl.plan.swarm_events``)."""
 
     def __init__(
         self,
@@ -100,14 +105,16 @@ class Simulator(Devices, Loop):
         deaths: Iterable[Death] = (),
         useful: Callable[[Flight], int] | None = None,
         max_restarts: int | None = None,
+        swarm: Swarm | None = None,
     ):
-        super().__init__(costs, pc.replicas, pc.colocated)
+        swarm = swarm or Swarm()
+        super().__init__(costs, swarm.speeds_of(pc.replicas), pc.colocated)
         self.pc, self.steps = pc, steps
         self.pause_while_training, self.checkpoint_every = pause_while_training, checkpoint_every
         self.useful, self.max_restarts = useful, max_restarts
         sampler = _Sampler(pc.chunk)
         self.policy = StepPolicy(pc, sampler.next_batch, sampler)  # the real one: every decision is its own
-        self.idle = [r for _ in range(pc.slots) for r in range(self.n)]  # free slots, as the scheduler lists them
+        self.idle = [r for _ in range(pc.slots) for r in range(pc.replicas)]  # free slots, as the scheduler lists
         self.generate_calls: list[Job] = []  # what the scheduler's dicts hold, in start order
         self.score_calls: list[Job] = []
         self.restarts = 0
@@ -115,8 +122,10 @@ class Simulator(Devices, Loop):
         self.window_start = 0.0
         self.step_marks: tuple[float, float] = (0.0, 0.0)  # (taken, train start) of the step in training
         self.staleness: Counter[int] = Counter()
+        self.trained_by: Counter[int] = Counter()  # groups trained, by the replica that generated them
         for death in deaths:
             self._push(Job("death", end=death.at, replica=death.replica))
+        self._plan_changes(swarm.events)
 
     # ---- the scheduler's loop ----------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -125,7 +134,7 @@ class Simulator(Devices, Loop):
         return self._result()
 
     def _in_flight(self) -> bool:
-        return bool(self.generate_calls or self.score_calls or self.train_job)
+        return bool(self.generate_calls or self.score_calls or self.train_job or self.members.pending)
 
     def _wait(self) -> tuple[Event, Job]:
         job = self._next_done()
@@ -163,6 +172,7 @@ class Simulator(Devices, Loop):
         flight = job.flight
         assert flight is not None
         flight.generated, flight.generate_s, flight.score_t0 = job, self.now - flight.t0, self.now
+        self.policy.on_generated(flight, self.now)
         seconds = 0.0 if job.failed else self.costs.score_s(len(flight.prompts))
         score = Job("score", end=self.now + seconds, flight=flight, replica=job.replica, source=job)
         score.failed, score.started = job.failed, self.now
@@ -176,6 +186,7 @@ class Simulator(Devices, Loop):
         assert flight is not None and generated is not None
         if job.failed:  # the scorer's result raises; generation_error finds the replica's death
             self._replace_replica(flight)
+            self._remove_drained()
             return
         self.idle.append(flight.replica)
         entry = Entry(
@@ -188,7 +199,18 @@ class Simulator(Devices, Loop):
             created=self.now,
             useful=self.useful(flight) if self.useful is not None else None,
         )
-        self.policy.on_scored(entry)
+        self.policy.on_scored(entry, flight)
+        self._remove_drained()
+
+    def _now(self) -> float:
+        return self.now
+
+    def _cancel(self, flight: Flight) -> None:
+        """A losing copy's call leaves its engine: its sequences stop taking batch slots."""
+        for job in [j for j in self.generate_calls if j.flight is flight]:
+            self.generate_calls.remove(job)
+            engine = self.engines[job.replica]
+            self._change(engine, functools.partial(self._drop, engine, job))
 
     def _is_current(self, flight: Flight) -> bool:
         return self.engines[flight.replica].incarnation == flight.actor
@@ -227,6 +249,7 @@ class Simulator(Devices, Loop):
         self.policy.check_accounting()
         for e in entries:
             self.staleness[trained_at - e.min_version] += e.num_groups
+            self.trained_by[e.ref.replica] += e.num_groups
         taken, train_start = self.step_marks
         self.records.append(
             StepRecord(
@@ -239,10 +262,10 @@ class Simulator(Devices, Loop):
                 [e.seq for e in entries],
                 sum(e.num_groups for e in entries),
                 staleness_histogram(entries, trained_at),  # what the StepLog writes for the step
-                replicas=self.n,
             )
         )
         self.window_start = self.now
+        self._stepped(self.policy.version)
         if overhead := self.costs.overhead_s():  # the driver's per-step work, inside the next step's window
             self._block(overhead, "")
         if self.checkpoint_every and self.policy.version % self.checkpoint_every == 0:
@@ -260,11 +283,16 @@ class Simulator(Devices, Loop):
     # ---- waiting and blocking --------------------------------------------------------------------------------
     def _next_done(self) -> Job:
         """The next call the driver sees finish: one that finished while it was blocked, else the earliest."""
-        while not self.ready:
-            te, job = self._pop()
-            self.now = te
-            self._complete(job)
-        return self.ready.popleft()
+        while True:
+            while not self.ready:
+                te, job = self._pop()
+                self.now = te
+                self._complete(job)
+            job = self.ready.popleft()
+            if isinstance(job, Change):
+                self._apply_change(job)
+            elif job.kind != "generate" or job in self.generate_calls:  # else a cancelled call's late end
+                return job
 
     def _block(self, seconds: float, what: str, label: int = -1) -> None:
         """The driver is busy ``seconds`` (a blocking call): the devices go on, what finishes waits in ``ready``."""
@@ -279,6 +307,10 @@ class Simulator(Devices, Loop):
 
     def _complete(self, job: Job) -> None:
         """``job`` finished now on its device; the driver will see it (a death is the engines' only)."""
+        if isinstance(job, Change):
+            job.done = True
+            self.ready.append(job)
+            return
         if job.kind == "death":
             job.done = True
             self._die(self.engines[job.replica], job.replica)
@@ -308,6 +340,7 @@ class Simulator(Devices, Loop):
         for rec in self.records:
             rec.trainer_busy = trainer(rec.end) - trainer(rec.start)
             rec.rollout_busy = sum(busy(rec.end) - busy(rec.start) for busy in rollout)
+            rec.replicas = replicas_in(self.engines, rec.start, rec.end)
         return SimResult(
             self.policy,
             self.records,
@@ -317,6 +350,8 @@ class Simulator(Devices, Loop):
             self.restarts,
             self.costs.completions_per_group,
             self.costs.tokens_per_completion,
+            replica_seconds(self.engines, self.now),
+            self.trained_by,
         )
 
 

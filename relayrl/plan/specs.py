@@ -19,6 +19,8 @@ A cluster file (``relayrl simulate --cluster FILE``) is YAML::
     efficiency: {mfu: 0.4}            # Hardware fields to override (assumptions)
     links: {ib_gb_s: 50}              # nvlink_gb_s / ib_gb_s, GB/s one direction per GPU
     sync: rank0            # rank0 (relayrl's broadcast from trainer rank 0) | sharded (every rank sends its shard)
+    restart_s: 0           # a rollout engine's start-up to its first weight sync: a replacement or a join
+    swarm: {speeds: [1, 0.5], events: [{step: 20, leave: 1}]}   # relayrl.plan.swarm_events (separate only)
 
 An unknown key, GPU or model is a ``ValueError`` naming the valid ones.
 """
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.plan.costs import Cluster, Hardware
+from relayrl.plan.swarm_events import Swarm, parse_swarm
 
 GB = 1e9
 
@@ -89,6 +92,7 @@ class ClusterSpec:
     model_name: str
     gpus: int  # nodes x gpus_per_node: what the planner shares out
     workload: dict[str, Any] = field(default_factory=dict)
+    swarm: Swarm = field(default_factory=Swarm)
 
     @property
     def replicas(self) -> int:
@@ -96,7 +100,7 @@ class ClusterSpec:
 
 
 KEYS: tuple[str, ...] = ("gpu", "nodes", "gpus_per_node", "rollout_gpus", "trainer_gpus", "placement", "rollout_tp")
-KEYS += ("model", "workload", "efficiency", "links", "sync")
+KEYS += ("model", "workload", "efficiency", "links", "sync", "restart_s", "swarm")
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
@@ -141,10 +145,21 @@ def cluster_spec(data: dict[str, Any], source: str = "cluster") -> ClusterSpec:
         per_node,
         rollout_tp=int(data.get("rollout_tp", 1)),
         sync=data.get("sync", "rank0"),
+        restart_s=float(data.get("restart_s", 0.0)),
     )
     name, model = _model(data.get("model", "llama3-8b"), source)
     workload = dict(data.get("workload") or {})
-    return ClusterSpec(cluster, model, name, total, workload)
+    return ClusterSpec(cluster, model, name, total, workload, _swarm(data.get("swarm") or {}, cluster, source))
+
+
+def _swarm(data: dict[str, Any], cluster: Cluster, source: str) -> Swarm:
+    """The ``swarm`` section, checked against the cluster: one speed a replica, events only when separate (a
+    colocated node's GPUs are trainer ranks too: it cannot leave the rollout alone)."""
+    swarm = parse_swarm(data, source)
+    swarm.speeds_of(cluster.replicas)
+    if swarm.events and cluster.placement == "colocated":
+        raise ValueError(f"{source}: swarm.events need placement: separate (a colocated node also trains)")
+    return swarm
 
 
 def _hardware(gpu: Any, source: str) -> Hardware:

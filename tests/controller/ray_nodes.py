@@ -80,27 +80,69 @@ def head_args(port: int, dashboard_port: int | None) -> list[str]:
     return ["--head", f"--port={port}", f"--ray-client-server-port={free_port()}", *dash]
 
 
-@contextlib.contextmanager
-def two_nodes(dashboard: bool = False) -> Iterator[Nodes]:
-    """Head and worker with 2 logical CPUs each, on this machine's node IP; killed on exit, even on failure.
+NODE = ["--disable-usage-stats", "--log-color=false"]  # plain text: the address is parsed
 
-    The worker keeps its own temp dir, as a node on another machine does: in a shared one, its runtime-env agent
-    would unpack a job's ``--working-dir`` over the head's copy, the directory the job's driver runs in."""
+
+@contextlib.contextmanager
+def head_node(cpus: int = 2, dashboard: bool = False) -> Iterator[Nodes]:
+    """A head of ``cpus`` logical CPUs on this machine's node IP; the whole cluster killed on exit, even on
+    failure (workers added with ``worker_node`` included)."""
     port = free_port()
     dashboard_port = free_port() if dashboard else None
-    node = ["--num-cpus=2", "--disable-usage-stats", "--log-color=false"]  # plain text: the address is parsed
-    worker_tmp = tempfile.mkdtemp(prefix="ray-worker-", dir="/tmp")  # short: Ray's socket paths live under it
     try:
-        head = ray_cli("start", *head_args(port, dashboard_port), *node, f"--dashboard-agent-listen-port={free_port()}")
+        head = ray_cli(
+            "start",
+            *head_args(port, dashboard_port),
+            f"--num-cpus={cpus}",
+            *NODE,
+            f"--dashboard-agent-listen-port={free_port()}",
+        )
         address = next(
             line.split("--address=")[1].strip(" '\"") for line in head.splitlines() if "ray start --address=" in line
         )
-        agent = f"--dashboard-agent-listen-port={free_port()}"
-        ray_cli("start", f"--address={address}", *node, agent, f"--temp-dir={worker_tmp}")
         yield Nodes(address, port, f"http://127.0.0.1:{dashboard_port}" if dashboard_port else None)
     finally:
         kill_cluster(port)
-        shutil.rmtree(worker_tmp, ignore_errors=True)
         current = Path("/tmp/ray/ray_current_cluster")  # `ray start` records itself as the default address
         if current.exists() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
+
+
+@contextlib.contextmanager
+def worker_node(address: str, cpus: int = 2) -> Iterator[Path]:
+    """A worker of ``cpus`` logical CPUs joining ``address``; yields its temp dir (``kill_node`` ends it alone).
+
+    The worker keeps its own temp dir, as a node on another machine does: in a shared one, its runtime-env agent
+    would unpack a job's ``--working-dir`` over the head's copy, the directory the job's driver runs in."""
+    tmp = Path(tempfile.mkdtemp(prefix="ray-worker-", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        agent = f"--dashboard-agent-listen-port={free_port()}"
+        ray_cli("start", f"--address={address}", f"--num-cpus={cpus}", *NODE, agent, f"--temp-dir={tmp}")
+        yield tmp
+    finally:
+        kill_node(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kill_node(tmp: Path) -> int:
+    """SIGKILL one worker node: the processes naming its temp dir and everything below them (its actors and
+    their engines), as a spot node that goes away; returns how many were killed."""
+    roots = [p for p in psutil.process_iter(["cmdline"]) if str(tmp) in " ".join(p.info["cmdline"] or [])]
+    procs = {p.pid: p for root in roots for p in [root, *_descendants(root)]}
+    for proc in procs.values():
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return len(procs)
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return proc.children(recursive=True)
+    return []
+
+
+@contextlib.contextmanager
+def two_nodes(dashboard: bool = False) -> Iterator[Nodes]:
+    """Head and worker with 2 logical CPUs each, on this machine's node IP; killed on exit, even on failure."""
+    with head_node(2, dashboard) as nodes, worker_node(nodes.address, 2):
+        yield nodes

@@ -96,6 +96,8 @@ class Trace:
     taken: list[tuple[int, int]] = field(default_factory=list)
     short: ShortStep | None = None
     deaths: int = 0
+    discarded: int = 0  # results whose other copy came back first
+    reissued: int = 0  # the policy's count of the same
 
 
 def make_policy(k: int, replicas: int, chunk: int, **kw) -> StepPolicy:
@@ -117,25 +119,33 @@ def drive(
     train: list[float],
     useful: list[float] | None = None,
     deaths: list[bool] | None = None,
+    speeds: list[float] | None = None,
+    changes: list[str] | None = None,
 ) -> Trace:
-    """Run ``policy`` to ``steps`` steps in simulated time. Each replica has ``policy.pc.slots`` slots (a
-    streaming replica runs several one-group calls at once, as the scheduler's ``idle`` lists them). Generate
-    calls take ``gen`` durations (cycled), so they finish out of start order; steps take ``train``. A
-    finished call has ``useful`` share of its groups with reward spread, or its replica dies instead when the
-    next ``deaths`` draw says so: every call in flight on that replica fails with it. Engines are at the
-    policy's version (a sync is part of a step). Checks after every event that the accounting holds and
-    colocated never overlaps. Returns once step ``steps`` is trained, with calls still in flight (a
-    checkpoint there is the scheduler's: taken right after ``on_trained``)."""
+    """Run ``policy`` to ``steps`` steps in simulated time, through the loop's whole protocol (launch,
+    generated, scored or failed, cancelled). Each replica has ``policy.pc.slots`` slots (a streaming replica
+    runs several one-group calls at once, as the scheduler's ``idle`` lists them). Generate calls take ``gen``
+    durations (cycled) over their replica's ``speeds`` (cycled; 1 by default), so they finish out of start
+    order; steps take ``train``. A finished call has ``useful`` share of its groups with reward spread, or its
+    replica dies instead when the next ``deaths`` draw says so: every call in flight on that replica fails with
+    it. ``changes`` (cycled, one per event): "join" adds a replica, "leave" retires the slowest of two or
+    more (its calls finish), "hand_back" retires it handing its calls back; "-" nothing. A retired replica is
+    removed once drained. Engines are at the policy's version (a sync is part of a step). Checks after every
+    event that the accounting holds and colocated never overlaps. Returns once step ``steps`` is trained,
+    with calls still in flight (a checkpoint there is the scheduler's: taken right after ``on_trained``)."""
     gens, trains = itertools.cycle(gen), itertools.cycle(train)
     shares, dies = itertools.cycle(useful or [1.0]), itertools.cycle(deaths or [False])
+    pace, moves = itertools.cycle(speeds or [1.0]), itertools.cycle(changes or ["-"])
+    speed = {r: next(pace) for r in policy.replicas.live}
     trace, events, order = Trace(), [], itertools.count()
-    idle = [r for _ in range(policy.pc.slots) for r in range(policy.pc.replicas)]
+    idle = [r for _ in range(policy.pc.slots) for r in sorted(policy.replicas.live)]
     now, training = 0.0, False
     while policy.version < steps:
-        for launch in policy.launches(idle):
+        idle = [r for r in idle if r in policy.replicas.live]
+        for launch in policy.launches(idle, now):
             assert not (policy.pc.colocated and training)
             idle.remove(launch.replica)
-            heapq.heappush(events, (now + next(gens), next(order), launch, policy.version))
+            heapq.heappush(events, (now + next(gens) / speed[launch.replica], next(order), launch, policy.version))
         try:
             step = None if training else policy.take_step()
         except ShortStep as exc:
@@ -160,10 +170,11 @@ def drive(
             heapq.heapify(events)
             for flight in lost:
                 idle.append(flight.replica)
-                policy.on_failed(flight.seq)
+                policy.on_failed(flight.seq, flight, now)
         else:
             idle.append(launch.replica)
-            policy.on_scored(
+            policy.on_generated(launch, now)
+            kept = policy.on_scored(
                 Entry(
                     launch.seq,
                     None,
@@ -171,10 +182,32 @@ def drive(
                     v0,
                     policy.version,
                     useful=round(next(shares) * len(launch.prompts)),
-                )
+                ),
+                launch,
             )
+            trace.discarded += not kept
+        change(policy, next(moves), idle, speed, next(pace))
+        for flight in policy.take_cancelled(now):  # losing copies, handed-back calls: their events are void
+            events = [e for e in events if e[2] is not flight]
+            heapq.heapify(events)
+            idle.append(flight.replica)
         policy.check_accounting()
+    trace.reissued = policy.reissued
     return trace
+
+
+def change(policy: StepPolicy, move: str, idle: list[int], speed: dict[int, float], pace: float) -> None:
+    """One membership event of ``drive``, then every retired replica that drained is removed."""
+    serving = policy.replicas.serving()
+    if move == "join" and len(policy.replicas.live) < 4:
+        r = policy.replicas.join()
+        speed[r] = pace
+        idle += [r] * policy.pc.slots
+    elif move in ("leave", "hand_back") and len(serving) > 1:
+        policy.retire(policy.replicas.slowest(serving), hand_back=move == "hand_back")
+    for r in list(policy.replicas.draining):
+        if policy.drained(r):
+            policy.replicas.remove(r)
 
 
 times = st.lists(st.floats(0.01, 10.0), min_size=1, max_size=7)
@@ -289,9 +322,9 @@ def test_a_failed_chunk_is_regenerated_first_with_the_same_seq_and_prompts():
     policy = make_policy(k=0, replicas=2, chunk=1)
     first = policy.launches([0, 1])
     assert [(x.seq, x.prompt_ids) for x in first] == [(0, [0]), (1, [1])]
-    policy.on_failed(0)
-    (again,) = policy.launches([1, 0])  # k=0: B started, only the retry may start
-    assert (again.seq, again.replica, again.prompt_ids) == (0, 1, [0])
+    policy.on_failed(0, first[0])
+    (again,) = policy.launches([1, 0])  # k=0: B started, only the retry may start; replica 1 is busy
+    assert (again.seq, again.replica, again.prompt_ids) == (0, 0, [0])
     assert set(policy.generating) == {0, 1} and policy.counts["issued"] == 2  # not issued twice
 
 

@@ -1,0 +1,109 @@
+"""The rollout replica set of a run, as the step policy sees it: which replicas take work, how fast each is,
+and which free slot a chunk goes to. Plain data, no Ray: ``StepPolicy`` owns one.
+
+- **Joins and leaves.** A replica is ``live`` from ``join`` until ``remove``. ``retire`` marks it
+  ``draining``: it takes no new chunk; its chunks in flight finish (or are handed back to be generated
+  again elsewhere, same seq), and the scheduler ends it once none is left.
+- **Throughput.** ``rate(r)`` is the groups replica r finished per second it was busy (at least one call in
+  flight), measured by the loop's clock. A replica not measured yet counts at the mean of those that are.
+- **Placement.** A chunk goes to the free slot whose replica would finish it first:
+  ``(running + 1) / rate``. Work then lands in proportion to speed, and a replica half as fast as another
+  gets a third of a step's groups, not half of them, before any straggler is issued again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ReplicaSet:
+    """The live replicas, the draining ones and their measured throughput (module docstring)."""
+
+    live: set[int] = field(default_factory=set)
+    draining: set[int] = field(default_factory=set)
+    running: Counter[int] = field(default_factory=Counter)  # calls generating on each replica now
+    groups: Counter[int] = field(default_factory=Counter)  # groups each replica finished
+    busy_s: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # seconds generating
+    since: dict[int, float] = field(default_factory=dict)  # when its running calls last changed
+    next_id: int = 0
+
+    @classmethod
+    def of(cls, n: int) -> ReplicaSet:
+        return cls(live=set(range(n)), next_id=n)
+
+    # ---- membership ---------------------------------------------------------------------------------------
+    def join(self) -> int:
+        """A new replica's id (never reused, so a late result cannot be taken for the newcomer's)."""
+        r, self.next_id = self.next_id, self.next_id + 1
+        self.live.add(r)
+        return r
+
+    def retire(self, r: int) -> None:
+        if r not in self.live:
+            raise ValueError(f"replica {r} is not live (live: {sorted(self.live)})")
+        self.draining.add(r)
+
+    def remove(self, r: int) -> None:
+        self.live.discard(r)
+        self.draining.discard(r)
+
+    def serving(self) -> list[int]:
+        """Replicas that take new work: live and not draining."""
+        return sorted(self.live - self.draining)
+
+    def takes_work(self, r: int) -> bool:
+        return r in self.live and r not in self.draining
+
+    # ---- throughput ---------------------------------------------------------------------------------------
+    def started(self, r: int, now: float) -> None:
+        self._tick(r, now)
+        self.running[r] += 1
+
+    def stopped(self, r: int, now: float, groups: int = 0) -> None:
+        """A call on ``r`` stopped generating: finished with ``groups`` groups, or cancelled or failed (0)."""
+        self._tick(r, now)
+        self.running[r] = max(0, self.running[r] - 1)
+        self.groups[r] += groups
+
+    def _tick(self, r: int, now: float) -> None:
+        if self.running[r] > 0:
+            self.busy_s[r] += max(0.0, now - self.since.get(r, now))
+        self.since[r] = now
+
+    def rate(self, r: int) -> float:
+        """Groups per busy second; the mean of the measured replicas for one not measured yet (1.0 if none is)."""
+        if self.groups[r] and self.busy_s[r] > 0:
+            return self.groups[r] / self.busy_s[r]
+        known = [self.groups[q] / self.busy_s[q] for q in self.live if self.groups[q] and self.busy_s[q] > 0]
+        return sum(known) / len(known) if known else 1.0
+
+    def rates(self) -> dict[int, float]:
+        return {r: self.rate(r) for r in sorted(self.live)}
+
+    # ---- placement ----------------------------------------------------------------------------------------
+    def pick(self, free: list[int], extra: Counter[int]) -> int:
+        """The index in ``free`` (replica ids, one per free slot) of the slot whose replica would finish one
+        more chunk first, counting ``extra`` chunks placed on it in this round; ties go to the earlier slot."""
+        return min(
+            range(len(free)), key=lambda i: ((self.running[free[i]] + extra[free[i]] + 1) / self.rate(free[i]), i)
+        )
+
+    def copies(self, idle: list[int], stragglers: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """(seq, replica) copies to start: each ``idle`` slot (of a replica running no chunk of its own) takes the
+        oldest of ``stragglers`` ((seq, replica) still generating, oldest first, not yet copied) that runs on
+        another replica no faster than it, one copy per chunk. The copy draws the same seeded samples, so
+        whichever comes back first is the same data (which one wins does not select short completions); the
+        other is cancelled or discarded (``StepPolicy.reissued``), never trained twice."""
+        out, left = [], list(stragglers)
+        for r in idle:
+            match = next(((seq, q) for seq, q in left if q != r and self.rate(r) >= self.rate(q)), None)
+            if match is not None:
+                left.remove(match)
+                out.append((match[0], r))
+        return out
+
+    def slowest(self, candidates: list[int]) -> int:
+        """The replica to retire first: the slowest, the newest among equals."""
+        return min(candidates, key=lambda r: (self.rate(r), -r))
