@@ -3,7 +3,8 @@
 What runs, all in this process tree on this box:
 
 1. baseline   single-thread libc ``memcpy`` of the same bytes into a pre-faulted buffer (best of 3);
-              a (multi-threaded) torch ``copy_`` is printed beside it for context.
+              a (multi-threaded) torch ``copy_`` is printed beside it for context, and what each checksum
+              the ``pull`` store could use costs on those bytes (``bench/pull_vs_push.py``).
 2. transport  a >= 500 MB fp32 state dict shaped like SmolLM2-135M, sent by the real ``TrainerSync``
               to a small Ray actor (``ReceiverHost``) that hosts the backend's real engine-side
               ``Receiver`` and checks stamped bytes; no vLLM, so commit is a no-op. 1 warm-up sync
@@ -12,10 +13,12 @@ What runs, all in this process tree on this box:
 4. count      64 MB split into 8 .. 4096 tensors (time should not depend on the count).
 5. bytes      64 .. 512 MB in ~100 tensors (time should grow linearly: constant s/GB).
 6. vLLM       the real SmolLM2 weights into a real vLLM engine (``RolloutActor``), once per commit path
-              (``weightsync.commit``: inplace, reload); the inplace engine takes shm, then broadcast.
+              (``weightsync.commit``: inplace, reload); the inplace engine takes shm, broadcast, then pull.
               Then the floor of any sync into vLLM's CPU engine, measured in this process on the same
               weights: one memcpy of the payload plus one oneDNN pack of every GEMM weight (vLLM's CPU
-              linear reads only its packed copy), and the verdict on issue 16's goal (sync <= 0.15 s).
+              linear reads only its packed copy), and the verdict on issue 16's goal (sync <= 0.15 s). Last,
+              pull's total over each push's on the same weights, and the verdict on the swarm issue's goal
+              (pull <= 1.2x push on one host); [2] prints the same ratio for the transport alone.
               Skipped with ``--quick``; ``--vllm-only`` runs just [1] and this.
 
 Stage times come from ``TrainerSync.sync``'s metrics. "transfer" below is *measured* as
@@ -25,13 +28,13 @@ trainer packing the bytes plus the engines receiving and verifying them. (weight
 RPC, so its own figure leaves the copy out. Both are printed.)
 
 Every phase runs each backend twice: with the driver's default torch threads (every core, as a
-trainer rank runs) and with 1 thread (``shm/1t``, ``broadcast/1t``). The trainer packs with
+trainer rank runs) and with 1 thread (``shm/1t``, ``broadcast/1t``, ``pull/1t``). The trainer packs with
 ``Tensor.copy_``, which goes parallel above ~128 KB; on this 2-vCPU box that parallel copy is erratic
 (ms-long stalls per call), and the 1-thread rows show what it costs. PASS/MISS is judged on the
 default rows; the 1-thread verdicts are printed as a what-if.
 
 Targets (issue 4): shm >= 0.5x memcpy, broadcast >= 0.25x memcpy (transfer GB/s over memcpy GB/s, 500 MB
-dict), fixed overhead <= 20 ms (tiny model, total sync), flat in tensor count (max/min total time
+dict), fixed overhead <= 20 ms (tiny model, total sync; pull too), flat in tensor count (max/min total time
 <= FLAT_MAX), linear in bytes (t = a + b * bytes: every size within LINEAR_MAX of the least-squares
 line over 64..512 MB; s/GB alone would also count the fixed overhead ``a`` against linearity).
 
@@ -53,10 +56,11 @@ from typing import Any
 
 import torch
 
+from bench import pull_vs_push
 from bench.common import load_note
 from bench.floor import pack_floor_s
 
-BACKENDS = ("shm", "broadcast")
+BACKENDS = ("shm", "broadcast", "pull")
 DEFAULT_THREADS = torch.get_num_threads()
 # (backend, torch intra-op threads in the sending process). The default is what a trainer rank runs
 # with (every core); the 1-thread rows show how much of the time is torch's parallel copy_ on this box.
@@ -64,7 +68,7 @@ VARIANTS = [(b, DEFAULT_THREADS) for b in BACKENDS] + [(b, 1) for b in BACKENDS]
 MIN_MODEL_BYTES = 500_000_000
 FLAT_MAX = 1.5  # "flat in tensor count": slowest / fastest split of the same bytes
 LINEAR_MAX = 0.15  # "linear in bytes": largest |residual| / fitted time of a straight-line fit
-TARGET_RATIO = {"shm": 0.5, "broadcast": 0.25}
+TARGET_RATIO = {"shm": 0.5, "broadcast": 0.25}  # pull's target is against push: bench/pull_vs_push.py
 TARGET_OVERHEAD_MS = 20.0
 MB = 1 << 20
 
@@ -283,16 +287,18 @@ def phase_transport(receiver: Any, syncs: int, memcpy: float) -> dict[str, float
         f"    {'backend':<13} {'total':>7} {'start':>6} {'transfer':>9} {'(own)':>7} {'commit':>7} "
         f"{'GB/s xfer':>9} {'x memcpy':>8} {'GB/s total':>10}"
     )
-    ratios = {}
+    ratios, totals = {}, {}
     for backend, threads in VARIANTS:
         m = median(run_syncs(backend, threads, sd, receiver, syncs))
         gbps = nbytes / m["transfer"] / 1e9
         ratios[label(backend, threads)] = gbps / memcpy
+        totals[label(backend, threads)] = m["total"]
         print(
             f"    {label(backend, threads):<13} {m['total'] * 1e3:7.1f} {m['start'] * 1e3:6.1f} "
             f"{m['transfer'] * 1e3:9.1f} {m['reported'] * 1e3:7.1f} {m['commit'] * 1e3:7.1f} {gbps:9.2f} "
             f"{gbps / memcpy:8.2f} {nbytes / m['total'] / 1e9:10.2f}"
         )
+    pull_vs_push.ratio_lines(totals, "transport only, no engine")
     del sd
     gc.collect()
     return ratios
@@ -421,15 +427,18 @@ def phase_vllm(syncs: int, memcpy: float, dtype: str = "float32") -> None:
         f"    {'commit':<8} {'backend':<13} {'total':>6} {'start':>6} {'transfer':>8} {'(own)':>6} {'commit':>6} "
         f"{'stall':>6} {'GB/s xfer':>9} {'x memcpy':>8} {'commit x memcpy':>15} {'|dlogp|':>8}"
     )
-    firsts = {}
+    rows = {}
     for commit in COMMITS:
         variants = VARIANTS if commit == "inplace" else [("shm", DEFAULT_THREADS)]
-        firsts[commit] = vllm_rows(path, sd, dtype, commit, variants, syncs, memcpy, copy_s)
+        rows[commit] = vllm_rows(path, sd, dtype, commit, variants, syncs, memcpy, copy_s)
+    firsts = {commit: next(iter(r.values())) for commit, r in rows.items()}
     print(
         f"    inplace commit is {firsts['reload']['commit'] / firsts['inplace']['commit']:.2f}x faster than "
         f"reload (shm, default threads, same run)"
     )
     floor_report(sd, dtype, firsts["inplace"], copy_s)
+    ratios = pull_vs_push.ratio_lines({k: m["total"] for k, m in rows["inplace"].items()}, "a sync into vLLM, inplace")
+    pull_vs_push.verdict(ratios, f"SmolLM2 {dtype} into vLLM", line)
     del sd
 
 
@@ -466,9 +475,9 @@ def vllm_rows(
     syncs: int,
     memcpy: float,
     copy_s: float,
-) -> dict[str, float]:
-    """One engine with ``weightsync.commit=commit``; a row per (backend, threads); returns the first row's
-    median stage seconds."""
+) -> dict[str, dict[str, float]]:
+    """One engine with ``weightsync.commit=commit``; a row per (backend, threads); returns each row's median
+    stage seconds by ``label``, in ``variants``' order."""
     import ray
 
     from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
@@ -485,20 +494,20 @@ def vllm_rows(
         ray.get(actor.info.remote())
         probe = list(range(100, 140))
         before = torch.tensor(ray.get(actor.prompt_logprobs.remote(probe)))
-        version, first = 1, None
+        version, rows = 1, {}
         for backend, threads in variants:
             m = median(run_syncs(backend, threads, sd, actor, syncs, version, stamped=False, commit=commit))
             version += syncs + 1
             assert ray.get(actor.weight_version.remote()) == version - 1
             drift = (torch.tensor(ray.get(actor.prompt_logprobs.remote(probe))) - before).abs().max().item()
             gbps = nbytes_of(sd) / m["transfer"] / 1e9
-            first = m if first is None else first
+            rows[label(backend, threads)] = m
             print(
                 f"    {commit:<8} {label(backend, threads):<13} {m['total']:6.3f} {m['start']:6.3f} "
                 f"{m['transfer']:8.3f} {m['reported']:6.3f} {m['commit']:6.3f} {m['stall']:6.3f} {gbps:9.2f} "
                 f"{gbps / memcpy:8.2f} {m['commit'] / copy_s:15.2f} {drift:8.1e}"
             )
-        return first
+        return rows
     finally:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
@@ -518,9 +527,9 @@ def verdicts(
         if threads == 1 and DEFAULT_THREADS == 1:
             break
         print(f"\n{title}")
-        for b in BACKENDS:
+        for b, target in TARGET_RATIO.items():
             k = label(b, threads)
-            line(f"{k} transfer >= {TARGET_RATIO[b]}x memcpy", f"{ratios[k]:.2f}x", ratios[k] >= TARGET_RATIO[b])
+            line(f"{k} transfer >= {target}x memcpy", f"{ratios[k]:.2f}x", ratios[k] >= target)
         for b in BACKENDS:
             k = label(b, threads)
             line(
@@ -585,6 +594,7 @@ def run(args: argparse.Namespace) -> None:
         f"\n[1] baseline, {nbytes / 1e6:.0f} MB: single-thread libc memcpy {memcpy:.2f} GB/s (best of 3); "
         f"torch copy_ ({DEFAULT_THREADS} threads) {tcopy:.2f} GB/s"
     )
+    pull_vs_push.hash_line(nbytes, memcpy)
     if args.vllm_only:
         phase_vllm(args.syncs, memcpy, args.dtype)
         return

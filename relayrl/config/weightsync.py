@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
 from relayrl.config.base import ConfigError, choices_of, one_of, positive
 from relayrl.config.runtime import has_cuda
 
-SyncBackend = Literal["shm", "broadcast", "vllm-native"]
+SyncBackend = Literal["shm", "broadcast", "pull", "vllm-native"]
 """Values of ``weightsync.backend``, a ``str`` field checked against them (``base`` says why)."""
 NativeEngine = Literal["nccl", "ipc"]
 """``weightsync.native_engine`` values."""
@@ -20,13 +21,22 @@ CommitMode = Literal["inplace", "reload"]
 class WeightSyncConfig:
     backend: str = "shm"
     """How new weights reach engines: shm (one flat buffer in /dev/shm that every engine maps; one host),
-    broadcast (gloo broadcast of flat buckets; any host), vllm-native (vLLM's own nccl/ipc engines; GPU)."""
+    broadcast (gloo broadcast of flat buckets; any host), pull (the trainer publishes each version once to a
+    directory, ``pull_dir``, and every engine fetches and checks it; any host that mounts it), vllm-native
+    (vLLM's own nccl/ipc engines; GPU)."""
     native_engine: str = "nccl"
     """vllm-native only: nccl (trainer and engines on different GPUs) or ipc (same GPU, colocated)."""
     bucket_mb: int = 64
     """Bucket size: the trainer gathers, packs and sends this much at a time (its extra memory per sync)."""
     shm_dir: str = "/dev/shm"
     """Directory for the shm backend's buffer (must exist; tmpfs such as /dev/shm keeps it in memory)."""
+    pull_dir: str = ""
+    """pull only: the versioned store, ``<pull_dir>/v<version>/{payload.bin, manifest.json}``. Empty: a private
+    directory the trainer makes in /dev/shm (one host) and removes when the transfer closes. For engines on other
+    hosts, an absolute path every trainer and engine host mounts (NFS, a mounted bucket), one trainer per path;
+    it must exist."""
+    pull_keep: int = 2
+    """pull only: versions the store keeps, the newest included; older ones are removed after each publish."""
     host: str = "127.0.0.1"
     """Address the trainer's rendezvous store binds (broadcast / vllm-native); a routable IP for multi-node."""
     timeout_s: float = 120.0
@@ -43,7 +53,7 @@ class WeightSyncConfig:
     has and rebuild the CPU GEMM copies; on CPU a linear whose tensors lie end to end in the payload is
     packed straight from it, without the copy) or
     reload (vLLM's reload_weights: re-allocates and re-processes every layer; slower, handles quantized
-    models). Only relayrl's backends (shm, broadcast) use it; vllm-native loads in place itself."""
+    models). Only relayrl's backends (shm, broadcast, pull) use it; vllm-native loads in place itself."""
 
     def __post_init__(self) -> None:
         one_of("weightsync.backend", self.backend, SyncBackend)
@@ -53,7 +63,12 @@ class WeightSyncConfig:
                 "on CPU use weightsync.backend=shm (one host) or broadcast"
             )
         one_of("weightsync.native_engine", self.native_engine, NativeEngine)
-        positive("weightsync", self, "timeout_s", "bucket_mb", "verify_samples", "max_mismatch")
+        positive("weightsync", self, "timeout_s", "bucket_mb", "verify_samples", "max_mismatch", "pull_keep")
+        if self.pull_dir and not os.path.isabs(self.pull_dir):
+            raise ConfigError(
+                f"weightsync.pull_dir={self.pull_dir} is relative, and each trainer and engine process would resolve "
+                "it from its own working directory; pass an absolute path (or leave it empty for a private store)"
+            )
         if self.verify_every < 0:
             raise ConfigError(f"weightsync.verify_every={self.verify_every} must be >= 0 (0: never)")
         if self.commit not in choices_of(CommitMode):

@@ -5,7 +5,8 @@
 each takes half of it (they take turns in sync mode, so the work is time-shared, not split).
 With GPUs in the cluster a replica's bundle holds ``rollout.tp_size`` GPUs and a rank's one.
 On a multi-node cluster (``run.ray_address``, or the cluster a ``ray job submit`` runs on) Ray may put
-bundles on different nodes; ``sync_config`` then switches shared-memory weight sync to broadcast.
+bundles on different nodes; ``sync_config`` then switches host-local weight sync (shm, a private pull store) to
+broadcast.
 """
 
 from __future__ import annotations
@@ -185,15 +186,19 @@ def make_placement(
 
 
 def sync_config(ws: WeightSyncConfig, placement: Placement) -> WeightSyncConfig:
-    """The weight-sync settings this placement can use: ``shm`` needs every engine on trainer rank 0's
-    node; when Ray put some elsewhere, fall back to ``broadcast`` with the store on rank 0's node IP."""
-    if ws.backend != "shm" or set(placement.rollout_nodes) <= {placement.trainer_nodes[0]}:
+    """The weight-sync settings this placement can use: ``shm``, and ``pull`` with its private store (no
+    ``weightsync.pull_dir``), need every engine on trainer rank 0's node; when Ray put some elsewhere, fall back
+    to ``broadcast`` with the store on rank 0's node IP. ``pull`` with a ``pull_dir`` is kept: that directory
+    is the user's word that every node mounts it."""
+    host_local = ws.backend == "shm" or (ws.backend == "pull" and not ws.pull_dir)
+    if not host_local or set(placement.rollout_nodes) <= {placement.trainer_nodes[0]}:
         return ws
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     host = ips.get(placement.trainer_nodes[0], ws.host)
     logger.info(
-        "relayrl: rollout replicas span %d nodes; weightsync.backend=shm -> broadcast (store on %s)",
+        "relayrl: rollout replicas span %d nodes; weightsync.backend=%s -> broadcast (store on %s)",
         len(set(placement.rollout_nodes) | set(placement.trainer_nodes)),
+        ws.backend,
         host,
     )
     return dataclasses.replace(ws, backend="broadcast", host=host)

@@ -8,6 +8,7 @@ backend        vLLM engine (worker side)       what moves the bytes
 =============  ==============================  ==============================================
 shm            relayrl (transport shm)         one flat buffer in /dev/shm, mapped by engines
 broadcast      relayrl (transport broadcast)   gloo broadcast of flat buckets (CPU, any host)
+pull           relayrl (transport pull)        a versioned store in a directory (any host mounting it)
 vllm-native    nccl | ipc (weightsync.native)  vLLM's own engines, for GPU users
 =============  ==============================  ==============================================
 
@@ -52,6 +53,14 @@ def _broadcast_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: 
     )
 
 
+def _pull_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
+    from relayrl.weightsync.pull import PullTrainerInitInfo
+
+    return PullTrainerInitInfo(
+        rank=rank, pull_dir=cfg.pull_dir, keep=cfg.pull_keep, bucket_bytes=cfg.bucket_mb << 20, wire_dtype=wire_dtype
+    )
+
+
 def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str | None) -> Any:
     """vLLM's NCCL (separate GPUs) or CUDA-IPC (same GPU) engine; vLLM sends in the trainer's dtype."""
     if cfg.native_engine == "ipc":
@@ -75,6 +84,7 @@ def _native_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str
 BACKENDS: dict[str, Backend] = {
     "shm": Backend(lambda cfg: "relayrl", _shm_info),
     "broadcast": Backend(lambda cfg: "relayrl", _broadcast_info),
+    "pull": Backend(lambda cfg: "relayrl", _pull_info),
     "vllm-native": Backend(lambda cfg: cfg.native_engine, _native_info),
 }
 

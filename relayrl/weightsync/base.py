@@ -2,7 +2,7 @@
 
 vLLM 0.32 defines the shape (``vllm.distributed.weight_transfer``): a *trainer engine* in the
 trainer process drives a *worker engine* inside every vLLM worker through a four-call control
-plane (init, start, update, finish). relayrl's CPU backends (``shm``, ``broadcast``) are engines
+plane (init, start, update, finish). relayrl's CPU backends (``shm``, ``broadcast``, ``pull``) are engines
 of exactly that shape, registered in vLLM's factories, so all backends - vLLM's own ``nccl`` and
 ``ipc`` included - run through one code path. What relayrl adds is the transaction::
 
@@ -57,7 +57,8 @@ class RelayInitInfo(WeightTransferInitInfo):
     """What every relayrl worker engine gets at init: the layout and how bytes will arrive.
 
     ``transport`` picks the receiver (``RECEIVERS``); ``channel`` is its address (shm: the file;
-    broadcast: the store, group and world size); ``rank_offset`` is this engine's first group rank.
+    broadcast: the store, group and world size; pull: the directory and the writer's id); ``rank_offset`` is this
+    engine's first group rank.
     """
 
     layout: dict[str, Any]
@@ -77,7 +78,7 @@ class Receiver(Protocol):
 class RelayWeightEngine(WeightTransferEngine):
     """Worker side of relayrl's backends: receive a whole version, verify it, load it only on commit.
 
-    One vLLM engine (registered as ``relayrl``) for both CPU transports: the transport is chosen by
+    One vLLM engine (registered as ``relayrl``) for every CPU transport: the transport is chosen by
     the trainer at init, so an engine does not need restarting to switch, and engines on another
     host can be given ``broadcast`` while local ones map ``shm``.
     """

@@ -16,16 +16,18 @@ KEEP_ENV = "RELAYRL_KEEP_CPU_WEIGHTS"
 reads it without torch."""
 
 # vLLM factory name -> (module, class); registered lazily, like vLLM's own engines. The worker side
-# is one engine for both transports (the trainer picks the transport at init); the trainer side is
+# is one engine for every transport (the trainer picks the transport at init); the trainer side is
 # one engine per transport.
 WORKER_ENGINES = {"relayrl": ("relayrl.weightsync.base", "RelayWeightEngine")}
 RECEIVERS = {  # transport -> engine-side receiver, chosen by the trainer in the init payload
     "shm": ("relayrl.weightsync.shm", "ShmReceiver"),
     "broadcast": ("relayrl.weightsync.broadcast", "BroadcastReceiver"),
+    "pull": ("relayrl.weightsync.pull", "PullReceiver"),
 }
 TRAINER_ENGINES = {
     "relayrl_shm": ("relayrl.weightsync.shm", "ShmTrainerEngine"),
     "relayrl_broadcast": ("relayrl.weightsync.broadcast", "BroadcastTrainerEngine"),
+    "relayrl_pull": ("relayrl.weightsync.pull", "PullTrainerEngine"),
 }
 
 

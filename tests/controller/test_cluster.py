@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.config import load_config
+from relayrl.config import WeightSyncConfig, load_config
 from relayrl.controller import cluster
 from relayrl.controller.cluster import split_cores
 
@@ -81,3 +81,24 @@ def test_a_relative_output_dir_on_a_cluster_is_warned_about(output_dir, address,
     assert bool(warning) == warned
     if warned:
         assert "run.output_dir=runs is relative" in warning and "absolute path" in warning
+
+
+@pytest.mark.parametrize(
+    "backend, pull_dir, nodes, expected",
+    [
+        ("shm", "", ["a"], "shm"),  # every engine on rank 0's node
+        ("shm", "", ["a", "b"], "broadcast"),
+        ("pull", "", ["a"], "pull"),
+        ("pull", "", ["a", "b"], "broadcast"),  # the private store is in rank 0's /dev/shm
+        ("pull", "/mnt/store", ["a", "b"], "pull"),  # a pull_dir is the user's word that every node mounts it
+        ("broadcast", "", ["a", "b"], "broadcast"),
+    ],
+)
+def test_sync_config_keeps_a_backend_only_where_it_reaches_every_engine(
+    monkeypatch, backend, pull_dir, nodes, expected
+):
+    monkeypatch.setattr(cluster.ray, "nodes", lambda: [{"NodeID": "a", "NodeManagerAddress": "10.0.0.1"}])
+    placement = cluster.Placement(None, [], [], rollout_nodes=nodes, trainer_nodes=["a"])  # type: ignore[arg-type]
+    ws = cluster.sync_config(WeightSyncConfig(backend=backend, pull_dir=pull_dir), placement)
+    assert ws.backend == expected
+    assert ws.host == ("10.0.0.1" if expected != backend else "127.0.0.1")

@@ -1,13 +1,14 @@
 """Weight sync into a real vLLM engine (RolloutActor in Ray, CPU), through each CPU backend.
 
 One engine serves the whole module: the transport is picked at init, so the same engine takes
-shm and then broadcast. Each test pushes from the driver with the real ``TrainerSync``.
+shm, then broadcast, then pull. Each test syncs from the driver with the real ``TrainerSync``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ PROBE = [269, 266, 455, 270, 356, 33, 343, 226, 493, 395, 231, 425, 450, 35]
 PROMPT = [Prompt(0, "What is 1 + 2? Answer:")]
 NOISE = 0.02  # per-element std, about the size of the random init (std 0.02)
 TIMEOUT_S = 2.0
-BACKENDS = ["shm", "broadcast"]
+BACKENDS = ["shm", "broadcast", "pull"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,11 @@ def actor(ray_session, tiny_llama):
 @pytest.fixture(scope="module", params=BACKENDS)
 def pusher(request, actor, tmp_path_factory):
     cfg = WeightSyncConfig(
-        backend=request.param, timeout_s=TIMEOUT_S, bucket_mb=1, shm_dir=str(tmp_path_factory.mktemp("shm"))
+        backend=request.param,
+        timeout_s=TIMEOUT_S,
+        bucket_mb=1,
+        shm_dir=str(tmp_path_factory.mktemp("shm")),
+        pull_dir=str(tmp_path_factory.mktemp("pull")),
     )
     source = StateDictSource({})
     sync = TrainerSync(cfg, source, rank=0, rollouts=[actor], workers=[1])
@@ -236,7 +241,9 @@ def test_killed_trainer_mid_transfer_leaves_the_engine_serving(actor, ray_sessio
     old = next_version(actor, ray_session) - 1
     before = ray_session.get(actor.prompt_logprobs.remote(PROBE))
     aborts = state()["aborts"]
-    cfg = WeightSyncConfig(backend=backend, timeout_s=TIMEOUT_S, bucket_mb=1, shm_dir=str(tmp_path))
+    cfg = WeightSyncConfig(
+        backend=backend, timeout_s=TIMEOUT_S, bucket_mb=1, shm_dir=str(tmp_path), pull_dir=str(tmp_path)
+    )
     # attr-defined: ray's stubs keep a decorated class's own type, which has no .remote
     sender = Sender.remote(cfg, perturbed(tiny_llama, NOISE, seed=200))  # type: ignore[attr-defined]
     ref = sender.sync_weights.remote(old + 1)
@@ -253,6 +260,60 @@ def test_killed_trainer_mid_transfer_leaves_the_engine_serving(actor, ray_sessio
     assert after["open"] is None and after["aborts"] == aborts + 1
     assert after["last_abort"] == f"v{old + 1}: no commit within {WATCHDOG_STAGES * TIMEOUT_S:g}s (watchdog)"
     assert_still_serving(actor, ray_session, old, before)
+
+
+def flip_a_payload_byte(root: Path, version: int) -> None:
+    with open(root / f"v{version}" / "payload.bin", "r+b") as f:
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+STORE_DAMAGE = {
+    "flipped byte": (flip_a_payload_byte, "fails its xxh3_128 checksum"),
+    "missing store": (
+        lambda root, version: root.rename(root.with_name("unmounted")),
+        "is unreachable from this engine",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", STORE_DAMAGE)
+def test_a_damaged_pull_store_is_refused_and_the_engine_keeps_serving(
+    actor, ray_session, tiny_llama, tmp_path, damage, monkeypatch
+):
+    """The trainer publishes the version whole, then the store is damaged before the engine fetches it (a byte of
+    the payload flipped; the store gone from the engine's host). The engine refuses in one line before anything is
+    staged, the sync aborts, and the engine keeps serving the old version with the old weights (its logprobs are
+    the ones before); the same version then lands from a healthy store."""
+    root = tmp_path / "store"
+    root.mkdir()
+    cfg = WeightSyncConfig(backend="pull", pull_dir=str(root), timeout_s=TIMEOUT_S, bucket_mb=1)
+    old = next_version(actor, ray_session) - 1
+    before = ray_session.get(actor.prompt_logprobs.remote(PROBE))
+    sync = TrainerSync(cfg, StateDictSource(perturbed(tiny_llama, NOISE, seed=400 + old)), 0, [actor], [1])
+    harm, message = STORE_DAMAGE[damage]
+    fetch = sync.client.update_weights
+
+    def damaged_then_fetch(info):
+        harm(root, info["version"])
+        fetch(info)
+
+    monkeypatch.setattr(sync.client, "update_weights", damaged_then_fetch)
+    try:
+        with pytest.raises(
+            WeightSyncError, match=f"v{old + 1}: stage 'receive' failed on rollout replica 0: .*{message}"
+        ) as err:
+            sync.sync(old + 1)
+        assert "\n" not in str(err.value)
+        assert_still_serving(actor, ray_session, old, before)
+        if damage == "missing store":
+            root.with_name("unmounted").rename(root)
+        monkeypatch.setattr(sync.client, "update_weights", fetch)
+        assert sync.sync(old + 1)["weightsync/version"] == old + 1
+        assert ray_session.get(actor.prompt_logprobs.remote(PROBE)) != before
+    finally:
+        sync.close()
 
 
 LONG_PROMPT = [Prompt(1, "Question: " + " ".join(f"{i} plus {i + 1} is" for i in range(12)) + " what? Answer:")]

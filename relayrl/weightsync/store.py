@@ -1,0 +1,351 @@
+"""The ``pull`` backend's versioned store: each version written once to a directory, fetched and checked by readers.
+
+Layout (a directory every reader can open: tmpfs on one host, NFS or a mounted bucket across hosts)::
+
+    <root>/v<version>/payload.bin     the flat payload, exactly ``FlatLayout.nbytes`` bytes (layout.py)
+    <root>/v<version>/manifest.json   version, layout digest, byte size, writer id, one checksum per tensor,
+                                      and the layout itself, so a reader outside the transaction needs nothing else
+
+Why it is shaped this way:
+
+- Atomic publish: a version is written into ``<root>/.tmp-v<version>-*``, fsynced (payload, manifest, then the
+  directory) and renamed to ``v<version>``, then the root is fsynced; a reader sees the whole version or none.
+  Writing again a version that exists (a re-sync after a restart) swaps the new directory in.
+- One file, not a file per bucket: the payload is written in layout order with one ``pwrite`` per tensor
+  straight from the tensor's memory (no bucket buffer), so the store costs one copy, as ``shm`` does; one file
+  is one open and one fsync. The checksums are kept per tensor, so an error names the tensor.
+- The checksum guards against corruption (flipped bits, truncated or half-uploaded files), not forgery: the
+  manifest sits unsigned beside the payload, so whoever can write one can write the other, and a cryptographic
+  hash would buy nothing. xxh3-128 hashes at memory speed; sha256, blake2b and blake3 each cost more than
+  writing the bytes (``bench/weight_sync.py`` prints all four on the model's size).
+- Retention: after publishing v the store keeps v and the ``keep - 1`` highest versions below it; versions above
+  v are stale (a trainer restarted from an older checkpoint publishes lower numbers again) and go. The version a
+  reader is asked for is the one just published, so it is never the one retired. The oldest retired version's
+  directory becomes the next draft and its payload is written over: a fresh file would cost as much again in
+  page allocation and freeing as the write itself (tmpfs). A reader still reading it gets a checksum error, never
+  wrong weights.
+- Readers copy the payload into their own buffer and check every tensor there before returning it: the bytes
+  checked are the bytes loaded, whatever happens to the store meanwhile, and a store that shrinks or fails
+  mid-read raises an error (a mapping would take SIGBUS instead). Reads run on a few threads: page-cache reads
+  run side by side (tmpfs writes do not, so the writer stays on one thread).
+
+No vLLM here: the trainer engine and the receiver that use this live in ``pull.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+
+from relayrl.weightsync.layout import Bucket, FlatLayout, to_dtype
+
+HASH = "xxh3_128"
+PAYLOAD = "payload.bin"
+MANIFEST = "manifest.json"
+TMP_PREFIX = ".tmp-"
+PRIVATE_PREFIX = "relayrl-pull-"
+VERSION_DIR = re.compile(r"v(\d+)")
+READ_THREADS = 4  # at most; one per core
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a reader checks before it trusts ``payload.bin``."""
+
+    version: int
+    digest: str  # FlatLayout.digest of the layout below
+    nbytes: int  # payload.bin's size
+    writer: str  # the publishing StoreWriter's id: two trainers on one store are caught, not mixed
+    checksums: list[str]  # HASH of each tensor's bytes, in layout order
+    layout: dict[str, Any]  # FlatLayout.to_dict()
+    hash: str = HASH
+
+    def dumps(self) -> str:
+        return json.dumps(vars(self))  # not asdict: it deep-copies the layout, which costs ms per thousand tensors
+
+    @classmethod
+    def loads(cls, text: str) -> Manifest:
+        return cls(**json.loads(text))
+
+
+def checksum(data: Any) -> str:
+    """``HASH`` of a bytes-like ``data``."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def version_dirs(root: Path) -> dict[int, Path]:
+    """``{version: directory}`` of the published versions under ``root``."""
+    return {int(m[1]): p for p in root.iterdir() if (m := VERSION_DIR.fullmatch(p.name)) and p.is_dir()}
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- writing --------------------------------------------------------------------------------------------------
+
+
+class StoreWriter:
+    """The trainer's end: publishes versions into ``root`` and retires old ones. One writer per root."""
+
+    def __init__(self, root: Path, keep: int, private: bool = False) -> None:
+        self.root, self.keep, self.private = root, keep, private
+        self.writer = uuid.uuid4().hex[:16]
+        for stale in root.glob(f"{TMP_PREFIX}*"):  # drafts a killed writer left behind
+            shutil.rmtree(stale, ignore_errors=True)
+
+    @classmethod
+    def open(cls, pull_dir: str, keep: int) -> StoreWriter:
+        """The store at ``pull_dir`` (must exist), or with ``pull_dir=""`` a new private one (``private_root``)."""
+        if not pull_dir:
+            return cls(private_root(), keep, private=True)
+        if not Path(pull_dir).is_dir():
+            raise FileNotFoundError(
+                f"weightsync.pull_dir={pull_dir} is not a directory; create it (on a path every engine's host mounts)"
+            )
+        return cls(Path(pull_dir), keep)
+
+    @contextlib.contextmanager
+    def draft(self, version: int, nbytes: int) -> Iterator[Draft]:
+        """A version being written: published by ``Draft.publish``, removed if the block raises before that."""
+        tmp = self.reuse(version) or Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}v{version}-", dir=self.root))
+        draft = Draft(self, version, tmp, nbytes)
+        try:
+            yield draft
+        finally:
+            draft.close()
+            shutil.rmtree(tmp, ignore_errors=True)  # gone by now once published
+
+    def kept(self, published: int) -> set[int]:
+        """The versions left after publishing ``published``: it and the ``keep - 1`` highest below it."""
+        below = sorted((v for v in version_dirs(self.root) if v < published), reverse=True)
+        return {published, *below[: self.keep - 1]}
+
+    def reuse(self, version: int) -> Path | None:
+        """The oldest version publishing ``version`` retires, renamed to a draft (readers see it go whole); None
+        if there is none, or it is not a directory of this user's (a shared store may hold anything)."""
+        kept = self.kept(version)
+        for old, path in sorted(version_dirs(self.root).items()):
+            info = os.lstat(path)
+            if old not in kept and stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                tmp = self.root / f"{TMP_PREFIX}v{version}-{uuid.uuid4().hex[:8]}"
+                os.rename(path, tmp)
+                (tmp / MANIFEST).unlink(missing_ok=True)
+                return tmp
+        return None
+
+    def install(self, tmp: Path, version: int) -> None:
+        """Rename the finished ``tmp`` to ``v<version>`` (swapping out one that exists), then retire the rest."""
+        target = self.root / f"v{version}"
+        old = None
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-v{version}-", dir=self.root))
+            os.replace(target, old / target.name)
+        os.rename(tmp, target)
+        fsync_dir(self.root)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        kept = self.kept(version)
+        for v, path in version_dirs(self.root).items():
+            if v not in kept:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def close(self) -> None:
+        """A private store goes with its writer; a shared one keeps its last versions for readers."""
+        if self.private:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Draft:
+    """``payload.bin`` of one version, open for writing at ``write``'s offsets, then ``publish``."""
+
+    def __init__(self, store: StoreWriter, version: int, tmp: Path, nbytes: int) -> None:
+        self.store, self.version, self.tmp, self.nbytes = store, version, tmp, nbytes
+        self.fd: int | None = os.open(tmp / PAYLOAD, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+        os.ftruncate(self.fd, nbytes)
+
+    def write(self, data: Any, offset: int) -> None:
+        """Write a bytes-like ``data`` at ``offset``, all of it."""
+        assert self.fd is not None, "a draft is written before it is published"
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.pwrite(self.fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def publish(self, layout: dict[str, Any], digest: str, checksums: list[str]) -> Manifest:
+        """fsync the payload, write the manifest, fsync, and rename the draft into place. ``layout`` is
+        ``FlatLayout.to_dict()`` (made once per layout by the caller: it is large for large models)."""
+        assert self.fd is not None, "a draft is published once"
+        os.fsync(self.fd)
+        self.close()
+        manifest = Manifest(self.version, digest, self.nbytes, self.store.writer, checksums, layout)
+        fd = os.open(self.tmp / MANIFEST, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(manifest.dumps())
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.tmp)
+        self.store.install(self.tmp, self.version)
+        return manifest
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def write_payload(draft: Draft, layout: FlatLayout, named: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
+    """Write every tensor ``named`` yields (the layout's, in order; checked against it) into ``draft`` in the
+    layout's dtype, one ``pwrite`` per tensor from its own memory; return each tensor's checksum."""
+    checksums = []
+    for i, slot in enumerate(layout.slots):
+        name, tensor = next(named)
+        layout.check(name, tensor, i)
+        data = raw_bytes(tensor.detach().to(device="cpu", dtype=to_dtype(slot.dtype)))
+        draft.write(data, slot.offset)
+        checksums.append(checksum(data))
+    return checksums
+
+
+def raw_bytes(tensor: torch.Tensor) -> Any:
+    """The tensor's bytes as a uint8 numpy array (a view when it is contiguous; any dtype, bf16 included)."""
+    return tensor.contiguous().view(-1).view(torch.uint8).numpy()
+
+
+def private_root(base: Path | None = None) -> Path:
+    """A new directory only this user can read, in ``base``: by default /dev/shm (memory), else the system's temp
+    dir. Its name holds this process's id, so the directories of writers that died without closing go here."""
+    if base is None:
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    for path in base.glob(f"{PRIVATE_PREFIX}*"):
+        if is_orphan(path):
+            shutil.rmtree(path, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-", dir=base))
+
+
+def is_orphan(path: Path) -> bool:
+    """A private store of this user whose writer process is gone."""
+    pid = path.name.removeprefix(PRIVATE_PREFIX).split("-")[0]
+    if not pid.isdigit() or path.is_symlink() or path.stat().st_uid != os.getuid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+# ---- reading --------------------------------------------------------------------------------------------------
+
+
+def fetch(root: Path, version: int, layout: FlatLayout, writer: str, out: torch.Tensor) -> Manifest:
+    """Read ``v<version>`` into ``out`` (uint8, ``layout.nbytes``) and check it: the manifest's version, writer,
+    layout digest and size, then every tensor's checksum. Raises one line naming the cause; on return every byte
+    of ``out`` that ``layout`` uses is the one published."""
+    vdir = open_version(root, version)
+    try:
+        manifest = read_manifest(vdir, root, version)
+        check_manifest(manifest, version, layout, writer)
+        read_checked(vdir, manifest, layout, out)
+    finally:
+        os.close(vdir)
+    return manifest
+
+
+def check_reachable(root: Path) -> None:
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"pull store {root} is unreachable from this engine (no such directory); "
+            "mount it here or set weightsync.pull_dir to a path this host sees"
+        )
+
+
+def open_version(root: Path, version: int) -> int:
+    """A descriptor of ``v<version>``'s directory: manifest and payload are then read from the same one."""
+    check_reachable(root)
+    try:
+        return os.open(root / f"v{version}", os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        have = sorted(version_dirs(root))
+        raise FileNotFoundError(
+            f"pull store {root} has no v{version} (it holds {have or 'no version'}); the trainer did not publish it"
+        ) from None
+
+
+def read_manifest(vdir: int, root: Path, version: int) -> Manifest:
+    try:
+        with open(MANIFEST, opener=lambda name, flags: os.open(name, flags, dir_fd=vdir)) as f:
+            return Manifest.loads(f.read())
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"pull v{version}: {root}/v{version}/{MANIFEST} is unreadable ({exc})") from None
+
+
+def check_manifest(m: Manifest, version: int, layout: FlatLayout, writer: str) -> None:
+    """The manifest describes the version, layout and size this reader expects, from its own trainer."""
+    where = f"pull v{version}: the manifest"
+    if m.version != version:
+        raise ValueError(f"{where} says v{m.version}; the store is damaged")
+    if m.writer != writer:
+        raise ValueError(
+            f"{where} was written by another trainer ({m.writer}, expected {writer}); give each run its own "
+            "weightsync.pull_dir"
+        )
+    if m.digest != layout.digest:  # m.layout is for readers outside the transaction; this one holds its own
+        raise ValueError(f"{where} has layout {m.digest}, expected {layout.digest}; re-initialise the transfer")
+    if (m.nbytes, m.hash, len(m.checksums)) != (layout.nbytes, HASH, len(layout.slots)):
+        raise ValueError(
+            f"{where} says {m.nbytes} bytes, {len(m.checksums)} {m.hash} checksums; expected {layout.nbytes} bytes, "
+            f"{len(layout.slots)} {HASH} checksums"
+        )
+
+
+def read_checked(vdir: int, manifest: Manifest, layout: FlatLayout, out: torch.Tensor) -> None:
+    """Read ``payload.bin`` into ``out`` bucket by bucket, a few buckets at a time, checking every tensor."""
+    fd = os.open(PAYLOAD, os.O_RDONLY, dir_fd=vdir)
+    try:
+        if (size := os.fstat(fd).st_size) != manifest.nbytes:
+            raise ValueError(
+                f"pull v{manifest.version}: {PAYLOAD} is {size} bytes, the manifest says {manifest.nbytes} "
+                "(truncated or overwritten); the store's copy is damaged"
+            )
+        data = out.numpy().data  # a memoryview of the buffer
+        threads = min(READ_THREADS, len(os.sched_getaffinity(0)), len(layout.buckets))
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda b: read_bucket(fd, data, layout, b, manifest), layout.buckets))
+    finally:
+        os.close(fd)
+
+
+def read_bucket(fd: int, data: memoryview, layout: FlatLayout, bucket: Bucket, manifest: Manifest) -> None:
+    offset, view = bucket.start, data[bucket.start : bucket.end]
+    while view:
+        if (got := os.preadv(fd, [view], offset)) == 0:
+            raise ValueError(f"pull v{manifest.version}: {PAYLOAD} ended at byte {offset} while being read")
+        view, offset = view[got:], offset + got
+    for i in range(bucket.first, bucket.last):
+        slot = layout.slots[i]
+        if checksum(data[slot.offset : slot.offset + slot.nbytes]) != manifest.checksums[i]:
+            raise ValueError(
+                f"pull v{manifest.version}: {slot.name} (bytes {slot.offset}..{slot.offset + slot.nbytes}) fails "
+                f"its {HASH} checksum; the store's copy is corrupt"
+            )
