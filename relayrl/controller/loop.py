@@ -57,7 +57,9 @@ class Loop(ABC):
             self._cancel_losers()
 
     def _launch(self) -> None:
-        """Start every chunk the policy allows on the idle slots (slots of replicas that left are dropped)."""
+        """Apply joins and leaves, then start every chunk the policy allows on the idle slots (slots of replicas
+        that left are dropped)."""
+        self._membership()
         self.idle = [r for r in self.idle if r in self.policy.replicas.live]
         for flight in self.policy.launches(self.idle, self._now()):
             self.idle.remove(flight.replica)
@@ -116,6 +118,9 @@ class Loop(ABC):
 
     @abstractmethod
     def _finish_training(self) -> None: ...
+
+    def _membership(self) -> None:  # noqa: B027 - a hook: only a loop whose replicas join and leave has one
+        """Replicas joining or leaving the run, applied before the launches."""
 
     def _expire_overdue(self) -> None:  # noqa: B027 - a hook: only a loop whose _wait reports overdue has one
         """Generate calls past their deadline."""

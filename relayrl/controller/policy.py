@@ -185,9 +185,10 @@ class StepPolicy:
         if self.pc.colocated or not free or self.buffer.ready(self.version, self.B, self.max_groups):
             return []
         running = [f for seq, f in sorted(self.generating.items()) if not f.finished]
-        busy = {f.replica for f in running} | {f.replica for f in placed}
+        copying = {f.replica for f in self.copies.values() if not f.finished}  # one copy at a time a replica
+        busy = {f.replica for f in running} | {f.replica for f in placed} | copying
         stragglers = [(f.seq, f.replica) for f in running if f.seq not in self.copies]
-        pairs = self.replicas.copies([r for r in free if r not in busy], stragglers)
+        pairs = self.replicas.copies(list(dict.fromkeys(r for r in free if r not in busy)), stragglers)
         return [Flight(seq, r, self.generating[seq].prompts, copy=True) for seq, r in pairs]
 
     def _issue(self) -> int:
@@ -249,7 +250,7 @@ class StepPolicy:
         out, self.cancelled = self.cancelled, []
         for flight in out:
             if not flight.finished:
-                self.replicas.stopped(flight.replica, now)
+                self.replicas.stopped(flight.replica, now, lost_s=now - flight.t0 if flight.copy else 0.0)
             flight.finished = True
         return out
 

@@ -131,10 +131,9 @@ class Scheduler(Loop):
         calls = ", ".join(f"{r}: {n}" for r, n in sorted(self.calls.items()))
         logger.info("relayrl: generate calls scored per replica: %s; %d copies lost", calls, self.policy.reissued)
 
-    def _launch(self) -> None:
-        """Joins and leaves first (reconnecting the trainer only while no step trains), then the launches."""
+    def _membership(self) -> None:
+        """``relayrl scale`` and autoscale (the trainer is reconnected only while no step trains)."""
         self.members.update(quiet=self.policy.training is None)
-        super()._launch()
 
     # ---- waiting ------------------------------------------------------------------------------------
     def _in_flight(self) -> bool:

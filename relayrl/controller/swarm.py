@@ -61,9 +61,11 @@ class ReplicaSet:
         self._tick(r, now)
         self.running[r] += 1
 
-    def stopped(self, r: int, now: float, groups: int = 0) -> None:
-        """A call on ``r`` stopped generating: finished with ``groups`` groups, or cancelled or failed (0)."""
+    def stopped(self, r: int, now: float, groups: int = 0, lost_s: float = 0.0) -> None:
+        """A call on ``r`` stopped generating: finished with ``groups`` groups, or cancelled or failed (0). A lost
+        copy's ``lost_s`` leaves the busy time: work that produced nothing must not make the replica look slow."""
         self._tick(r, now)
+        self.busy_s[r] = max(0.0, self.busy_s[r] - max(0.0, lost_s))
         self.running[r] = max(0, self.running[r] - 1)
         self.groups[r] += groups
 
@@ -91,7 +93,7 @@ class ReplicaSet:
         )
 
     def copies(self, idle: list[int], stragglers: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """(seq, replica) copies to start: each ``idle`` slot (of a replica running no chunk of its own) takes the
+        """(seq, replica) copies to start: each ``idle`` replica (running no chunk and no copy) takes one copy: the
         oldest of ``stragglers`` ((seq, replica) still generating, oldest first, not yet copied) that runs on
         another replica no faster than it, one copy per chunk. The copy draws the same seeded samples, so
         whichever comes back first is the same data (which one wins does not select short completions); the
