@@ -87,10 +87,17 @@ class ReplicaSet:
     # ---- placement ----------------------------------------------------------------------------------------
     def pick(self, free: list[int], extra: Counter[int]) -> int:
         """The index in ``free`` (replica ids, one per free slot) of the slot whose replica would finish one
-        more chunk first, counting ``extra`` chunks placed on it in this round; ties go to the earlier slot."""
-        return min(
-            range(len(free)), key=lambda i: ((self.running[free[i]] + extra[free[i]] + 1) / self.rate(free[i]), i)
-        )
+        more chunk first, counting ``extra`` chunks placed on it in this round; ties go to a replica not measured
+        yet (a joiner gets work, and so a rate), then to the earlier slot."""
+
+        def key(i: int) -> tuple[float, bool, int]:
+            r = free[i]
+            return (self.running[r] + extra[r] + 1) / self.rate(r), self.measured(r), i
+
+        return min(range(len(free)), key=key)
+
+    def measured(self, r: int) -> bool:
+        return bool(self.groups[r]) and self.busy_s[r] > 0
 
     def copies(self, idle: list[int], stragglers: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """(seq, replica) copies to start: each ``idle`` replica (running no chunk and no copy) takes one copy: the

@@ -68,18 +68,19 @@ def watching(watch: Watch):
         (engine,) = engine_cores(self.system.procs[0][1])
         os.kill(engine.pid, signal.SIGKILL)
 
-    def launches_seen(self: StepPolicy, idle: list[int]):
-        out = launches(self, idle)
+    def launches_seen(self: StepPolicy, idle: list[int], now: float = 0.0):
+        out = launches(self, idle, now)
         watch.again |= {f.seq: f.prompt_ids for f in out if f.seq in watch.failed}
         return out
 
-    def failed_seen(self: StepPolicy, seq: int) -> None:
+    def failed_seen(self: StepPolicy, seq: int, flight=None, now: float = 0.0) -> None:
         watch.failed.append(seq)
-        on_failed(self, seq)
+        on_failed(self, seq, flight, now)
 
-    def scored_seen(self: StepPolicy, entry) -> None:
-        watch.scored.append((entry.seq, entry.min_version, entry.max_version, ray.get(entry.ref)))
-        on_scored(self, entry)
+    def scored_seen(self: StepPolicy, entry, flight=None) -> bool:
+        if kept := on_scored(self, entry, flight):  # a straggler's losing copy is not the chunk's result
+            watch.scored.append((entry.seq, entry.min_version, entry.max_version, ray.get(entry.ref)))
+        return kept
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Scheduler, "_launch", launch_then_kill)
