@@ -47,6 +47,12 @@ def test_overrides_are_typed():
         (["data.task=jsonl"], "data.task=jsonl needs data.path"),
         (["data.path=/nonexistent.jsonl"], "data.path=/nonexistent.jsonl does not exist"),
         (["placement=nowhere"], "placement=nowhere is not an option; use one of: colocated, separate"),
+        (["weightsync.pull_when=later"], "weightsync.pull_when='later' is not supported; use one of sync, admission"),
+        (["weightsync.pull_when=admission"], "is for engines that fetch from a store; set weightsync.backend=pull"),
+        (
+            ["weightsync.backend=pull", "weightsync.pull_when=admission", "placement=colocated"],
+            "placement=colocated hands the weights over in every sync",
+        ),
         (
             ["algorithm.name=ppo"],
             (

@@ -44,7 +44,12 @@ def validate(cfg: Config) -> Config:
 
 
 def _validate_placement(cfg: Config) -> None:
-    """Colocated rollout fits in the trainer's resources."""
+    """Colocated rollout fits in the trainer's resources, and its engines take each version in the hand-over."""
+    if cfg.placement.mode == "colocated" and cfg.weightsync.pull_when != "sync":
+        raise ConfigError(
+            f"placement=colocated hands the weights over in every sync, but weightsync.pull_when="
+            f"{cfg.weightsync.pull_when} defers the fetch to the next call; use weightsync.pull_when=sync"
+        )
     if cfg.placement.mode == "colocated":
         rollout_cpus = cfg.rollout.num_replicas * cfg.rollout.num_cpus
         trainer_cpus = cfg.trainer.world_size * cfg.trainer.num_cpus

@@ -15,6 +15,8 @@ NativeEngine = Literal["nccl", "ipc"]
 """``weightsync.native_engine`` values."""
 CommitMode = Literal["inplace", "reload"]
 """``weightsync.commit`` values."""
+PullWhen = Literal["sync", "admission"]
+"""``weightsync.pull_when`` values."""
 
 
 @dataclass
@@ -37,6 +39,11 @@ class WeightSyncConfig:
     it must exist."""
     pull_keep: int = 2
     """pull only: versions the store keeps, the newest included; older ones are removed after each publish."""
+    pull_when: str = "sync"
+    """pull only: when an engine fetches a version. sync: every engine fetches it inside the step's sync
+    transaction (as a push lands). admission: the step's sync only publishes; a replica fetches the newest
+    version when it is given a call that needs it, before generating (a replica that no call reaches never
+    fetches). With ``mode=sync`` that is Echo's sequential pull mode: each replica refreshes before each call."""
     host: str = "127.0.0.1"
     """Address the trainer's rendezvous store binds (broadcast / vllm-native); a routable IP for multi-node."""
     timeout_s: float = 120.0
@@ -68,6 +75,12 @@ class WeightSyncConfig:
             raise ConfigError(
                 f"weightsync.pull_dir={self.pull_dir} is relative, and each trainer and engine process would resolve "
                 "it from its own working directory; pass an absolute path (or leave it empty for a private store)"
+            )
+        one_of("weightsync.pull_when", self.pull_when, PullWhen)
+        if self.pull_when != "sync" and self.backend != "pull":
+            raise ConfigError(
+                f"weightsync.pull_when={self.pull_when} is for engines that fetch from a store; "
+                "set weightsync.backend=pull, or leave pull_when=sync"
             )
         if self.verify_every < 0:
             raise ConfigError(f"weightsync.verify_every={self.verify_every} must be >= 0 (0: never)")

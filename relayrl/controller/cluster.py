@@ -189,15 +189,23 @@ def sync_config(ws: WeightSyncConfig, placement: Placement) -> WeightSyncConfig:
     """The weight-sync settings this placement can use: ``shm``, and ``pull`` with its private store (no
     ``weightsync.pull_dir``), need every engine on trainer rank 0's node; when Ray put some elsewhere, fall back
     to ``broadcast`` with the store on rank 0's node IP. ``pull`` with a ``pull_dir`` is kept: that directory
-    is the user's word that every node mounts it."""
+    is the user's word that every node mounts it. ``pull_when=admission`` has no push to fall back to: a private
+    store across nodes is refused in one line naming ``weightsync.pull_dir``."""
     host_local = ws.backend == "shm" or (ws.backend == "pull" and not ws.pull_dir)
     if not host_local or set(placement.rollout_nodes) <= {placement.trainer_nodes[0]}:
         return ws
+    nodes = len(set(placement.rollout_nodes) | set(placement.trainer_nodes))
+    if ws.pull_when == "admission":  # replicas fetch from the store themselves: no push to fall back to
+        raise ValueError(
+            f"weightsync.pull_when=admission with a private pull store (weightsync.pull_dir unset) needs every engine "
+            f"on trainer rank 0's node, but the replicas span {nodes} nodes; set weightsync.pull_dir to a directory "
+            "every node mounts"
+        )
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     host = ips.get(placement.trainer_nodes[0], ws.host)
     logger.info(
         "relayrl: rollout replicas span %d nodes; weightsync.backend=%s -> broadcast (store on %s)",
-        len(set(placement.rollout_nodes) | set(placement.trainer_nodes)),
+        nodes,
         ws.backend,
         host,
     )

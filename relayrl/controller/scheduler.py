@@ -77,6 +77,7 @@ from relayrl.monitor.schema import (
 )
 from relayrl.rewards.scoring import Scored
 from relayrl.rollout.occupancy import engine_memory, occupancy_metrics
+from relayrl.weightsync.store import FetchError
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,8 @@ class Scheduler(Loop):
     # ---- rollout side ----------------------------------------------------------------------------
     def _submit(self, flight: Flight) -> None:
         flight.actor = self.system.replica(flight.replica)
-        ref = generate_remote(self.cfg, flight.actor, flight.prompts)
+        lazy = self.cfg.weightsync.pull_when == "admission"  # the replica fetches the version the call needs
+        ref = generate_remote(self.cfg, flight.actor, flight.prompts, self.policy.version if lazy else 0)
         flight.t0 = time.perf_counter()
         self.generate_calls[ref] = flight
 
@@ -219,6 +221,9 @@ class Scheduler(Loop):
             if (error := generation_error(flight.generated)) is None:
                 raise
             if not is_death(error, flight.actor):
+                if isinstance(getattr(error, "cause", None), FetchError):
+                    self._cannot_fetch(flight, error.cause)  # type: ignore[attr-defined] # RayTaskError's cause
+                    return
                 raise GenerateError(task_error_line(flight.replica, error)) from None
             self._replace_replica(flight, error)
             return
@@ -230,6 +235,19 @@ class Scheduler(Loop):
             ROLLOUT_CALLS: 1.0,
         }
         self.policy.on_scored(scored_entry(flight, scored), flight)
+
+    def _cannot_fetch(self, flight: Flight, error: BaseException) -> None:
+        """``weightsync.pull_when=admission``: the replica could not fetch the version its call needed (store
+        unreachable or damaged); it keeps its old weights, never generates with them, and leaves the run with its
+        calls handed back, so the run goes on with the others. The last serving replica stops the run instead."""
+        rid = flight.replica
+        if self.policy.replicas.takes_work(rid) and len(self.members.serving) <= 1:
+            raise GenerateError(task_error_line(rid, error)) from None
+        self.policy.on_failed(flight.seq, flight, time.perf_counter())
+        self.idle.append(rid)
+        if self.policy.replicas.takes_work(rid):
+            self.policy.retire(rid, hand_back=True)
+            logger.warning("relayrl: rollout replica %d leaves: %s; %d serving", rid, error, len(self.members.serving))
 
     # ---- trainer side ----------------------------------------------------------------------------
     def _train(self, step: Step) -> None:
@@ -314,10 +332,13 @@ def scored_entry(flight: Flight, scored: Scored) -> Entry:
     )
 
 
-def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt]) -> ray.ObjectRef:
+def generate_remote(cfg: Config, rollout: Any, prompts: list[Prompt], min_version: int = 0) -> ray.ObjectRef:
     """One replica's generate call: G multi-turn episodes per prompt when ``env.name`` is set (against that
-    environment, ``relayrl.rollout.episode``), else G single completions."""
+    environment, ``relayrl.rollout.episode``), else G single completions; the engine first fetches a version
+    of at least ``min_version`` if it serves an older one (``weightsync.pull_when=admission``)."""
     G, env = cfg.algorithm.group_size, cfg.env
     if env.name:
-        return rollout.generate_episodes.remote(prompts, G, env.name, env.max_turns, env.kwargs, env.episode_timeout_s)
-    return rollout.generate.remote(prompts, G)
+        return rollout.generate_episodes.remote(
+            prompts, G, env.name, env.max_turns, env.kwargs, env.episode_timeout_s, min_version
+        )
+    return rollout.generate.remote(prompts, G, min_version)

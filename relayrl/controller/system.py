@@ -316,6 +316,8 @@ class System:
         except Exception:
             abort_update(self.rollouts, "trainer-side sync failed", self.cfg.weightsync.timeout_s)
             raise
+        if self.cfg.weightsync.pull_when == "admission":  # published only: each replica fetches on its next call
+            return stats
         versions = ray.get([r.weight_version.remote() for r in self.rollouts])
         if versions != [version] * len(versions):
             raise RuntimeError(f"after syncing v{version} the engines report versions {versions}")
@@ -347,11 +349,11 @@ class System:
             return {}
         seqs, starts, trainer = probe
         try:
-            engine = self.engine_logprobs(seqs)
+            engine = self.engine_logprobs(seqs, self.catch_up(version))
         except Exception as exc:
             if not self.replace_dead_rollouts(exc, version, f" during the probe of v{version}"):
                 raise
-            engine = self.engine_logprobs(seqs)  # the replacements hold ``version`` too
+            engine = self.engine_logprobs(seqs, self.catch_up(version))  # the replacements hold ``version`` too
         stats = logprob_mismatch(engine, trainer, starts)
         if stats[MISMATCH_MEAN_ABS] > self.cfg.weightsync.max_mismatch:
             raise WeightSyncError(
@@ -362,9 +364,34 @@ class System:
             )
         return stats
 
-    def engine_logprobs(self, seqs: list[list[int]]) -> list[list[float]]:
-        """Each sequence's per-token logprobs from the engines, spread over the replicas."""
-        return ray.get([self.rollouts[i % len(self.rollouts)].prompt_logprobs.remote(s) for i, s in enumerate(seqs)])
+    def engine_logprobs(self, seqs: list[list[int]], rollouts: list[Any] | None = None) -> list[list[float]]:
+        """Each sequence's per-token logprobs from the engines (``rollouts``: all), spread over the replicas."""
+        rollouts = rollouts or self.rollouts
+        return ray.get([rollouts[i % len(rollouts)].prompt_logprobs.remote(s) for i, s in enumerate(seqs)])
+
+    def catch_up(self, version: int) -> list[Any]:
+        """The replicas that serve ``version``: all of them after a push. With ``weightsync.pull_when=admission``
+        each fetches it first (the probe and evaluation need it now); one whose fetch fails keeps its old
+        version and is left out, and if every fetch fails the first failure is raised."""
+        if self.cfg.weightsync.pull_when != "admission":
+            return self.rollouts
+        from relayrl.weightsync.store import FetchError
+
+        caught, errors = [], []
+        for rollout, ref in [(r, r.fetch_version.remote(version)) for r in self.rollouts]:
+            try:
+                ray.get(ref)
+                caught.append(rollout)
+            except ray.exceptions.RayTaskError as exc:
+                if not isinstance(exc.cause, FetchError):
+                    raise
+                errors.append(exc.cause)
+                logger.warning(
+                    "relayrl: a replica could not fetch v%d and keeps its old version: %s", version, exc.cause
+                )
+        if not caught and errors:
+            raise errors[0]
+        return caught
 
     def shutdown(self) -> None:
         for r in self.rollouts:

@@ -132,7 +132,7 @@ class TrainingEval:
     def evaluate(self, version: int) -> dict[str, float]:
         """Generate on every replica, score with the run's reward pool, write ``eval/step_<version>/``."""
         t0 = time.perf_counter()
-        greedy_refs, sampled_refs = self._generate()
+        greedy_refs, sampled_refs = self._generate(self.system.catch_up(version))
         scored, _ = self.system.rewards.score(greedy_refs + sampled_refs)
         groups = ray.get(scored)
         greedy = completion_rows([g for part in groups[: len(greedy_refs)] for g in part])
@@ -144,9 +144,8 @@ class TrainingEval:
         logger.info("relayrl: eval of v%d: %s", version, figures)
         return metrics
 
-    def _generate(self) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
-        """Greedy and sampled generate calls, the prompts spread round-robin over the replicas."""
-        replicas = self.system.rollouts
+    def _generate(self, replicas: list[Any]) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+        """Greedy and sampled generate calls, the prompts spread round-robin over ``replicas``."""
         parts = [(r, self.prompts[i :: len(replicas)]) for i, r in enumerate(replicas)]
         parts = [(r, chunk) for r, chunk in parts if chunk]
         greedy = [

@@ -15,7 +15,9 @@ sync sets up the transfer channel); ``drop_stale`` (buffer.drop_stale=true and s
 ``first_step`` (the first step a driver process logs: a run's step 1, or the first after a resume);
 ``gae`` (algorithm.name=gae: PPO with a critic); ``dapo`` (algorithm.dynamic_sampling or an overlong buffer);
 ``dynamic`` (algorithm.dynamic_sampling); ``env`` (env.name is set: multi-turn episodes); ``eval`` (steps that
-evaluate: eval.every > 0 divides the step, and step 0 with eval.before_first_step).
+evaluate: eval.every > 0 divides the step, and step 0 with eval.before_first_step); ``push`` (a sync that moves
+the weights into the engines: every backend but ``weightsync.pull_when=admission``); ``publish``
+(``weightsync.pull_when=admission``: the sync publishes, each replica fetches on its next call).
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ WEIGHTSYNC_BYTES = "weightsync/bytes"
 WEIGHTSYNC_TOTAL_S = "weightsync/total_s"
 WEIGHTSYNC_GBPS = "weightsync/gbps"
 WEIGHTSYNC_STALL_S = "weightsync/stall_s"
-WEIGHTSYNC_STAGE_S = "weightsync/{stage}_s"  # a stage's seconds: start, transfer, receive, commit, init, connect
+WEIGHTSYNC_STAGE_S = (
+    "weightsync/{stage}_s"  # a stage's seconds: start, transfer, receive, commit, init, connect, publish
+)
 MISMATCH_MEAN_ABS = "mismatch/mean_abs"
 MISMATCH_MAX_ABS = "mismatch/max_abs"
 MISMATCH_TOKENS = "mismatch/tokens"
@@ -273,10 +277,21 @@ SCHEMA: tuple[Metric, ...] = (
     M(WEIGHTSYNC_TOTAL_S, "s", "trainer-side seconds of the whole sync"),
     M(WEIGHTSYNC_GBPS, "GB/s", "bytes / (transfer + commit seconds)"),
     M(WEIGHTSYNC_STALL_S, "s", "longest time an engine was paused for the update"),
-    M("weightsync/start_s", "s", "stage: engines paused and update opened"),
-    M("weightsync/transfer_s", "s", "stage: weights sent and staged"),
-    M("weightsync/receive_s", "s", "stage: engines receive (broadcast: during transfer) and verify the payload"),
-    M("weightsync/commit_s", "s", "stage: staged weights loaded and version set"),
+    M("weightsync/start_s", "s", "stage: engines paused and update opened", "push"),
+    M("weightsync/transfer_s", "s", "stage: weights sent and staged", "push"),
+    M(
+        "weightsync/receive_s",
+        "s",
+        "stage: engines receive (broadcast: during transfer) and verify the payload",
+        "push",
+    ),
+    M("weightsync/commit_s", "s", "stage: staged weights loaded and version set", "push"),
+    M(
+        "weightsync/publish_s",
+        "s",
+        "stage: the version written to the pull store (replicas fetch on their next call)",
+        "publish",
+    ),
     M("weightsync/init_s", "s", "stage: transfer channel set up on the engines", "first_sync"),
     M("weightsync/connect_s", "s", "trainer-side channel set-up", "first_sync"),
     # mismatch/*

@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
@@ -37,6 +38,7 @@ from relayrl.vllm_import import import_vllm
 from relayrl.weightsync.names import KEEP_ENV
 
 WATCHDOG_STAGES = 3  # an open weight update is aborted after this many stage timeouts
+FETCH_TRIES = 3  # a fetch whose version was retired while it read (pull_keep) tries the newer one, this often
 DEATH_POLL_S = 0.1  # how often an engine call in flight checks that its engine is alive
 T = TypeVar("T")
 
@@ -78,6 +80,8 @@ class Rollout:
         self._pause_here = False
         self._update: tuple[int, float] | None = None  # (version, start time) of the open weight update
         self._watchdog: asyncio.Task | None = None
+        self._pull: tuple[str, str] | None = None  # (store directory, layout digest) of a pull transfer's init
+        self._fetching = asyncio.Lock()  # one fetch at a time; calls waiting on it find the version current
         self.aborts = 0  # updates aborted by anyone: trainer, driver or watchdog
         self.last_abort = ""  # the latest one: "v<version>: <reason>"
 
@@ -93,15 +97,17 @@ class Rollout:
             "client_pid": os.getpid(),
         }
 
-    async def generate(self, prompts: list[Prompt], group_size: int) -> list[TrajectoryGroup]:
+    async def generate(self, prompts: list[Prompt], group_size: int, min_version: int = 0) -> list[TrajectoryGroup]:
         """Sample ``group_size`` completions for each prompt, concurrently.
 
         With ``seed`` (the sampler sets it), sample ``i`` is drawn with its own generator seeded ``seed + i``
         (vLLM gives each of a request's ``n`` children ``seed + index``), independent of the engine's seed,
         its other requests and its history: a restarted replica or a resumed run samples the same tokens
         from the same weights. Without it, the engine's random state is used. A prompt's ``temperature``
-        overrides ``rollout.temperature`` for it (0: greedy; evaluation during training uses it)."""
+        overrides ``rollout.temperature`` for it (0: greedy; evaluation during training uses it). ``min_version``:
+        the engine first fetches the newest published version if it serves an older one (``fetch_version``)."""
         check_prompts(prompts, group_size)
+        await self.fetch_version(min_version)
         return list(await asyncio.gather(*(self._generate_group(p, group_size) for p in prompts)))
 
     async def _generate_group(self, prompt: Prompt, group_size: int) -> TrajectoryGroup:
@@ -140,11 +146,13 @@ class Rollout:
         max_turns: int,
         env_kwargs: dict[str, Any] | None = None,
         episode_timeout_s: float | None = None,
+        min_version: int = 0,
     ) -> list[TrajectoryGroup]:
         """Multi-turn: ``group_size`` episodes per prompt of environment ``env_name`` (``relayrl.envs``: a
         built-in name or ``module:Class``, built with ``env_kwargs``), model and environment turns alternating
         for up to ``max_turns`` model turns, each episode ending by ``episode_timeout_s``. Environment tokens are
-        masked (``relayrl.rollout.episode``)."""
+        masked (``relayrl.rollout.episode``). ``min_version`` as in ``generate``."""
+        await self.fetch_version(min_version)
         runner = EpisodeRunner(
             vllm_sample_turn(self._final_output, self.rollout_cfg),
             self.engine.tokenizer,
@@ -171,6 +179,42 @@ class Rollout:
 
         request = WeightTransferInitRequest(init_info=init_info)
         await self._call(self.engine.init_weight_transfer_engine(request))
+        if init_info.get("transport") == "pull":  # this engine can fetch versions itself (``fetch_version``)
+            from relayrl.weightsync.layout import FlatLayout
+
+            self._pull = (init_info["channel"]["dir"], FlatLayout.from_dict(init_info["layout"]).digest)
+
+    async def fetch_version(self, min_version: int) -> None:
+        """``weightsync.pull_when=admission``: if this engine serves a version below ``min_version``, fetch the
+        newest one in the pull store through the same transaction a sync runs (pause, receive and check, commit;
+        abort keeps the old weights). A failure raises ``FetchError`` in one line, the engine unchanged; a version
+        retired by a newer publish while it was read is tried again as the newer one (``FETCH_TRIES``)."""
+        if min_version <= 0 or await self.weight_version() >= min_version:
+            return
+        from relayrl.weightsync.client import last_line
+        from relayrl.weightsync.store import FetchError, newer, newest_version
+
+        async with self._fetching:
+            for attempt in range(1, FETCH_TRIES + 1):
+                if await self.weight_version() >= min_version:  # a call that waited on the lock found it fetched
+                    return
+                tried = -1
+                try:
+                    if self._pull is None:
+                        raise RuntimeError("no pull store was set up here (weightsync.backend=pull initialises it)")
+                    tried = newest_version(Path(self._pull[0]), min_version)
+                    await self._fetch(tried, self._pull[1])
+                    return
+                except Exception as exc:  # noqa: BLE001 - any failure aborts and becomes one FetchError line
+                    await self.abort_weight_update(f"fetch failed: {exc}")
+                    if attempt < FETCH_TRIES and self._pull and newer(Path(self._pull[0]), tried):
+                        continue
+                    raise FetchError(f"could not fetch v{min_version} or newer: {last_line(exc)}") from None
+
+    async def _fetch(self, version: int, digest: str) -> None:
+        await self.start_weight_update(version, self.sync_cfg.timeout_s)
+        await self.update_weights({"version": version, "digest": digest})
+        await self.finish_weight_update(version)
 
     async def start_weight_update(self, version: int, timeout_s: float) -> None:
         """Pause (``keep``: running requests freeze, nothing is lost) and open an update of ``version``.

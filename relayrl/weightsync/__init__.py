@@ -57,7 +57,12 @@ def _pull_info(cfg: WeightSyncConfig, rank: int, workers: int, wire_dtype: str |
     from relayrl.weightsync.pull import PullTrainerInitInfo
 
     return PullTrainerInitInfo(
-        rank=rank, pull_dir=cfg.pull_dir, keep=cfg.pull_keep, bucket_bytes=cfg.bucket_mb << 20, wire_dtype=wire_dtype
+        rank=rank,
+        pull_dir=cfg.pull_dir,
+        keep=cfg.pull_keep,
+        bucket_bytes=cfg.bucket_mb << 20,
+        wire_dtype=wire_dtype,
+        publish_only=cfg.pull_when == "admission",
     )
 
 

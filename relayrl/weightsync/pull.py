@@ -7,9 +7,12 @@ filesystem or a mounted bucket (``weightsync.pull_dir``; by default a private di
 
 Transaction: rank 0 writes ``v<version>`` (gathered tensors straight into the payload file, a checksum per
 tensor) and renames it into place only after the last byte and the manifest are on disk, then asks the engines
-to update. Each engine reads the version into its staging buffer and checks the manifest's version, layout
-digest and writer and every tensor's checksum before returning it, so a missing store or a damaged payload
-fails that engine's update in one line and the transaction aborts with the previous weights serving.
+to update (``weightsync.pull_when=sync``). With ``pull_when=admission`` the sync stops at the rename: no engine
+is paused or asked, and each replica fetches the newest version itself when it is given a call that needs it
+(``Rollout.fetch_version``), through the same start / receive / commit as a sync. Each engine reads the
+version into its staging buffer and checks the manifest's version, layout digest and writer and every tensor's
+checksum before returning it, so a missing store or a damaged payload fails that engine's update in one line and
+the transaction aborts with the previous weights serving.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
-from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, plan_layout
+from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, drain, one_thread, plan_layout
 from relayrl.weightsync.layout import FlatLayout
 from relayrl.weightsync.store import StoreWriter, check_reachable, fetch, write_payload
 
@@ -35,11 +38,13 @@ class PullTrainerInitInfo(TrainerInitInfo):
     keep: int = 2
     bucket_bytes: int = 64 << 20
     wire_dtype: str | None = None
+    publish_only: bool = False  # pull_when=admission: the sync publishes; each replica fetches when a call needs it
 
 
 class PullTrainerEngine(FlatTrainerEngine):
     init_info_cls = PullTrainerInitInfo
     store: StoreWriter | None = None  # the sender's, from _connect
+    publish_only: bool = False  # PullTrainerInitInfo.publish_only
     layout_dict: dict[str, Any]  # the sender's: layout.to_dict(), sent at init and written in every manifest
 
     @classmethod
@@ -50,6 +55,7 @@ class PullTrainerEngine(FlatTrainerEngine):
             raise ValueError("the pull weight-sync engine needs source= (the trainer's weights)")
         layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
         engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
+        engine.publish_only = init_info.publish_only
         if engine.is_sender:
             engine._connect(init_info)
         return engine
@@ -67,22 +73,42 @@ class PullTrainerEngine(FlatTrainerEngine):
             self.shutdown()  # the caller never gets this engine to shut down: a private store would stay
             raise
 
+    def send_weights(self) -> None:
+        """``publish_only``: write the version to the store and stop there (no engine paused or asked, so no
+        transaction to open or commit); otherwise the transaction of ``FlatTrainerEngine``."""
+        if not self.publish_only:
+            super().send_weights()
+            return
+        named = iter(self.source)
+        t0 = time.perf_counter()
+        try:
+            if self.is_sender:
+                with one_thread():
+                    self.publish(named, self.client.version)
+        finally:
+            drain(named)  # the gathers are collectives: every rank finishes them
+        self.client.seconds["publish"] = time.perf_counter() - t0
+
     def transfer(self, named: Any, info: dict[str, Any]) -> None:
-        """Publish the version (the trainer's own work, so its deadline is checked here, before the rename:
-        a write slower than ``timeout_s`` aborts the sync and publishes nothing), then have the engines fetch it."""
+        """Publish the version, then have the engines fetch it."""
+        self.publish(named, info["version"])
+        self.client.update_weights(info)
+
+    def publish(self, named: Any, version: int) -> None:
+        """Write ``version`` into the store (the trainer's own work, so its deadline is checked here, before the
+        rename: a write slower than ``timeout_s`` aborts the sync and publishes nothing)."""
         store = self.store
         if store is None:
             raise RuntimeError("only the sending rank transfers, into the store its init opened")
         t0 = time.perf_counter()
-        with store.draft(info["version"], self.layout.nbytes) as draft:
+        with store.draft(version, self.layout.nbytes) as draft:
             checksums = write_payload(draft, self.layout, named)
             if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
                 raise TimeoutError(
-                    f"gathering and writing v{info['version']} took {seconds:.1f}s > "
+                    f"gathering and writing v{version} took {seconds:.1f}s > "
                     f"weightsync.timeout_s={self.client.timeout_s:g}"
                 )
-            draft.publish(self.layout_dict, info["digest"], checksums)
-        self.client.update_weights(info)
+            draft.publish(self.layout_dict, self.layout.digest, checksums)
 
     def shutdown(self) -> None:
         if self.store is not None:

@@ -272,6 +272,31 @@ def fetch(root: Path, version: int, layout: FlatLayout, writer: str, out: torch.
     return manifest
 
 
+class FetchError(RuntimeError):
+    """An engine could not fetch a version it was asked to serve (``weightsync.pull_when=admission``): it keeps
+    its previous weights and version, and the call that asked is handed back (``controller/scheduler.py``)."""
+
+
+def newest_version(root: Path, at_least: int) -> int:
+    """The newest version published under ``root``, which must be ``at_least`` (the one a call needs)."""
+    check_reachable(root)
+    have = version_dirs(root)
+    if not have or max(have) < at_least:
+        raise FileNotFoundError(
+            f"pull store {root} holds {sorted(have) or 'no version'}, none at or above v{at_least}; "
+            "the trainer did not publish it there"
+        )
+    return max(have)
+
+
+def newer(root: Path, version: int) -> bool:
+    """``root`` now holds a version above ``version`` (-1: none was tried); False if the store itself is gone."""
+    try:
+        return version >= 0 and max(version_dirs(root), default=-1) > version
+    except OSError:
+        return False
+
+
 def check_reachable(root: Path) -> None:
     if not root.is_dir():
         raise FileNotFoundError(

@@ -28,7 +28,7 @@ def test_async_runs_one_version_ahead_within_the_bound(async_rows):
 
 def test_async_logs_every_schema_metric_and_nothing_else(async_rows):
     _, rows = async_rows  # verify_every=10 > 4 steps: no mismatch probe in this run
-    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"async", "first_sync", "first_step"})
+    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"async", "first_sync", "first_step", "push"})
     assert undocumented == [] and missing == []
     assert any(k == "staleness/1" for r in rows for k in r)  # the family's async member appears
 
@@ -40,6 +40,6 @@ def test_colocated_switches_the_bundle_every_step(ray_session, tiny_llama, tmp_p
     assert all(r["mismatch/max_abs"] < 1e-3 for r in rows)  # the probe split around the hand-over still agrees
     assert all(r["colocated/offload_bytes"] == 0.0 for r in rows)  # CPU trainer: nothing to move off a GPU
     undocumented, missing = schema_gaps(
-        {k for r in rows for k in r}, {"colocated", "first_sync", "verify", "first_step"}
+        {k for r in rows for k in r}, {"colocated", "first_sync", "verify", "first_step", "push"}
     )
     assert undocumented == [] and missing == []

@@ -102,3 +102,18 @@ def test_sync_config_keeps_a_backend_only_where_it_reaches_every_engine(
     ws = cluster.sync_config(WeightSyncConfig(backend=backend, pull_dir=pull_dir), placement)
     assert ws.backend == expected
     assert ws.host == ("10.0.0.1" if expected != backend else "127.0.0.1")
+
+
+def test_sync_config_refuses_a_private_store_across_nodes_when_replicas_fetch_themselves(monkeypatch):
+    """``pull_when=admission`` with no ``pull_dir``: replicas on another node could never reach the store, and there
+    is no push to fall back to; one line names the fix. One node, or a pull_dir every node mounts, are kept."""
+    monkeypatch.setattr(cluster.ray, "nodes", lambda: [{"NodeID": "a", "NodeManagerAddress": "10.0.0.1"}])
+    two = cluster.Placement(None, [], [], rollout_nodes=["a", "b"], trainer_nodes=["a"])  # type: ignore[arg-type]
+    one = cluster.Placement(None, [], [], rollout_nodes=["a"], trainer_nodes=["a"])  # type: ignore[arg-type]
+    lazy = WeightSyncConfig(backend="pull", pull_when="admission")
+    with pytest.raises(ValueError, match=r"replicas span 2 nodes; set weightsync\.pull_dir") as err:
+        cluster.sync_config(lazy, two)
+    assert "\n" not in str(err.value)
+    assert cluster.sync_config(lazy, one) is lazy
+    shared = WeightSyncConfig(backend="pull", pull_when="admission", pull_dir="/shared/weights")
+    assert cluster.sync_config(shared, two) is shared

@@ -65,7 +65,7 @@ def test_every_schema_metric_is_logged_and_nothing_else(tiny_run):
     and every logged key is documented in relayrl/monitor/schema.py."""
     _, result = tiny_run
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"verify", "first_sync", "first_step"})
+    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"verify", "first_sync", "first_step", "push"})
     assert undocumented == [] and missing == []
     first = rows[0]
     assert not [k for r in rows[1:] for k in r if k.startswith("startup/")], "startup/* only with the first step"

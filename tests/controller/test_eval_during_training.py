@@ -239,7 +239,7 @@ def test_eval_lines_at_exactly_the_due_steps(eval_run):
             assert r.keys() >= EVAL_KEYS
             assert all(0.0 <= r[k] <= 1.0 for k in EVAL_KEYS - {"eval/mean_reward", "eval/time_s"})
             assert 0.0 <= r["eval/mean_reward"] <= 1.5 and r["eval/time_s"] > 0
-    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"eval", "first_sync", "first_step"})
+    undocumented, missing = schema_gaps({k for r in rows for k in r}, {"eval", "first_sync", "first_step", "push"})
     assert undocumented == [] and not [m for m in missing if m.startswith("eval/")]
     assert (result.run_dir / "plots" / "eval.png").stat().st_size > 10_000
     assert len(result.rewards) == STEPS  # the step-0 line is no training step

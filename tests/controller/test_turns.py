@@ -75,5 +75,5 @@ def test_frozen_sequences_carry_over_and_the_run_trains_what_chunks_train(turns_
     assert all(r["staleness/max"] <= 1 for r in run.rows)
     assert run.prompts == async_run.prompts
     assert run.rows[-1]["accounting/trained"] == 8  # the run checked issued = trained + dropped + in flight
-    undocumented, missing = schema_gaps({k for r in run.rows for k in r}, {"async", "first_sync", "first_step"})
+    undocumented, missing = schema_gaps({k for r in run.rows for k in r}, {"async", "first_sync", "first_step", "push"})
     assert undocumented == [] and missing == []

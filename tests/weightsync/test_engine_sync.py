@@ -19,6 +19,7 @@ from relayrl.rollout import start_rollout_actor
 from relayrl.rollout.engine import WATCHDOG_STAGES
 from relayrl.weightsync.base import StateDictSource
 from relayrl.weightsync.client import WeightSyncError
+from relayrl.weightsync.store import FetchError
 from relayrl.weightsync.sync import TrainerSync
 from tests.rollout.reference import hf_logprobs, perturbed
 
@@ -312,6 +313,49 @@ def test_a_damaged_pull_store_is_refused_and_the_engine_keeps_serving(
         monkeypatch.setattr(sync.client, "update_weights", fetch)
         assert sync.sync(old + 1)["weightsync/version"] == old + 1
         assert ray_session.get(actor.prompt_logprobs.remote(PROBE)) != before
+    finally:
+        sync.close()
+
+
+def test_pull_when_admission_publishes_and_the_engine_fetches_the_newest_on_its_next_call(
+    actor, ray_session, tiny_llama, tmp_path
+):
+    """``weightsync.pull_when=admission``: a sync only publishes (the engine still serves the old version, with
+    the old weights); the next call that needs v+1 makes the engine fetch the newest published version, v+2, whose
+    weights it then holds bit for bit and whose label its tokens carry. A call needing a version it already has
+    fetches nothing. A damaged v+3 is refused in one ``FetchError`` line (its class crosses the engine host and
+    Ray, which the scheduler relies on) with the engine still serving v+2, and the store mended, it lands."""
+    root = tmp_path / "store"
+    root.mkdir()
+    cfg = WeightSyncConfig(backend="pull", pull_dir=str(root), pull_when="admission", timeout_s=TIMEOUT_S, bucket_mb=1)
+    old = next_version(actor, ray_session) - 1
+    before = ray_session.get(actor.prompt_logprobs.remote(PROBE))
+    source = StateDictSource(perturbed(tiny_llama, NOISE, seed=500 + old))
+    sync = TrainerSync(cfg, source, 0, [actor], [1])
+    try:
+        sync.sync(old + 1)
+        assert (root / f"v{old + 1}" / "payload.bin").is_file()
+        assert_still_serving(actor, ray_session, old, before)
+        source.state_dict = newest = perturbed(tiny_llama, NOISE, seed=600 + old)
+        stats = sync.sync(old + 2)
+        assert ray_session.get(actor.weight_version.remote()) == old
+        (group,) = ray_session.get(actor.generate.remote(PROMPT, 2, old + 1), timeout=60)
+        assert all(s.version == old + 2 for t in group.trajectories for s in t.versions)
+        check_round_trip(actor, ray_session, tiny_llama, newest, old + 2, stats)
+        aborts = ray_session.get(actor.weight_update_state.remote())["aborts"]
+        ray_session.get(actor.generate.remote(PROMPT, 1, old + 2), timeout=60)  # current: nothing to fetch
+        sync.sync(old + 3)
+        flip_a_payload_byte(root, old + 3)
+        with pytest.raises(ray_session.exceptions.RayTaskError) as err:
+            ray_session.get(actor.generate.remote(PROMPT, 1, old + 3), timeout=60)
+        assert isinstance(err.value.cause, FetchError), err.value
+        line = str(err.value.cause)
+        assert "\n" not in line and f"could not fetch v{old + 3} or newer" in line and "xxh3_128 checksum" in line
+        assert ray_session.get(actor.weight_update_state.remote())["aborts"] == aborts + 1
+        assert ray_session.get(actor.weight_version.remote()) == old + 2
+        sync.sync(old + 3)  # published again, whole
+        ray_session.get(actor.generate.remote(PROMPT, 1, old + 3), timeout=60)
+        assert ray_session.get(actor.weight_version.remote()) == old + 3
     finally:
         sync.close()
 

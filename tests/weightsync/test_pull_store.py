@@ -21,6 +21,8 @@ from relayrl.weightsync.store import (
     Manifest,
     StoreWriter,
     fetch,
+    newer,
+    newest_version,
     open_version,
     private_root,
     read_checked,
@@ -243,3 +245,19 @@ def test_the_store_imports_no_vllm():
     """Readers outside the transaction (and these tests) need only torch and xxhash."""
     code = "import sys, relayrl.weightsync.store; sys.exit('vllm' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_newest_version_is_what_a_replica_fetching_on_admission_reads(tmp_path):
+    """``pull_when=admission``: a replica needing v2 reads the newest published version, v3 here (drafts and
+    stray names are not versions); none at or above what it needs is one line naming what the store holds.
+    ``newer`` tells a fetch whose version was retired meanwhile that a later one is there to try."""
+    for name in ("v1", "v2", "v3", ".tmp-v4-abc", "notes"):
+        (tmp_path / name).mkdir()
+    assert newest_version(tmp_path, 2) == 3 and newest_version(tmp_path, 3) == 3
+    with pytest.raises(FileNotFoundError, match=r"holds \[1, 2, 3\], none at or above v4") as err:
+        newest_version(tmp_path, 4)
+    assert "\n" not in str(err.value)
+    with pytest.raises(FileNotFoundError, match="is unreachable from this engine"):
+        newest_version(tmp_path / "unmounted", 1)
+    assert newer(tmp_path, 2) and not newer(tmp_path, 3) and not newer(tmp_path, -1)
+    assert not newer(tmp_path / "unmounted", 1)
