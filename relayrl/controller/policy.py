@@ -4,8 +4,7 @@
 ``tests/controller/test_buffer.py`` drive the same object with simulated timings. It owns:
 
 - admission (``buffer.Admission``): may a replica start another chunk without the chunk going stale;
-- the replay buffer (``buffer.ReplayBuffer``, in process: the driver is its only user), which hands
-  steps their entries in start order;
+- the replay buffer (``buffer.ReplayBuffer``, in process: the driver its only user), steps' entries in start order;
 - the chunks in flight, to regenerate (a replica died: same seq, same prompts) or pending (a resume);
 - the prompt accounting: issued = trained + dropped + in flight, checked at the end of the run.
 
@@ -74,6 +73,8 @@ class Flight:
     score_t0: float = 0.0  # when its scoring started
     copy: bool = False  # a straggler's second copy on another replica (the policy's; first result wins)
     finished: bool = False  # its generate call ended (``on_generated``; the policy's)
+    launched: float = 0.0  # the loop's clock at its launch; ``load``: calls then running on its replica
+    load: int = 0
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -173,6 +174,8 @@ class StepPolicy:
         self.copies.update((flight.seq, flight) for flight in copies)
         for flight in out + copies:
             self.replicas.started(flight.replica, now)
+        for flight in out + copies:  # the round starts together: each call's load is the round's end state
+            flight.launched, flight.load = now, self.replicas.running[flight.replica]
         return out + copies
 
     def _place(self, free: list[int], placed: list[Flight]) -> int:
@@ -181,10 +184,10 @@ class StepPolicy:
 
     def _reissues(self, free: list[int], placed: list[Flight]) -> list[Flight]:
         """Copies of stragglers for replicas that would sit idle while the next step waits on them
-        (``swarm.ReplicaSet.copies``); not colocated (it never generates while it trains)."""
+        (``swarm.ReplicaSet.copies``); a chunk placed in this round is no straggler yet; not colocated."""
         if self.pc.colocated or not free or self.buffer.ready(self.version, self.B, self.max_groups):
             return []
-        running = [f for seq, f in sorted(self.generating.items()) if not f.finished]
+        running = [f for seq, f in sorted(self.generating.items()) if not f.finished and f not in placed]
         copying = {f.replica for f in self.copies.values() if not f.finished}  # one copy at a time a replica
         busy = {f.replica for f in running} | {f.replica for f in placed} | copying
         stragglers = [(f.seq, f.replica) for f in running if f.seq not in self.copies]
@@ -211,6 +214,7 @@ class StepPolicy:
         """``flight``'s generate call ended (scoring starts): its replica's throughput counts it."""
         if not flight.finished and self.is_live(flight):
             self.replicas.stopped(flight.replica, now, len(flight.prompts))
+            self.replicas.observe(flight.replica, flight.load, now - flight.launched)
         flight.finished = True
 
     def is_live(self, flight: Flight) -> bool:

@@ -6,15 +6,23 @@ and which free slot a chunk goes to. Plain data, no Ray: ``StepPolicy`` owns one
   again elsewhere, same seq), and the scheduler ends it once none is left.
 - **Throughput.** ``rate(r)`` is the groups replica r finished per second it was busy (at least one call in
   flight), measured by the loop's clock. A replica not measured yet counts at the mean of those that are.
-- **Placement.** A chunk goes to the free slot whose replica would finish it first:
-  ``(running + 1) / rate``. Work then lands in proportion to speed, and a replica half as fast as another
-  gets a third of a step's groups, not half of them, before any straggler is issued again.
+- **Placement.** A chunk goes to the free slot whose replica would finish it first. Once every candidate
+  replica has run calls at two or more loads, the finish is predicted from its own calls: a call's duration grows
+  about linearly with the calls running beside it on the same engine (``d = a + b * load``: a is the latency of
+  the longest completion, b what each more group costs in a batch), fitted per replica by least squares over its
+  recent loads (``LOADS_KEPT``), and the chunk goes where ``a + b * (running + 1)`` is least. Until then, by
+  throughput: ``(running + 1) / rate``. Throughput alone gives a replica half as fast a third of a step's groups;
+  when the fixed latency a is large that is too many (its few groups still take 2a), and the fitted finish gives
+  it fewer, so both finish together (``bench/swarm_speeds.py``).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+
+LOADS_KEPT = 16
+"""Distinct loads a replica's duration fit keeps (the most recent), each with the mean of its recent calls."""
 
 
 @dataclass
@@ -27,6 +35,8 @@ class ReplicaSet:
     groups: Counter[int] = field(default_factory=Counter)  # groups each replica finished
     busy_s: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # seconds generating
     since: dict[int, float] = field(default_factory=dict)  # when its running calls last changed
+    durations: defaultdict[int, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
+    """replica -> {load a call started at: its calls' mean duration there, recent ones weighing more}"""
     next_id: int = 0
 
     @classmethod
@@ -74,6 +84,25 @@ class ReplicaSet:
             self.busy_s[r] += max(0.0, now - self.since.get(r, now))
         self.since[r] = now
 
+    def observe(self, r: int, load: int, seconds: float) -> None:
+        """A call on ``r`` that started with ``load`` calls running there (itself included) took ``seconds``."""
+        seen = self.durations[r]
+        seen[load] = (seen.pop(load) + seconds) / 2 if load in seen else seconds  # re-inserted: most recent last
+        while len(seen) > LOADS_KEPT:
+            del seen[next(iter(seen))]
+
+    def finish_model(self, r: int) -> tuple[float, float] | None:
+        """``(a, b)`` of ``d = a + b * load`` fitted over ``r``'s recent loads; None without two loads, or when the
+        fit says more load is not slower (noise: placement then goes by throughput)."""
+        points = self.durations.get(r, {})
+        if len(points) < 2:
+            return None
+        n = len(points)
+        mx, my = sum(points) / n, sum(points.values()) / n
+        var = sum((x - mx) ** 2 for x in points)
+        b = sum((x - mx) * (y - my) for x, y in points.items()) / var
+        return (my - b * mx, b) if b > 0 else None
+
     def rate(self, r: int) -> float:
         """Groups per busy second; the mean of the measured replicas for one not measured yet (1.0 if none is)."""
         if self.groups[r] and self.busy_s[r] > 0:
@@ -87,12 +116,16 @@ class ReplicaSet:
     # ---- placement ----------------------------------------------------------------------------------------
     def pick(self, free: list[int], extra: Counter[int]) -> int:
         """The index in ``free`` (replica ids, one per free slot) of the slot whose replica would finish one
-        more chunk first, counting ``extra`` chunks placed on it in this round; ties go to a replica not measured
-        yet (a joiner gets work, and so a rate), then to the earlier slot."""
+        more chunk first, counting ``extra`` chunks placed on it in this round: by the fitted finish when every
+        candidate has one, else by throughput (module docstring); ties go to a replica not measured yet (a
+        joiner gets work, and so a rate), then to the earlier slot."""
+        models = {r: self.finish_model(r) for r in set(free)}
 
         def key(i: int) -> tuple[float, bool, int]:
-            r = free[i]
-            return (self.running[r] + extra[r] + 1) / self.rate(r), self.measured(r), i
+            r, load = free[i], self.running[free[i]] + extra[free[i]] + 1
+            model = models[r]
+            finish = model[0] + model[1] * load if all(models.values()) and model else load / self.rate(r)
+            return finish, self.measured(r), i
 
         return min(range(len(free)), key=key)
 

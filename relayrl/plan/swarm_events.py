@@ -13,8 +13,8 @@ How the simulated driver applies them (``Elastic``), through the same ``StepPoli
 (``controller/membership.py``), so a join or leave is accounted like a death (STYLE 28):
 
 - **Speed.** An engine at speed s runs s times as fast: its calls' fixed seconds and decode steps each take
-  1/s as long (``Devices._engine_speed``). Placement learns the speeds from measured throughput
-  (``swarm.ReplicaSet.rate``), never from this list.
+  1/s as long (``Devices._engine_speed``). Placement learns the speeds from measured call durations
+  (``swarm.ReplicaSet.pick``), never from this list.
 - **Leave** (a spot node reclaimed): ``policy.retire(r, hand_back=True)``; its calls still generating are
   cancelled and generated again elsewhere under their seqs, and its engine dies. Its chunks already being
   scored finish; the replica is removed once ``policy.drained(r)``.

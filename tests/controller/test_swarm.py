@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from relayrl.controller.buffer import Entry
 from relayrl.controller.policy import Flight, StepPolicy
-from relayrl.controller.swarm import ReplicaSet
+from relayrl.controller.swarm import LOADS_KEPT, ReplicaSet
 from tests.controller.test_buffer import drive, make_policy, stream_kw, times
 
 
@@ -69,6 +69,50 @@ def test_work_goes_in_proportion_to_measured_speed():
     assert rs.slowest([0, 1]) == 1
 
 
+def test_with_durations_at_two_loads_work_goes_where_it_finishes_first():
+    """Replica 0 took 4 s for calls started at load 2 and 6 s at load 4: d = 2 + 1 x load. Replica 1, half as
+    fast: 8 s and 12 s, d = 4 + 2 x load. Six chunks, none running: the finishes are 3, 4, 5, 6, 7 on replica 0
+    and 6, 8 on replica 1, so 0, 0, 0, 0 (6, tie: the earlier slot), 1 (6), 0 (7): five and one, all done by 7 s.
+    By throughput (2 and 1 groups a second from the same calls) it would be four and two, done by 8 s."""
+    rs = ReplicaSet.of(2)
+    for r, a, b in ((0, 2.0, 1.0), (1, 4.0, 2.0)):
+        for load in (2, 4):
+            rs.observe(r, load, a + b * load)
+    assert rs.finish_model(0) == (2.0, 1.0) and rs.finish_model(1) == (4.0, 2.0)
+    free, extra = [0] * 6 + [1] * 6, Counter()
+    for _ in range(6):
+        extra[free.pop(rs.pick(free, extra))] += 1
+    assert extra == {0: 5, 1: 1}
+
+
+def test_a_duration_fit_needs_two_loads_and_a_positive_slope():
+    """One load, or durations that fall with the load (noise), give no fit: placement goes by throughput for
+    every replica until each has one. The same load again averages with the last (2 then 6 s: 4 s), and only
+    the ``LOADS_KEPT`` most recent loads stay."""
+    rs = ReplicaSet.of(2)
+    rs.observe(0, 3, 2.0)
+    rs.observe(0, 3, 6.0)
+    assert rs.durations[0] == {3: 4.0} and rs.finish_model(0) is None
+    rs.observe(1, 1, 5.0)
+    rs.observe(1, 2, 4.0)
+    assert rs.finish_model(1) is None
+    rs.observe(0, 5, 8.0)
+    assert rs.finish_model(0) == (-2.0, 2.0)
+    for load in range(100, 100 + LOADS_KEPT):
+        rs.observe(0, load, float(load))
+    assert len(rs.durations[0]) == LOADS_KEPT and 3 not in rs.durations[0] and 5 not in rs.durations[0]
+
+
+def test_a_call_is_timed_at_the_load_its_launch_round_left():
+    """Three chunks launched together on replica 0 all start at load 3 (they run side by side), and the one that
+    ends 5 s later is recorded at load 3, not 1."""
+    policy = make_policy(k=0, replicas=1, chunk=3, **stream_kw(True, 3))  # B = 3 groups, one a call
+    flights = policy.launches([0, 0, 0], now=10.0)
+    assert [(f.launched, f.load) for f in flights] == [(10.0, 3)] * 3
+    policy.on_generated(flights[0], 15.0)
+    assert policy.replicas.durations[0] == {3: 5.0}
+
+
 def test_busy_time_counts_overlapping_calls_once():
     """Two calls on one replica from 0 to 4 s and 1 to 3 s: busy 4 s, not 6; 2 groups: 0.5 groups/s. A replica
     never measured takes the mean of the measured ones."""
@@ -92,6 +136,18 @@ def test_a_straggler_is_copied_to_an_idle_replica_and_the_first_result_wins():
     step = policy.take_step()
     assert step is not None and [e.seq for e in step.entries] == [0, 1]
     assert policy.on_trained() == [0, 1] and policy.counts["issued"] == 2
+
+
+def test_a_chunk_is_no_straggler_in_the_round_that_placed_it():
+    """One chunk a step and two replicas: the round that places it on replica 1 leaves replica 0 idle, without a
+    copy (both would start together: a race, not a rescue); a later round, with the chunk still generating,
+    copies it."""
+    policy = make_policy(k=0, replicas=1, chunk=1)
+    policy.replicas.join()
+    (a,) = policy.launches([1, 0])
+    assert a.replica == 1 and policy.copies == {}
+    (copy,) = policy.launches([0])
+    assert (copy.seq, copy.replica, copy.copy) == (a.seq, 0, True)
 
 
 def test_no_copy_on_a_slower_replica_or_once_a_step_can_fill():
