@@ -28,6 +28,9 @@ from typing import Any
 
 import ray
 
+from relayrl.controller.replicas import check_same_model
+from relayrl.weightsync.client import last_line
+
 logger = logging.getLogger(__name__)
 
 CONTROL_FILE = Path("control") / "replicas.json"
@@ -185,7 +188,7 @@ class Membership:
             info = ray.get(join.info)
             seconds = add_rollout(s.system, join, info, version)
         except Exception as exc:  # noqa: BLE001 - a joiner that cannot serve is refused; the run goes on
-            logger.warning("relayrl: rollout replica %d refused: %s", join.rid, str(exc).strip().splitlines()[-1:])
+            logger.warning("relayrl: rollout replica %d refused: %s", join.rid, last_line(exc))
             end_rollout(join.actor, join.group)
             return
         self.groups[join.rid] = join.group
@@ -233,6 +236,8 @@ def add_rollout(system: Any, join: Joining, info: dict, version: int) -> float:
     again and the trainer reconnected to the others before the error propagates."""
     from relayrl.controller.cluster import sync_config
 
+    if system.model_digest:  # before it joins anything: a joiner with another model never serves
+        check_same_model(info, system.model_digest)
     placement = system.placement
     node = ray.util.placement_group_table(join.group)["bundles_to_node_id"][0]
     system.rollouts.append(join.actor)

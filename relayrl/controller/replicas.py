@@ -9,15 +9,30 @@ from typing import Any
 import ray
 
 
-def wait_engines_up(rollouts: list[Any], timeout_s: float, what: str) -> list[dict[str, Any]]:
-    """Every replica's ``info`` once its engine is up; ``TimeoutError`` (one line) past ``timeout_s`` (0: none)."""
+def wait_engines_up(rollouts: list[Any], timeout_s: float, what: str, digest: str = "") -> list[dict[str, Any]]:
+    """Every replica's ``info`` once its engine is up; ``TimeoutError`` (one line) past ``timeout_s`` (0: none).
+    With ``digest`` (the driver's ``model_digest``), each engine's copy of the model is checked against it."""
     try:
-        return ray.get([r.info.remote() for r in rollouts], timeout=timeout_s or None)
+        infos = ray.get([r.info.remote() for r in rollouts], timeout=timeout_s or None)
     except ray.exceptions.GetTimeoutError:
         raise TimeoutError(
             f"{what} did not come up within rollout.start_timeout_s={timeout_s:g}s (a hung engine "
             "start; raise it if loading the model takes longer)"
         ) from None
+    for info in infos if digest else []:
+        check_same_model(info, digest)
+    return infos
+
+
+def check_same_model(info: dict[str, Any], digest: str) -> None:
+    """An engine whose node holds another model or tokenizer at ``model.path`` than the driver's is refused before
+    it serves (``relayrl.models.digest``), in one line naming the node and the fix."""
+    if info.get("model_digest") != digest:
+        raise ValueError(
+            f"the rollout engine on node {info.get('node')} loaded a model directory whose config or tokenizer "
+            f"differs from the driver's (digest {info.get('model_digest')} != {digest}); give every node the same "
+            "files at model.path"
+        )
 
 
 def actor_process(actor: Any, reported: tuple[str, int] | None = None) -> tuple[str, int] | None:

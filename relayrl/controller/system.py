@@ -17,71 +17,15 @@ from relayrl.config import Config
 from relayrl.controller.cluster import Placement, rollout_config, sync_config
 from relayrl.controller.policy import PolicyConfig
 from relayrl.controller.replicas import actor_process, answers, restart_backoff_s, wait_engines_up
+from relayrl.controller.rollout_stats import step_summary
 from relayrl.data.sampler import PromptSampler
-from relayrl.monitor.schema import (
-    MISMATCH_MEAN_ABS,
-    ROLLOUT_COMPLETIONS,
-    ROLLOUT_MAX_VERSION,
-    ROLLOUT_MIN_VERSION,
-    ROLLOUT_TOKENS,
-)
-from relayrl.rewards.scoring import version_span
+from relayrl.models.digest import model_digest
+from relayrl.monitor.schema import MISMATCH_MEAN_ABS
 from relayrl.weightsync.client import abort_update
 
 logger = logging.getLogger(__name__)
 
 RewardFns = list[tuple[str, Callable, float]]
-
-
-def step_summary(samples_per_step: int, groups: list) -> dict:
-    """What the reward scorer adds to its metrics each step: rollout statistics and a few sample rows."""
-    return {**rollout_metrics(groups), "_samples": sample_rows(groups, samples_per_step)}
-
-
-def rollout_metrics(groups: list) -> dict[str, float]:
-    """Lengths, truncation, empty completions (no visible text: EOS first or whitespace; they are trained
-    on like any other, so a rising share means the policy learned to say nothing) and the policy versions
-    that produced this step's tokens."""
-    trajs = [t for g in groups for t in g.trajectories]
-    lengths = [len(t.completion_token_ids) for t in trajs]
-    n = max(len(trajs), 1)
-    low, high = version_span(groups)
-    return {
-        ROLLOUT_COMPLETIONS: float(len(trajs)),
-        ROLLOUT_TOKENS: float(sum(lengths)),
-        "rollout/len_mean": sum(lengths) / n,
-        "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / n,
-        "rollout/empty_frac": sum(not t.completion_text.strip() for t in trajs) / n,
-        ROLLOUT_MIN_VERSION: float(low),
-        ROLLOUT_MAX_VERSION: float(high),
-        **env_metrics(trajs),
-    }
-
-
-def env_metrics(trajs: list) -> dict[str, float]:
-    """Tool use and turns of the step's episodes (``Trajectory.env_metrics``); nothing for single-turn runs."""
-    episodes = [t.env_metrics for t in trajs if t.env_metrics]
-    if not episodes:
-        return {}
-    n = len(episodes)
-    out = {f"env/{k}": sum(e.get(k, 0.0) for e in episodes) / n for k in ("turns", "tool_calls", "tool_errors")}
-    out["env/tool_call_rate"] = sum(e.get("tool_calls", 0.0) > 0 for e in episodes) / n
-    out["env/timeout_frac"] = sum(e.get("timed_out", 0.0) for e in episodes) / n
-    return out
-
-
-def sample_rows(groups: list, k: int) -> list[dict]:
-    """The first completion of the first ``k`` groups, for samples.jsonl / the wandb table."""
-    return [
-        {
-            "prompt_id": g.prompt_id,
-            "prompt": g.prompt,
-            "completion": g.trajectories[0].completion_text,
-            "reward": g.trajectories[0].reward,
-            **{f"col/{k}": str(v) for k, v in g.columns.items()},
-        }
-        for g in groups[:k]
-    ]
 
 
 @dataclass
@@ -98,6 +42,7 @@ class System:
     startup: dict[str, float] = field(default_factory=dict)  # startup/* metrics, logged with the first step
     ids: list[int] = field(default_factory=list)  # the policy's replica id of each rollout (none is reused)
     on_death: Callable[[int], bool] | None = None  # takes a dead replica out instead of a restart (autoscale)
+    model_digest: str = ""  # the driver's copy of the model (``relayrl.models.digest``); every engine's must match
 
     def __post_init__(self) -> None:
         self.ids = self.ids or list(range(len(self.rollouts)))
@@ -141,7 +86,8 @@ class System:
         rewards = RewardPool.start(
             reward_fns, rc.timeout_s, rc.num_workers, rc.groups_per_call, rc.max_error_rate, cpus=SCORING_CPUS
         )
-        infos = wait_engines_up(rollouts, cfg.rollout.start_timeout_s, "the run's vLLM engines")
+        digest = model_digest(model_path)
+        infos = wait_engines_up(rollouts, cfg.rollout.start_timeout_s, "the run's vLLM engines", digest)
         engines_up = time.time()
         trainer.connect_rollouts(sync_config(cfg.weightsync, placement), rollouts)
         startup = {
@@ -164,6 +110,7 @@ class System:
             placement,
             procs=[(i["node"], int(i["pid"])) for i in infos],
             startup=startup,
+            model_digest=digest,
         )
 
     def dead_rollouts(self, timeout_s: float = 30.0) -> list[int]:
@@ -219,7 +166,9 @@ class System:
             sync_cfg=self.cfg.weightsync,
             **placement.rollout[i],
         )
-        infos = wait_engines_up(self.rollouts, self.cfg.rollout.start_timeout_s, f"rollout replica {i}'s replacement")
+        infos = wait_engines_up(
+            self.rollouts, self.cfg.rollout.start_timeout_s, f"rollout replica {i}'s replacement", self.model_digest
+        )
         self.procs = [(info["node"], int(info["pid"])) for info in infos]
         cleanup_engine_segments()  # the dead replica's /dev/shm queue, now that its processes are gone
         self.trainer.connect_rollouts(sync_config(self.cfg.weightsync, placement), self.rollouts)

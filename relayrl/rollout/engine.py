@@ -64,7 +64,7 @@ class Rollout:
         # On this engine's host, before it starts: the message-queue segments and semaphores of engines that
         # died here (a replica this one replaces, earlier runs killed with SIGKILL) go; live ones' stay.
         self.shm_removed = len(cleanup_engine_segments().removed)
-        self.rollout_cfg = rollout_cfg
+        self.rollout_cfg, self.model_path = rollout_cfg, model_path
         self.sync_cfg = sync_cfg or WeightSyncConfig()
         os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))  # read by the engine's processes
         if rollout_cfg.forkserver:
@@ -88,13 +88,17 @@ class Rollout:
     async def _call(self, call: Awaitable[T]) -> T:
         return await unless_dead(self.engine, call)
 
-    def info(self) -> dict[str, int]:
-        """vLLM workers in this engine, dead engines' shared-memory segments removed before it started, and the
-        pid of this process (the engine's client: the actor's or its engine host's)."""
+    def info(self) -> dict[str, Any]:
+        """vLLM workers in this engine, dead engines' shared-memory segments removed before it started, the pid
+        of this process (the engine's client: the actor's or its engine host's) and the digest of the model
+        directory it loaded on this node (``relayrl.models.digest``)."""
+        from relayrl.models.digest import model_digest
+
         return {
             "workers": self.engine.vllm_config.parallel_config.world_size,
             "shm_segments_removed": self.shm_removed,
             "client_pid": os.getpid(),
+            "model_digest": model_digest(self.model_path),
         }
 
     async def generate(self, prompts: list[Prompt], group_size: int, min_version: int = 0) -> list[TrajectoryGroup]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relayrl.controller.system import rollout_metrics
+from relayrl.controller.rollout_stats import rollout_metrics
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
 

@@ -15,6 +15,7 @@ import torch
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig
 from relayrl.data import Prompt
+from relayrl.models.digest import model_digest
 from relayrl.rollout import start_rollout_actor
 from relayrl.rollout.engine import WATCHDOG_STAGES
 from relayrl.weightsync.base import StateDictSource
@@ -38,7 +39,8 @@ def actor(ray_session, tiny_llama):
         RolloutConfig(max_tokens=8, kv_cache_gb=0.25),
         seed=0,
     )
-    ray_session.get(handle.info.remote())
+    info = ray_session.get(handle.info.remote())
+    assert info["model_digest"] == model_digest(tiny_llama)  # what the driver checks every engine's copy against
     yield handle
     ray_session.get(handle.shutdown.remote())
     ray_session.kill(handle)
