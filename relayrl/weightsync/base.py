@@ -157,6 +157,15 @@ class FlatTrainerEngine(TrainerWeightTransferEngine):
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.layout = layout
 
+    @classmethod
+    def planned(cls, init_info: Any, client: Any, source: WeightSource | None) -> Any:
+        """This engine over ``source``'s layout, cut into ``init_info``'s buckets in its wire dtype: the common
+        start of every subclass's ``trainer_init`` (which then connects the sender)."""
+        if source is None:  # vLLM's signature allows none; these engines ship a trainer's weights
+            raise ValueError(f"the {cls.__name__} weight-sync engine needs source= (the trainer's weights)")
+        layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
+        return cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
+
     @abstractmethod
     def transfer(self, named: Iterator[tuple[str, torch.Tensor]], info: dict[str, Any]) -> None:
         """Ship every tensor ``named`` yields and have the engines receive and verify ``info``."""

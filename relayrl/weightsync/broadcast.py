@@ -27,7 +27,7 @@ import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
 from relayrl.rendezvous import client_store, master_store
-from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, plan_layout
+from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo
 from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
 
 
@@ -77,10 +77,7 @@ class BroadcastTrainerEngine(FlatTrainerEngine):
     def trainer_init(
         cls, init_info: BroadcastTrainerInitInfo, *, client: Any, source: WeightSource | None = None
     ) -> BroadcastTrainerEngine:
-        if source is None:  # vLLM's signature allows none; this engine ships a trainer's weights
-            raise ValueError("the broadcast weight-sync engine needs source= (the trainer's weights)")
-        layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
+        engine = cls.planned(init_info, client, source)
         engine.timeout_s = init_info.timeout_s
         if engine.is_sender:
             engine._rendezvous(init_info)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
-from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, drain, one_thread, plan_layout
+from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, drain, one_thread
 from relayrl.weightsync.layout import FlatLayout
 from relayrl.weightsync.store import StoreWriter, check_reachable, fetch, write_payload
 
@@ -51,10 +51,7 @@ class PullTrainerEngine(FlatTrainerEngine):
     def trainer_init(
         cls, init_info: PullTrainerInitInfo, *, client: Any, source: WeightSource | None = None
     ) -> PullTrainerEngine:
-        if source is None:  # vLLM's signature allows none; this engine ships a trainer's weights
-            raise ValueError("the pull weight-sync engine needs source= (the trainer's weights)")
-        layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
+        engine = cls.planned(init_info, client, source)
         engine.publish_only = init_info.publish_only
         if engine.is_sender:
             engine._connect(init_info)

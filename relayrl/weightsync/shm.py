@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
-from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, plan_layout
+from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo
 from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
 
 HEADER_BYTES = 64
@@ -113,10 +113,8 @@ class ShmTrainerEngine(FlatTrainerEngine):
     def trainer_init(
         cls, init_info: ShmTrainerInitInfo, *, client: Any, source: WeightSource | None = None
     ) -> ShmTrainerEngine:
-        if source is None:  # vLLM's signature allows none; this engine ships a trainer's weights
-            raise ValueError("the shm weight-sync engine needs source= (the trainer's weights)")
-        layout = plan_layout(source, init_info.bucket_bytes, init_info.wire_dtype)
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender, layout=layout)
+        engine = cls.planned(init_info, client, source)
+        layout = engine.layout
         if engine.is_sender:
             engine.region = region = ShmRegion.create(init_info.shm_dir, layout.nbytes)
             try:
