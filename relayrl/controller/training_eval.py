@@ -144,8 +144,9 @@ class TrainingEval:
         logger.info("relayrl: eval of v%d: %s", version, figures)
         return metrics
 
-    def _generate(self, replicas: list[Any]) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
-        """Greedy and sampled generate calls, the prompts spread round-robin over ``replicas``."""
+    def _generate(self, replicas: list[Any] | None = None) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+        """Greedy and sampled generate calls, the prompts spread round-robin over ``replicas`` (all: None)."""
+        replicas = self.system.rollouts if replicas is None else replicas
         parts = [(r, self.prompts[i :: len(replicas)]) for i, r in enumerate(replicas)]
         parts = [(r, chunk) for r, chunk in parts if chunk]
         greedy = [

@@ -124,7 +124,8 @@ def _evaluator(tiny_llama, tmp_path, every=2, before=True, replicas=2):
         ],
     )
     # stand-ins with only the fields TrainingEval reads
-    system: Any = SimpleNamespace(model_path=tiny_llama, rollouts=[_Replica(f"r{i}") for i in range(replicas)])
+    rollouts = [_Replica(f"r{i}") for i in range(replicas)]
+    system: Any = SimpleNamespace(model_path=tiny_llama, rollouts=rollouts, catch_up=lambda version: rollouts)
     run: Any = SimpleNamespace(path=tmp_path, logger=_Logger())
     return TrainingEval(cfg, system, run)
 

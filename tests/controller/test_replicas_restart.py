@@ -122,7 +122,8 @@ def dead_scorer():
 
 def probe_system(rollouts: list, monkeypatch) -> tuple[System, list[tuple[int, int]]]:
     """A System over ``rollouts`` whose re-creation puts a fresh, exact ``Scorer`` in the dead one's place."""
-    cfg: Any = SimpleNamespace(rollout=SimpleNamespace(max_restarts=3), weightsync=SimpleNamespace(max_mismatch=0.05))
+    ws = SimpleNamespace(max_mismatch=0.05, pull_when="sync")
+    cfg: Any = SimpleNamespace(rollout=SimpleNamespace(max_restarts=3), weightsync=ws)
     system = System(cfg, None, rollouts, None, None)
     recreated: list[tuple[int, int]] = []
 
