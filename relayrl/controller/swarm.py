@@ -103,11 +103,15 @@ class ReplicaSet:
         b = sum((x - mx) * (y - my) for x, y in points.items()) / var
         return (my - b * mx, b) if b > 0 else None
 
-    def rate(self, r: int) -> float:
-        """Groups per busy second; the mean of the measured replicas for one not measured yet (1.0 if none is)."""
-        if self.groups[r] and self.busy_s[r] > 0:
+    def rate(self, r: int, unmeasured: float | None = None) -> float:
+        """Groups per busy second; for a replica not measured yet ``unmeasured``, by default the mean of the
+        measured replicas (1.0 if none is)."""
+        if self.measured(r):
             return self.groups[r] / self.busy_s[r]
-        known = [self.groups[q] / self.busy_s[q] for q in self.live if self.groups[q] and self.busy_s[q] > 0]
+        return self._mean_rate() if unmeasured is None else unmeasured
+
+    def _mean_rate(self) -> float:
+        known = [self.groups[q] / self.busy_s[q] for q in self.live if self.measured(q)]
         return sum(known) / len(known) if known else 1.0
 
     def rates(self) -> dict[int, float]:
@@ -118,16 +122,20 @@ class ReplicaSet:
         """The index in ``free`` (replica ids, one per free slot) of the slot whose replica would finish one
         more chunk first, counting ``extra`` chunks placed on it in this round: by the fitted finish when every
         candidate has one, else by throughput (module docstring); ties go to a replica not measured yet (a
-        joiner gets work, and so a rate), then to the earlier slot."""
-        models = {r: self.finish_model(r) for r in set(free)}
+        joiner gets work, and so a rate), then to the earlier slot. Only each replica's first free slot is
+        weighed (its others finish no sooner), so a pick costs one pass over ``free`` and one fit a replica."""
+        first: dict[int, int] = {}
+        for i, r in enumerate(free):
+            first.setdefault(r, i)
+        models = {r: self.finish_model(r) for r in first}
+        fitted, mean = all(models.values()), self._mean_rate()
 
-        def key(i: int) -> tuple[float, bool, int]:
-            r, load = free[i], self.running[free[i]] + extra[free[i]] + 1
-            model = models[r]
-            finish = model[0] + model[1] * load if all(models.values()) and model else load / self.rate(r)
-            return finish, self.measured(r), i
+        def key(r: int) -> tuple[float, bool, int]:
+            load, model = self.running[r] + extra[r] + 1, models[r]
+            finish = model[0] + model[1] * load if fitted and model else load / self.rate(r, mean)
+            return finish, self.measured(r), first[r]
 
-        return min(range(len(free)), key=key)
+        return first[min(first, key=key)]
 
     def measured(self, r: int) -> bool:
         return bool(self.groups[r]) and self.busy_s[r] > 0
