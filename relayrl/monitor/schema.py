@@ -1,7 +1,7 @@
 """The metric schema: every metric a run logs, with its unit and meaning, in one place.
 
 Names are ``group/name``; the groups are the dashboard's sections (docs/observability.md is rendered
-from this table by ``schema_markdown`` and a test keeps the two equal). A name part in angle brackets
+from this table by ``schema_doc.schema_markdown`` and a test keeps the two equal). A name part in angle brackets
 is a family: ``reward/<fn>`` is one metric per reward function, ``staleness/<d>`` one per version lag.
 
 Producers keep their own short names (the trainer returns ``loss``, ``kl``, ...; the scorer's clock is
@@ -384,22 +384,3 @@ def schema_gaps(keys: set[str], when: set[str]) -> tuple[list[str], list[str]]:
     undocumented = sorted(k for k in keys if lookup(k) is None)
     missing = [m.name for m in expected(when) if not any(m.matches(k) for k in keys)]
     return undocumented, missing
-
-
-def schema_markdown() -> str:
-    """The schema as one markdown table per group (what docs/observability.md shows)."""
-    parts = []
-    for group in GROUPS:
-        rows = [
-            f"| `{m.name}` | {m.unit} | {m.meaning.replace('|', chr(92) + '|')} | {m.when} |"
-            for m in SCHEMA
-            if m.group == group
-        ]
-        parts.append(
-            "\n".join([f"### {group}/*", "", "| metric | unit | meaning | when |", "|---|---|---|---|", *rows])
-        )
-    return "\n\n".join(parts) + "\n"
-
-
-if __name__ == "__main__":  # regenerate the tables of docs/observability.md
-    print(schema_markdown(), end="")  # noqa: T201 - the tables go to stdout, to paste into the doc

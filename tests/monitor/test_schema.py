@@ -1,6 +1,7 @@
 from pathlib import Path
 
-from relayrl.monitor.schema import GROUPS, SCHEMA, canonical_name, expected, lookup, schema_markdown, to_schema
+from relayrl.monitor.schema import GROUPS, SCHEMA, canonical_name, expected, lookup, to_schema
+from relayrl.monitor.schema_doc import schema_markdown
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
 
@@ -130,4 +131,4 @@ def test_expected_by_condition():
 def test_docs_page_shows_the_schema_verbatim():
     text = DOCS.read_text()
     table = text.split("<!-- schema:start -->\n", 1)[1].split("<!-- schema:end -->", 1)[0]
-    assert table == schema_markdown(), "docs/observability.md is stale: python -m relayrl.monitor.schema"
+    assert table == schema_markdown(), "docs/observability.md is stale: python -m relayrl.monitor.schema_doc"
