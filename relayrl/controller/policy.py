@@ -18,8 +18,7 @@ from its launch until it is scored or fails (``generating``, by seq), a ``Step``
 ``on_trained`` (``training``). The scheduler writes the calls it waits on into them; the policy never
 reads those fields, so a simulation can leave them unset.
 
-``mode=sync`` is k = 0. ``placement=colocated`` never generates and trains at once: no launch while a
-step trains, no step while a chunk generates.
+``mode=sync`` is k = 0. ``placement=colocated`` never generates and trains at once (no launch while a step trains).
 """
 
 from __future__ import annotations
@@ -187,7 +186,8 @@ class StepPolicy:
         (``swarm.ReplicaSet.copies``); a chunk placed in this round is no straggler yet; not colocated."""
         if self.pc.colocated or not free or self.buffer.ready(self.version, self.B, self.max_groups):
             return []
-        running = [f for seq, f in sorted(self.generating.items()) if not f.finished and f not in placed]
+        new = {f.seq for f in placed}
+        running = [f for seq, f in sorted(self.generating.items()) if not f.finished and seq not in new]
         copying = {f.replica for f in self.copies.values() if not f.finished}  # one copy at a time a replica
         busy = {f.replica for f in running} | {f.replica for f in placed} | copying
         stragglers = [(f.seq, f.replica) for f in running if f.seq not in self.copies]

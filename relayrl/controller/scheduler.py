@@ -77,7 +77,7 @@ from relayrl.monitor.schema import (
 )
 from relayrl.rewards.scoring import Scored
 from relayrl.rollout.occupancy import engine_memory, occupancy_metrics
-from relayrl.weightsync.store import FetchError
+from relayrl.weightsync.store import fetch_error
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +221,8 @@ class Scheduler(Loop):
             if (error := generation_error(flight.generated)) is None:
                 raise
             if not is_death(error, flight.actor):
-                if isinstance(getattr(error, "cause", None), FetchError):
-                    self._cannot_fetch(flight, error.cause)  # type: ignore[attr-defined] # RayTaskError's cause
+                if (cause := fetch_error(error)) is not None:
+                    self._cannot_fetch(flight, cause)
                     return
                 raise GenerateError(task_error_line(flight.replica, error)) from None
             self._replace_replica(flight, error)

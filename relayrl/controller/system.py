@@ -324,7 +324,7 @@ class System:
         version and is left out, and if every fetch fails the first failure is raised."""
         if self.cfg.weightsync.pull_when != "admission":
             return self.rollouts
-        from relayrl.weightsync.store import FetchError
+        from relayrl.weightsync.store import fetch_error
 
         caught, errors = [], []
         for rollout, ref in [(r, r.fetch_version.remote(version)) for r in self.rollouts]:
@@ -332,12 +332,10 @@ class System:
                 ray.get(ref)
                 caught.append(rollout)
             except ray.exceptions.RayTaskError as exc:
-                if not isinstance(exc.cause, FetchError):
+                if (cause := fetch_error(exc)) is None:
                     raise
-                errors.append(exc.cause)
-                logger.warning(
-                    "relayrl: a replica could not fetch v%d and keeps its old version: %s", version, exc.cause
-                )
+                errors.append(cause)
+                logger.warning("relayrl: a replica could not fetch v%d and keeps its old version: %s", version, cause)
         if not caught and errors:
             raise errors[0]
         return caught

@@ -277,6 +277,12 @@ class FetchError(RuntimeError):
     its previous weights and version, and the call that asked is handed back (``controller/scheduler.py``)."""
 
 
+def fetch_error(error: BaseException) -> FetchError | None:
+    """The ``FetchError`` a remote call (a ``RayTaskError``) ended with, if that is what it ended with."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, FetchError) else None
+
+
 def newest_version(root: Path, at_least: int) -> int:
     """The newest version published under ``root``, which must be ``at_least`` (the one a call needs)."""
     check_reachable(root)

@@ -18,9 +18,11 @@ from relayrl.weightsync.store import (
     MANIFEST,
     PAYLOAD,
     PRIVATE_PREFIX,
+    FetchError,
     Manifest,
     StoreWriter,
     fetch,
+    fetch_error,
     newer,
     newest_version,
     open_version,
@@ -261,3 +263,19 @@ def test_the_newest_version_is_what_a_replica_fetching_on_admission_reads(tmp_pa
         newest_version(tmp_path / "unmounted", 1)
     assert newer(tmp_path, 2) and not newer(tmp_path, 3) and not newer(tmp_path, -1)
     assert not newer(tmp_path / "unmounted", 1)
+
+
+class TaskError(Exception):
+    """Ray's ``RayTaskError`` as ``fetch_error`` reads it: the remote call's own exception as ``cause``."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def test_fetch_error_reads_the_cause_a_remote_call_ended_with():
+    """The scheduler and the probe tell a replica's failed fetch from any other task error by its cause."""
+    failed = FetchError("could not fetch v3 or newer: pull store /x is unreachable from this engine")
+    assert fetch_error(TaskError(failed)) is failed
+    assert fetch_error(TaskError(ValueError("calculator env: cannot parse"))) is None
+    assert fetch_error(RuntimeError("no cause")) is None
