@@ -83,25 +83,6 @@ def _validate_tp(cfg: Config) -> None:
             "placement=colocated shares one trainer bundle (one GPU) per rollout replica; "
             "set rollout.tp_size=1 or placement=separate"
         )
-    _validate_pp(cfg)
-
-
-def _validate_pp(cfg: Config) -> None:
-    """What ``trainer.pp_size`` > 1 does not train yet, refused by name (``TrainerConfig`` checks the sizes;
-    ``preflight.check_context`` that the stages divide the model's layers)."""
-    from relayrl.algorithms.advantages import CRITIC_ESTIMATORS
-
-    if cfg.trainer.pp_size == 1:
-        return
-    algo = cfg.algorithm
-    unbuilt = {
-        f"PPO's KL penalty in the reward (algorithm.kl_coef={algo.kl_coef})": algo.kl_coef > 0
-        and algo.name in CRITIC_ESTIMATORS,
-        f"an entropy bonus (algorithm.entropy_coef={algo.entropy_coef})": algo.entropy_coef > 0,
-    }
-    for what, refused in unbuilt.items():
-        if refused:
-            raise ConfigError(f"{what} under trainer.pp_size={cfg.trainer.pp_size} is not built; set trainer.pp_size=1")
 
 
 def _validate_env(cfg: Config) -> None:

@@ -212,6 +212,7 @@ class TrainerActor(WeightsOut):
                 self.ref_model,
                 self.mesh.get_group("pp"),
                 self.dp_group,
+                kl_in_reward=ppo,
             )
             if self.cfg.pp_size > 1
             else None
@@ -272,10 +273,11 @@ class TrainerActor(WeightsOut):
         batch = build_train_batch(
             groups, self.pad_token_id, self.algo.name, self.objective.reward_shaping, self.algo.whiten
         )
-        micro = self._micro_batches(self._share(batch))  # same rows within a tp group
+        share = self._share(batch)
+        micro = self._micro_batches(share)  # same rows within a tp group
         n_tokens, denom = self._step_totals(micro)
         t1 = time.perf_counter()
-        old, ref, targets = self._before_update(micro, n_tokens)
+        old, ref, targets = self._before_update(share, micro, n_tokens)
         live = learnable(micro, self.objective, self._all_reduce) if self.critic is None else [True] * len(micro)
         counts = {
             "tokens": float(n_tokens),
@@ -289,9 +291,7 @@ class TrainerActor(WeightsOut):
         trained_tokens = n_tokens if all(live) or self.pipelined else self._trained_tokens(micro, live)
         t2 = time.perf_counter()
         if self.pipelined is not None:  # trainer.pp_size > 1: the stages run the epochs (pp_step.py)
-            rows = (
-                self._share(batch) if self.critic is None else self.pipelined.with_advantages(self._share(batch), micro)
-            )
+            rows = share if self.critic is None else self.pipelined.with_advantages(share, micro)
             sums, grad_norms = self.pipelined.epochs(rows, self.optimizer, denom)
         else:
             sums, grad_norms = self.policy_step.epochs(
@@ -324,7 +324,7 @@ class TrainerActor(WeightsOut):
         return out
 
     def _before_update(
-        self, micro: list[MicroBatch], n_tokens: torch.Tensor
+        self, share: TrainBatch, micro: list[MicroBatch], n_tokens: torch.Tensor
     ) -> tuple[list[torch.Tensor | None], list[torch.Tensor] | None, GaeTargets | None]:
         """(old logprobs, reference logprobs for the loss, PPO's GAE targets): what the epochs need from
         before any update.
@@ -332,17 +332,20 @@ class TrainerActor(WeightsOut):
         Old logprobs are left to the first epoch's own forward pass (detached): parameters only change at
         the end of an epoch, so within epoch 0 the policy *is* pi_old; this saves a full forward. PPO puts
         the KL into the reward, so the reference logprobs go to ``Critic.advantages`` (which writes each
-        ``mb.advantages``) with pi_old from one extra forward, and none to the loss.
+        ``mb.advantages``) with pi_old from one extra forward, and none to the loss. Pipelined, the stages score
+        both (``PipelinedPolicy.scores``; GRPO's reference in the loss itself).
         """
         step = self.policy_step
         old: list[torch.Tensor | None] = [None] * len(micro)
-        kl = self.algo.kl_coef > 0 and self.pipelined is None  # pipelined: the stages score the reference
-        ref = step.reference_logprobs(self.model, self.ref_model, micro) if kl else None
-        if self.critic is None:
-            return old, ref, None
-        if ref is None:
-            return old, None, self.critic.advantages(micro, n_tokens)
-        pi_old = [step.logprobs(self.model, mb) for mb in micro]
+        kl = self.algo.kl_coef > 0
+        if self.critic is None or not kl:  # GRPO: the reference for the loss (pipelined: its stages score it)
+            ref = step.reference_logprobs(self.model, self.ref_model, micro) if kl and self.pipelined is None else None
+            return old, ref, None if self.critic is None else self.critic.advantages(micro, n_tokens)
+        if self.pipelined is not None:
+            pi_old, ref = self.pipelined.scores(share, micro)
+        else:
+            ref = step.reference_logprobs(self.model, self.ref_model, micro)
+            pi_old = [step.logprobs(self.model, mb) for mb in micro]
         return [*pi_old], None, self.critic.advantages(micro, n_tokens, pi_old, ref)
 
     def param_counts(self) -> tuple[int, int]:

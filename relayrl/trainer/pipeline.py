@@ -14,11 +14,11 @@ The loss (``rl_loss``) runs on the last stage for each micro-batch. Its target i
 [b, T, 6], chunked along the batch like the input: the token each position predicts, the advantage, the old
 logprob (NaN: this forward's own, detached, as the first epoch's is), the loss mask, the engine's logprob (for
 an off-policy weight and ``behaviour_kl``) and the reference's (GRPO's KL term; token ids below 2^24 are exact
-in float32). The logprobs come from the final hidden
-states through the chunked head (``head.score``: [N, V] logits never exist), the per-token loss from the
-objective's policy loss, and the micro-batch's loss is its ``LOSS_AGG`` numerator over the step's global
-denominator, so that the schedule's sum over micro-batches is the step's loss however it is split
-(``scale_grads=False``: the schedule must not divide by the micro-batch count).
+in float32). The logprobs come from the final hidden states through the chunked head (``head.score``: [N, V]
+logits never exist), the per-token loss from the objective's policy loss (plus GRPO's KL term, and an entropy
+bonus with the entropy's gradient when ``algorithm.entropy_coef`` > 0), and the micro-batch's loss is its
+``LOSS_AGG`` numerator over the step's global denominator, so that the schedule's sum over micro-batches is the
+step's loss however it is split (``scale_grads=False``: the schedule must not divide by the micro-batch count).
 
 A tied embedding (the LM head is the embedding matrix) lives on the first and the last stage; after the
 backward, ``sync_tied_grads`` sums its gradient over the two, as Megatron-LM does, so both copies take the
@@ -36,7 +36,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from relayrl.algorithms.kl import kl_loss
-from relayrl.algorithms.losses import masked_token_sum
+from relayrl.algorithms.losses import entropy_bonus, masked_token_sum
 from relayrl.algorithms.objective import Objective
 from relayrl.config.base import choices_of
 from relayrl.config.trainer import PipelineSchedule
@@ -136,7 +136,7 @@ def rl_loss(
     def make(lm_head: Any) -> LossFn:
         def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             ids, advantages, old, mask, behaviour, ref = target.unbind(-1)
-            request = head.Request(ids.long(), temperature, chunk)
+            request = head.Request(ids.long(), temperature, chunk, objective.entropy_coef > 0)
             logprobs, entropy = head.score(hidden, lm_head.weight, lm_head.bias, request)
             old = torch.where(old.isnan(), logprobs.detach(), old)  # NaN: pi_old is this very forward (epoch 1)
             rows = _Rows(advantages, mask, behaviour)
@@ -145,6 +145,8 @@ def rl_loss(
             if objective.kl_coef > 0:  # GRPO's KL to the reference in the loss (PPO puts it in the reward)
                 kl_term, kl_stats = kl_loss(logprobs, ref, mask, objective.kl_coef, objective.kl_estimator)
                 per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mask.sum()
+            if objective.entropy_coef > 0:  # the bonus -entropy_coef * H, as ``PolicyStep._entropy`` adds it
+                per_token = per_token + entropy_bonus(entropy, mask, objective.entropy_coef)[0]
             numerator, _ = objective.aggregate(per_token, mask)
             if record is not None:
                 entropy_sum = masked_token_sum(entropy.detach(), mask)

@@ -7,7 +7,9 @@ and each its own stages of the policy (``pipeline.py``); the dp replicas of a st
     rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
            out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size when interleaved
     old logprobs = with one epoch the training forward's own (detached), as one rank's; with more, one
-                   forward-only pass of the schedule first; with a KL term the reference's, through its stages
+                   forward-only pass of the schedule first; with GRPO's KL term the reference's, through its
+                   stages (PPO's KL penalty is in the reward: ``scores`` gives its critic pi_old's and the
+                   reference's logprobs, through the stages, before the epochs)
     for epoch in 1..E: schedule.step (forward and backward of every micro-batch; the loss on the last stage:
                        policy loss, LOSS_AGG numerator / D_step); gradients summed over dp; global-norm clip;
                        AdamW
@@ -79,6 +81,11 @@ class PipelinedPolicy:
     ref_model: torch.nn.Module | None = None  # algorithm.kl_coef > 0: the frozen reference, cut the same way
     pp_group: dist.ProcessGroup | None = None  # this rank's pipeline (None: every rank)
     dp_group: dist.ProcessGroup | None = None  # the ranks holding the same stages (None: this rank alone)
+    kl_in_reward: bool = False  # PPO: the KL penalty is in the critic's reward (``scores``), none in the loss
+
+    def __post_init__(self) -> None:
+        if self.kl_in_reward:
+            self.objective = dataclasses.replace(self.objective, kl_coef=0.0)
 
     def epochs(
         self, batch: TrainBatch, optimizer: torch.optim.Optimizer, denom: torch.Tensor
@@ -98,7 +105,7 @@ class PipelinedPolicy:
             # one epoch: pi_old is the training forward's own logprobs (NaN asks the loss for them, as one rank's
             # first epoch does); more: one forward-only pass first, since later epochs need them fixed
             old = pipe.logprobs(ids, self.temperature, c.logits_chunk) if c.epochs > 1 else None
-            ref = self._reference(group, ids, m)
+        ref = self._reference(group, ids, m)
         target = self._target(rows, old, ref) if pipe.last else None
         sums: list[StepStats] = []
         norms = []
@@ -147,13 +154,48 @@ class PipelinedPolicy:
                 dist.all_reduce(p.grad, group=self.dp_group)
 
     def _reference(self, group: dist.ProcessGroup, ids: torch.Tensor, m: int) -> torch.Tensor | None:
-        """The reference's logprobs on the last stage (forward only through its own stages), else None."""
-        if self.ref_model is None:
+        """GRPO's KL term: the reference's logprobs on the last stage (forward only through its own stages), else
+        None (no KL term in the loss: PPO's is in the reward, ``scores``)."""
+        if self.ref_model is None or self.objective.kl_coef <= 0:
             return None
+        return self._logprobs(self.ref_model, group, ids, m)
+
+    def _logprobs(self, model: torch.nn.Module, group: dist.ProcessGroup, ids: torch.Tensor, m: int) -> torch.Tensor:
+        """``model``'s logprobs [rows, T − 1] of padded ``ids`` through this rank's stages of it, in ``m``
+        micro-batches, on the rank holding the last stage (forward only; an empty tensor elsewhere)."""
         c = self.cfg
         unused = rl_loss(self.objective, self.temperature, c.logits_chunk, torch.ones(()))
-        pipe = Pipeline(self.ref_model, group, unused, m, c.pp_schedule, c.pp_virtual_stages)
-        return pipe.logprobs(ids, self.temperature, c.logits_chunk)
+        pipe = Pipeline(model, group, unused, m, c.pp_schedule, c.pp_virtual_stages)
+        with autocast(ids.device.type, c.dtype):
+            out = pipe.logprobs(ids, self.temperature, c.logits_chunk)
+        return ids.new_empty(0, dtype=torch.float32) if out is None else out.float()
+
+    def scores(self, share: TrainBatch, micro: list[MicroBatch]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """PPO's KL penalty in the reward: (pi_old's, the reference's) logprobs of each micro-batch of ``share``
+        (consecutive rows, laid out as its ``loss_mask``), each model forward only through this rank's stages,
+        broadcast from the last stage to every rank of the pipeline (each runs its whole critic on them)."""
+        assert self.ref_model is not None, "PPO's KL penalty needs the reference model"
+        c = self.cfg
+        group = self.pp_group or dist.group.WORLD
+        assert group is not None
+        m = micro_batch_count(len(share), c.micro_batch_size, c.pp_size, c.pp_schedule)
+        rows = padded_rows(share, math.ceil(len(share) / m) * m, self.pad_id)
+        ids = rows.input_ids.to(next(self.model.parameters()).device)
+        old, ref = (self._logprobs(model, group, ids, m) for model in (self.model, self.ref_model))
+        both = torch.stack([old, ref]) if old.numel() else ids.new_zeros(2, ids.shape[0], ids.shape[1] - 1).float()
+        dist.broadcast(both, src=dist.get_global_rank(group, dist.get_world_size(group) - 1), group=group)
+        return self._per_micro(both[0], micro), self._per_micro(both[1], micro)
+
+    @staticmethod
+    def _per_micro(rows: torch.Tensor, micro: list[MicroBatch]) -> list[torch.Tensor]:
+        """[B, L − 1] values of consecutive rows -> each micro-batch's [b, T] from its ``target_start`` (the
+        inverse of ``with_advantages``' layout)."""
+        out, row = [], 0
+        for mb in micro:
+            n, width = mb.loss_mask.shape
+            out.append(rows[row : row + n, mb.target_start : mb.target_start + width])
+            row += n
+        return out
 
     def _target(self, rows: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None) -> torch.Tensor:
         advantages = rows.advantages

@@ -44,11 +44,6 @@ PADDED = ["trainer.max_tokens_per_micro_batch=0", "trainer.shared_prefix=false"]
     [
         (["trainer.tp_size=2"], "trainer.pp_size with trainer.tp_size > 1 is not built yet"),
         (["trainer.lora.r=8"], "LoRA (trainer.lora.r=8) under trainer.pp_size is not built"),
-        (
-            ["algorithm.name=gae", "algorithm.kl_coef=0.1"],
-            "PPO's KL penalty in the reward (algorithm.kl_coef=0.1) under trainer.pp_size=2",
-        ),
-        (["algorithm.entropy_coef=0.01"], "an entropy bonus (algorithm.entropy_coef=0.01) under"),
     ],
 )
 def test_what_pipeline_stages_do_not_train_yet_is_refused_by_name(overrides, expected):
@@ -121,6 +116,7 @@ def train(
     algo: str = "grpo",
     kl_coef: float = 0.0,
     epochs: int = 1,
+    entropy_coef: float = 0.0,
 ) -> dict:
     """Three train_steps of padded rows; per-step stats, the gathered state and the live group."""
     from relayrl.trainer.ranks import TrainerGroup
@@ -145,7 +141,7 @@ def train(
         str(path),
         ModelConfig(path=str(path)),
         cfg,
-        AlgorithmConfig(name=algo, group_size=3, kl_coef=kl_coef),
+        AlgorithmConfig(name=algo, group_size=3, kl_coef=kl_coef, entropy_coef=entropy_coef),
         TEMPERATURE,
         seed=0,
         critic_cfg=CriticConfig(lr=1e-3),
@@ -171,6 +167,7 @@ def refs(ray_session, tiny_llama):
 
 
 KL = 0.05  # GRPO's KL to the reference in the loss: the reference runs in pipeline stages too
+ENTROPY = 0.1  # an entropy bonus large enough to move the weights well past PARAM_ATOL in three steps
 
 
 @pytest.fixture(scope="module")
@@ -238,16 +235,18 @@ def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tm
 
 @pytest.mark.slow
 def test_ppo_pp2_trains_what_one_rank_trains(tiny_llama, refs, tmp_path):
-    """PPO (GAE, its critic whole on each pipeline rank) with the policy in 2 stages: the same policy stats
-    and weights, and the same critic stats, as one rank; its checkpoint (policy stages and critics) restores
+    """PPO (GAE, its critic whole on each pipeline rank) with its KL penalty in the reward (pi_old's and the
+    reference's logprobs scored through the stages) and the policy in 2 stages: the same policy stats and
+    weights, and the same critic stats and KL, as one rank; its checkpoint (policy stages and critics) restores
     the critic and the next step exactly."""
-    reference = train(tiny_llama, 1, refs, algo="gae")
+    reference = train(tiny_llama, 1, refs, algo="gae", kl_coef=KL)
     reference.pop("trainer").shutdown()
-    run = train(tiny_llama, 2, refs, algo="gae")
+    assert reference["stats"][-1]["kl"] > 0  # the reference and the policy parted: the penalty is not 0
+    run = train(tiny_llama, 2, refs, algo="gae", kl_coef=KL)
     try:
         _assert_same_run(run, reference, "ppo pp=2")
         for step, (s, r) in enumerate(zip(run["stats"], reference["stats"])):
-            for key in ("value_loss", "critic_grad_norm", "explained_variance"):
+            for key in ("value_loss", "critic_grad_norm", "explained_variance", "kl"):
                 assert s[key] == pytest.approx(r[key], abs=1e-5, rel=1e-5), (step, key)
         trainer = run["trainer"]
         trainer.save_checkpoint(str(tmp_path))
@@ -287,5 +286,21 @@ def test_two_epochs_under_pp2_train_what_one_rank_trains(tiny_llama, refs):
     run = train(tiny_llama, 2, refs, kl_coef=KL, epochs=2)
     try:
         _assert_same_run(run, reference, "pp=2, 2 epochs")
+    finally:
+        run["trainer"].shutdown()
+
+
+@pytest.mark.slow
+def test_entropy_bonus_under_pp2_trains_what_one_rank_trains(tiny_llama, refs, reference):
+    """algorithm.entropy_coef on the last stage (the head's entropy with its gradient), with GRPO's KL term:
+    the same stats and weights as one rank, and weights other than without the bonus."""
+    one = train(tiny_llama, 1, refs, kl_coef=KL, entropy_coef=ENTROPY)
+    one.pop("trainer").shutdown()
+    moved = max((one["state"][k] - reference["state"][k]).abs().max().item() for k in one["state"])
+    assert moved > 10 * PARAM_ATOL  # the bonus changes what is trained
+    run = train(tiny_llama, 2, refs, kl_coef=KL, entropy_coef=ENTROPY)
+    try:
+        _assert_same_run(run, one, "pp=2 with an entropy bonus")
+        assert [s["entropy"] for s in run["stats"]] == pytest.approx([s["entropy"] for s in one["stats"]], rel=1e-5)
     finally:
         run["trainer"].shutdown()
