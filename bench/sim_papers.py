@@ -1,9 +1,10 @@
 """Published figures against the simulator. Megatron-LM PTD-P's weak-scaling table (``relayrl.plan.ptdp``,
 ``relayrl.plan.megatron_paper``): the GEMM efficiency fitted on its 1.7B row and the nine others predicted from
-the layout, and the interleaved schedule's gain. Step times (``relayrl.plan.papers``): AReaL's Table 1 with two
-constants fitted on its 1.5B row and the other rows predicted; NeMo RL's dense H100 rows predicted with nothing
-fitted on them; LlamaRL's figures listed (their settings were not retrievable here). Pure simulation: no Ray,
-no engines; a few minutes of one core.
+the layout, the interleaved schedule's gain, and Table 2's ZeRO-3 against PTD-P (``relayrl.plan.zero3``,
+nothing fitted). Step times (``relayrl.plan.papers``): AReaL's Table 1 with two constants fitted on its 1.5B row
+and the other rows predicted; NeMo RL's dense H100 rows predicted with nothing fitted on them; LlamaRL's figures
+listed (their settings were not retrievable here). Pure simulation: no Ray, no engines; a few minutes of one
+core.
 
     .venv/bin/python -m bench.sim_papers
 """
@@ -42,8 +43,30 @@ def megatron() -> None:
         print(f"    batch {g['batch']:>3}: {tf}  gain {g['gain']:+.1%}")
 
 
+def zero3() -> None:
+    rows = megatron_paper.zero3_comparison()
+    print(
+        "Megatron-LM Table 2: ZeRO-3 without model parallelism against PTD-P (t 8), teraFLOP/s a GPU (nothing fitted)"
+    )
+    print(f"  {'scheme':<6} {'params':>7} {'GPUs':>5} {'batch':>5} {'b':>2} {'paper':>6} {'sim':>6} {'err':>7}")
+    for r in rows:
+        print(
+            f"  {r['scheme']:<6} {r['billions']:>6}B {r['gpus']:>5} {r['batch']:>5} {r['micro']:>2} "
+            f"{r['paper']:>6.0f} {float(r['sim']):>6.1f} {float(r['error']):>+7.1%}"
+        )
+    for billions in sorted({r["billions"] for r in rows}):
+        pairs = {(r["scheme"], r["gpus"]): r for r in rows if r["billions"] == billions}
+        for gpus in sorted({g for s, g in pairs if s == "ptdp"}):
+            if ("zero3", gpus) in pairs:
+                z, pt = pairs[("zero3", gpus)], pairs[("ptdp", gpus)]
+                paper = float(pt["paper"]) / float(z["paper"])
+                sim = float(pt["sim"]) / float(z["sim"])
+                print(f"  {billions}B on {gpus} GPUs: PTD-P over ZeRO-3 paper {paper:.2f}x, sim {sim:.2f}x")
+
+
 def main() -> None:
     megatron()
+    zero3()
     print(f"AReaL Table 1 (H800; stated {STATED}; assumed {ASSUMED})")
     print(
         f"  {'model':<13} {'GPUs':>5} {'sync paper':>10} {'sim':>8} {'err':>6} {'async paper':>11} {'sim':>8} "

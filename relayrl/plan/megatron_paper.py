@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from relayrl.plan import zero3
 from relayrl.plan.ptdp import GPT, PTDP, Efficiency, fit_gemm, iteration_s, tflops_per_gpu
 from relayrl.plan.specs import GPUS
 
@@ -107,4 +108,61 @@ def interleaved_gain(batches: tuple[int, ...] = (12, 24, 36, 48, 60), v: int = 2
         plain = tflops_per_gpu(A100, GPT3, PTDP(8, 12, 1, batch), eff)
         inter = tflops_per_gpu(A100, GPT3, PTDP(8, 12, 1, batch, 1, v, "interleaved"), eff)
         out.append({"batch": batch, "1f1b": plain, "interleaved": inter, "gain": inter / plain - 1})
+    return out
+
+
+@dataclass(frozen=True)
+class SchemeRow:
+    """One row of the paper's Table 2: a ``scheme`` (``zero3``: ZeRO-3 without model parallelism; ``ptdp``: t 8,
+    p = model-parallel size / 8), ``gpt``, batch, GPUs, micro-batch and measured teraFLOP/s a GPU."""
+
+    scheme: str
+    gpt: GPT
+    model_parallel: int
+    batch: int
+    gpus: int
+    micro: int
+    tflops: float
+
+
+GPT_530B = GPT(105, 20480, 128)
+TABLE2 = (
+    SchemeRow("zero3", GPT3, 1, 1536, 384, 4, 144),
+    SchemeRow("zero3", GPT3, 1, 1536, 768, 2, 88),
+    SchemeRow("zero3", GPT3, 1, 1536, 1536, 1, 44),
+    SchemeRow("zero3", GPT_530B, 1, 2560, 640, 4, 138),
+    SchemeRow("zero3", GPT_530B, 1, 2240, 1120, 2, 98),
+    SchemeRow("zero3", GPT_530B, 1, 2240, 2240, 1, 48),
+    SchemeRow("ptdp", GPT3, 96, 1536, 384, 1, 153),
+    SchemeRow("ptdp", GPT3, 96, 1536, 768, 1, 149),
+    SchemeRow("ptdp", GPT3, 96, 1536, 1536, 1, 141),
+    SchemeRow("ptdp", GPT_530B, 280, 2240, 560, 1, 171),
+    SchemeRow("ptdp", GPT_530B, 280, 2240, 1120, 1, 167),
+    SchemeRow("ptdp", GPT_530B, 280, 2240, 2240, 1, 159),
+)
+"""The paper's Table 2 (section 5.2): the 174.6B and 529.6B GPTs under ZeRO-3 without model parallelism and
+under PTD-P, each on three GPU counts at a fixed batch (the 530B ZeRO-3 run needed 640 GPUs and batch 2560 to
+fit at micro-batch 4). Transcribed from two secondary write-ups of the table that agree (the PDF could not be read
+from this box); the paper's text: PTD-P beats ZeRO-3 by about 70 % when the GPUs double at a fixed batch."""
+
+
+def scheme_tflops(row: SchemeRow, eff: Efficiency) -> float:
+    """The model's teraFLOP/s a GPU for a Table 2 row: ``zero3`` or PTD-P at t 8 (1F1B, micro-batch 1)."""
+    if row.scheme == "zero3":
+        return zero3.tflops_per_gpu(A100, row.gpt, row.gpus, row.batch, row.micro, eff)
+    t, p = 8, row.model_parallel // 8
+    return tflops_per_gpu(A100, row.gpt, PTDP(t, p, row.gpus // row.model_parallel, row.batch, row.micro), eff)
+
+
+def zero3_comparison() -> list[dict[str, float | str]]:
+    """Every Table 2 row with the model's prediction (GEMM efficiency fitted on Table 1's first row: nothing is
+    fitted on Table 2)."""
+    eff = fitted()
+    out: list[dict[str, float | str]] = []
+    for row in TABLE2:
+        sim = scheme_tflops(row, eff)
+        billions = round(row.gpt.params / 1e9, 1)
+        layout: dict[str, float | str] = {"scheme": row.scheme, "billions": billions, "gpus": row.gpus}
+        layout |= {"batch": row.batch, "micro": row.micro}
+        out.append(layout | {"paper": row.tflops, "sim": sim, "error": sim / row.tflops - 1})
     return out
