@@ -86,8 +86,8 @@ class TrainerConfig:
     """Pipeline stages of the policy (``trainer/pipeline.py``, on ``torch.distributed.pipelining``): its decoder
     layers cut into pp_size x pp_virtual_stages equal runs, one pipeline rank each, the RL loss on the last
     stage; world_size = dp x pp, the dp replicas of a stage summing their gradients (not FSDP-sharded yet).
-    Built so far: padded rows (max_tokens_per_micro_batch=0, shared_prefix=false), tp_size = cp_size = 1, no
-    LoRA, no entropy bonus, no KL penalty in PPO's reward (GRPO's KL term in the loss trains)."""
+    Packed or padded rows, GRPO and PPO (KL terms, entropy bonus); not built yet: tp_size or cp_size > 1, LoRA
+    (refused by name)."""
     pp_schedule: str = "1f1b"
     """gpipe | 1f1b | interleaved (interleaved 1F1B: pp_virtual_stages stages a rank, a smaller bubble)."""
     pp_virtual_stages: int = 1
@@ -187,11 +187,6 @@ class TrainerConfig:
                 raise ConfigError(f"trainer.pp_size with trainer.{name} > 1 is not built yet; {fix} or {name}=1")
         if self.lora.r:
             raise ConfigError(f"LoRA (trainer.lora.r={self.lora.r}) under trainer.pp_size is not built; {fix}")
-        if self.max_tokens_per_micro_batch:
-            raise ConfigError(
-                "trainer.pp_size > 1 trains padded rows; set trainer.max_tokens_per_micro_batch=0 "
-                "trainer.shared_prefix=false"
-            )
 
     def __post_init__(self) -> None:
         positive(

@@ -275,7 +275,7 @@ class TrainerActor(WeightsOut):
         )
         share = self._share(batch)
         micro = self._micro_batches(share)  # same rows within a tp group
-        n_tokens, denom = self._step_totals(micro)
+        n_tokens, denom = step_totals(micro, self.objective, self._all_reduce)
         t1 = time.perf_counter()
         old, ref, targets = self._before_update(share, micro, n_tokens)
         live = learnable(micro, self.objective, self._all_reduce) if self.critic is None else [True] * len(micro)
@@ -292,7 +292,7 @@ class TrainerActor(WeightsOut):
         t2 = time.perf_counter()
         if self.pipelined is not None:  # trainer.pp_size > 1: the stages run the epochs (pp_step.py)
             rows = share if self.critic is None else self.pipelined.with_advantages(share, micro)
-            sums, grad_norms = self.pipelined.epochs(rows, self.optimizer, denom)
+            sums, grad_norms = self.pipelined.epochs(rows, micro, self.optimizer, denom)
         else:
             sums, grad_norms = self.policy_step.epochs(
                 self.model,
@@ -356,9 +356,6 @@ class TrainerActor(WeightsOut):
         """Completion tokens of the micro-batches that run, on all dp ranks: what per-token stats average over."""
         return self._all_reduce(torch.stack([mb.loss_mask.sum() * on for mb, on in zip(micro, live)]).sum())
 
-    def _step_totals(self, micro: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
-        return step_totals(micro, self.objective, self._all_reduce)
-
     def _share(self, batch: TrainBatch) -> TrainBatch:
         """This dp rank's rows of the step (``dp_share``: by tokens when packing, else equal row counts)."""
         c = self.cfg
@@ -379,9 +376,8 @@ class TrainerActor(WeightsOut):
 
     def _micro_batches(self, share: TrainBatch) -> list[MicroBatch]:
         c = self.cfg
-        return micro_batches(
-            share, c.micro_batch_size, c.max_tokens_per_micro_batch, c.shared_prefix, self.device, self._all_reduce
-        )
+        budget, size = c.max_tokens_per_micro_batch, c.micro_batch_size  # packed: a multiple of pp_size of them
+        return micro_batches(share, size, budget, c.shared_prefix, self.device, self._all_reduce, c.pp_size)
 
     def _all_reduce(
         self, value: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, dtype: torch.dtype = torch.float32

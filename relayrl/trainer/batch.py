@@ -329,12 +329,14 @@ def micro_batches(
     share_prefix: bool,
     device: torch.device,
     all_reduce: Callable,
+    count_multiple: int = 1,
 ) -> list[MicroBatch]:
     """One rank's micro-batches on ``device``: chunks of ``micro_batch_size`` padded rows, or with a token
     ``budget`` (``max_tokens_per_micro_batch`` > 0) packed rows of at most that many tokens (``share_prefix``:
     each group's prompt once). Collective when packing (``all_reduce(value, op)`` over the dp ranks): every dp
-    rank runs as many micro-batches as the busiest (FSDP gathers in each forward), splitting its own chunks
-    first and adding micro-batches with nothing to train on only when it has too few rows."""
+    rank runs as many micro-batches as the busiest (FSDP gathers in each forward), rounded up to a multiple of
+    ``count_multiple`` (pipeline stages: at least one a stage, whole rounds under interleaving), splitting its own
+    chunks first and adding micro-batches with nothing to train on only when it has too few rows."""
     import torch.distributed as dist
 
     from relayrl.trainer.packing import split_to_count
@@ -343,6 +345,7 @@ def micro_batches(
         return [to_device(mb, device) for mb in row_micro_batches(share, micro_batch_size)]
     units, costs, chunks = packing_plan(share, budget, share_prefix)
     count = int(all_reduce(torch.tensor(float(len(chunks))), dist.ReduceOp.MAX))
+    count = -(-count // count_multiple) * count_multiple
     chunks = split_to_count(chunks, costs, count)
     out = [packed_micro_batch(share, [units[u] for u in chunk], share_prefix) for chunk in chunks]
     out += [empty_micro_batch(share, share_prefix) for _ in range(count - len(out))]

@@ -85,14 +85,21 @@ class Stage(torch.nn.Module):
         self.norm = inner.norm if last else None
         self.lm_head = head.lm_head(model) if last else None
         self.tied = _tied(model)
+        self.packed: list[Any] = []  # packed rows: each micro-batch's ``pp_packed.PackedInput``, by index
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids [b, T] (first stage) or hidden states [b, T, H] -> hidden states (the last: normed)."""
+    def forward(self, x: torch.Tensor, mb: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [b, T] (first stage) or hidden states [b, T, H] -> hidden states (the last: normed). Padded
+        rows attend causally from position 0; packed micro-batch ``mb`` (its index, [1]) by its row's spans."""
         hidden = self.embed_tokens(x) if self.embed_tokens is not None else x
-        positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+        extra: dict[str, Any] = {}
+        if mb is None:
+            positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+        else:
+            positions, spans = self.packed[int(mb.reshape(-1)[0])]
+            extra["packed_spans"] = spans
         rotary = self.rotary_emb(hidden, positions)
         for layer in self.layers:
-            hidden = layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+            hidden = layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary, **extra)
         return self.norm(hidden) if self.norm is not None else hidden
 
     def global_name(self, name: str) -> str:
@@ -140,22 +147,40 @@ def rl_loss(
             logprobs, entropy = head.score(hidden, lm_head.weight, lm_head.bias, request)
             old = torch.where(old.isnan(), logprobs.detach(), old)  # NaN: pi_old is this very forward (epoch 1)
             rows = _Rows(advantages, mask, behaviour)
-            per_token, stats = objective.policy(logprobs, old, cast(Any, rows))
-            kl_sum = mask.new_zeros(())
-            if objective.kl_coef > 0:  # GRPO's KL to the reference in the loss (PPO puts it in the reward)
-                kl_term, kl_stats = kl_loss(logprobs, ref, mask, objective.kl_coef, objective.kl_estimator)
-                per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mask.sum()
-            if objective.entropy_coef > 0:  # the bonus -entropy_coef * H, as ``PolicyStep._entropy`` adds it
-                per_token = per_token + entropy_bonus(entropy, mask, objective.entropy_coef)[0]
-            numerator, _ = objective.aggregate(per_token, mask)
-            if record is not None:
-                entropy_sum = masked_token_sum(entropy.detach(), mask)
-                record(PolicyStep._stats(stats, numerator, kl_sum, entropy_sum, old, cast(Any, rows)))
-            return numerator / denominator
+            return token_loss(objective, logprobs, entropy, old, ref, cast(Any, rows), denominator, record)
 
         return loss_fn
 
     return make
+
+
+def token_loss(
+    objective: Objective,
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    old: torch.Tensor,
+    ref: torch.Tensor | None,
+    rows: Any,
+    denominator: torch.Tensor,
+    record: Callable[[StepStats], None] | None,
+) -> torch.Tensor:
+    """One micro-batch's loss over the step's denominator from its [b, T] logprobs and entropies (``rows``: its
+    advantages, loss mask and engine logprobs): the policy loss, GRPO's KL to ``ref`` and the entropy bonus, as
+    ``PolicyStep.train_micro`` adds them; ``record`` gets its ``StepStats``."""
+    mask = rows.loss_mask
+    per_token, stats = objective.policy(logprobs, old, rows)
+    kl_sum = mask.new_zeros((), dtype=torch.float32)
+    if objective.kl_coef > 0:  # GRPO's KL to the reference in the loss (PPO puts it in the reward)
+        assert ref is not None, "GRPO's KL term needs the reference's logprobs"
+        kl_term, kl_stats = kl_loss(logprobs, ref, mask, objective.kl_coef, objective.kl_estimator)
+        per_token, kl_sum = per_token + kl_term, kl_stats["kl"] * mask.sum()
+    if objective.entropy_coef > 0:  # the bonus -entropy_coef * H, as ``PolicyStep._entropy`` adds it
+        per_token = per_token + entropy_bonus(entropy, mask, objective.entropy_coef)[0]
+    numerator, _ = objective.aggregate(per_token, mask)
+    if record is not None:
+        entropy_sum = masked_token_sum(entropy.detach(), mask)
+        record(PolicyStep._stats(stats, numerator, kl_sum, entropy_sum, old, rows))
+    return numerator / denominator
 
 
 def targets(
@@ -201,7 +226,7 @@ class Pipeline:
                 f"{micro_batches} micro-batches for {self.size} pipeline stages: 1F1B needs at least one a stage; "
                 "raise the step's rows or lower trainer.max_tokens_per_micro_batch"
             )
-        self.group, self.model = group, model
+        self.group, self.model, self.micro_batches = group, model, micro_batches
         self.stages = build_stages(model, self.rank, self.size, virtual)
         total, device = self.size * virtual, next(model.parameters()).device
         ids = stage_ids(self.rank, self.size, virtual)
@@ -220,14 +245,34 @@ class Pipeline:
             self.schedule = cls(self.pipe_stages[0], micro_batches, loss_fn=loss_fn, scale_grads=False)
         self.tied = _tied(model)
 
-    def step(self, input_ids: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor | None:
-        """Forward and backward of one batch; returns the summed loss on the rank holding the last stage."""
+    def step(
+        self, input_ids: torch.Tensor, target: torch.Tensor | None, packed: list[Any] | None = None
+    ) -> torch.Tensor | None:
+        """Forward and backward of one batch; returns the summed loss on the rank holding the last stage.
+        ``packed``: the micro-batches are packed rows, ``pp_packed.PackedInput`` each (``target``: the indexes)."""
         losses: list[torch.Tensor] = []
         args = (input_ids,) if self.first else ()
         kw = {"target": target, "losses": losses} if self.last else {}  # the last stage's target
-        self.schedule.step(*args, **kw)
+        self.schedule.step(*args, **kw, **self._packed(packed, input_ids.device))
         self.sync_tied_grads()
         return torch.stack(losses).sum().detach() if self.last else None
+
+    def _packed(self, packed: list[Any] | None, device: torch.device) -> dict[str, torch.Tensor]:
+        """Every stage's packed rows, and the micro-batch index each stage's forward is handed (``mb``)."""
+        if packed is None:
+            return {}
+        for stage in self.stages:
+            stage.packed = packed
+        return {"mb": torch.arange(len(packed), device=device)}
+
+    @torch.no_grad()
+    def forward_only(self, input_ids: torch.Tensor, packed: list[Any]) -> torch.Tensor | None:
+        """The last stage's final hidden states [m, n, H] of packed rows (None on other ranks); the loss is
+        skipped (a target index of -1, ``pp_packed.packed_loss``)."""
+        args = (input_ids,) if self.first else ()
+        skip = {"target": torch.full((len(packed), 1), -1.0, device=input_ids.device)} if self.last else {}
+        out = self.schedule.eval(*args, **skip, **self._packed(packed, input_ids.device))
+        return out if self.last else None
 
     def sync_tied_grads(self) -> None:
         """A tied embedding's gradient, summed over the first and the last stage's copies (module doc). The two

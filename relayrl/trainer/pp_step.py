@@ -5,7 +5,9 @@ and each its own stages of the policy (``pipeline.py``); the dp replicas of a st
 (replicated, not FSDP-sharded yet). A step, on every rank:
 
     rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
-           out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size when interleaved
+           out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size when interleaved; or
+           the rank's packed micro-batches (a multiple of pp_size of them), each padded at its end to the longest
+           (``pp_packed.py``)
     old logprobs = with one epoch the training forward's own (detached), as one rank's; with more, one
                    forward-only pass of the schedule first; with GRPO's KL term the reference's, through its
                    stages (PPO's KL penalty is in the reward: ``scores`` gives its critic pi_old's and the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +37,10 @@ import torch.distributed as dist
 
 from relayrl.algorithms.objective import Objective
 from relayrl.config import TrainerConfig
+from relayrl.trainer import head
 from relayrl.trainer.batch import MicroBatch
 from relayrl.trainer.pipeline import Pipeline, build_stages, rl_loss, targets
+from relayrl.trainer.pp_packed import PackedInput, packed_inputs, packed_loss, packed_row, scored
 from relayrl.trainer.precision import autocast
 from relayrl.trainer.step import StepStats
 from relayrl.types import TrainBatch
@@ -88,37 +93,82 @@ class PipelinedPolicy:
             self.objective = dataclasses.replace(self.objective, kl_coef=0.0)
 
     def epochs(
-        self, batch: TrainBatch, optimizer: torch.optim.Optimizer, denom: torch.Tensor
+        self, batch: TrainBatch, micro: list[MicroBatch], optimizer: torch.optim.Optimizer, denom: torch.Tensor
     ) -> tuple[StepStats, list[float]]:
-        """``trainer.epochs`` clipped AdamW steps on ``batch``; (summed stats, the same on every rank; each
-        epoch's pre-clip gradient norm)."""
+        """``trainer.epochs`` clipped AdamW steps on ``batch`` (padded rows), or on its packed micro-batches
+        ``micro`` when packing; (summed stats, the same on every rank; each epoch's pre-clip gradient norm)."""
         c = self.cfg
-        group = self.pp_group or dist.group.WORLD
-        assert group is not None
+        records: list[StepStats] = []
+        if micro and micro[0].packed is not None:
+            pipe, ids, target, packed = self._packed(micro, denom, records.append)
+        else:
+            pipe, ids, target = self._padded(batch, denom, records.append)
+            packed = None
+        sums: list[StepStats] = []
+        norms = []
+        for _ in range(c.epochs):
+            records.clear()
+            with autocast(ids.device.type, c.dtype):
+                pipe.step(ids, target, packed)  # target None off the last stage: only it takes one
+            # a schedule's first step also calls the loss once on its own to infer shapes: the last m are real
+            sums += records[-pipe.micro_batches :]
+            self._reduce_grads(pipe)
+            norms.append(pipe.clip_and_step(optimizer, c.grad_clip))
+        self.refresh()
+        return self._broadcast(sums, pipe.last, ids.device, pipe.group), norms
+
+    def _padded(
+        self, batch: TrainBatch, denom: torch.Tensor, record: Callable[[StepStats], None]
+    ) -> tuple[Pipeline, torch.Tensor, torch.Tensor | None]:
+        """(pipeline, token ids, the last stage's target) of padded rows (module docstring)."""
+        c, group = self.cfg, self._group()
         m = micro_batch_count(len(batch), c.micro_batch_size, c.pp_size, c.pp_schedule)
         rows = padded_rows(batch, math.ceil(len(batch) / m) * m, self.pad_id)
         ids = rows.input_ids.to(next(self.model.parameters()).device)
-        records: list[StepStats] = []
-        loss = rl_loss(self.objective, self.temperature, c.logits_chunk, denom, records.append)
+        loss = rl_loss(self.objective, self.temperature, c.logits_chunk, denom, record)
         pipe = Pipeline(self.model, group, loss, m, c.pp_schedule, c.pp_virtual_stages)
         with autocast(ids.device.type, c.dtype):
             # one epoch: pi_old is the training forward's own logprobs (NaN asks the loss for them, as one rank's
             # first epoch does); more: one forward-only pass first, since later epochs need them fixed
             old = pipe.logprobs(ids, self.temperature, c.logits_chunk) if c.epochs > 1 else None
         ref = self._reference(group, ids, m)
-        target = self._target(rows, old, ref) if pipe.last else None
-        sums: list[StepStats] = []
-        norms = []
-        for _ in range(c.epochs):
-            records.clear()
-            with autocast(ids.device.type, c.dtype):
-                pipe.step(ids, target)  # None off the last stage: only it takes a target
-            # a schedule's first step also calls the loss once on its own to infer shapes: the last m are real
-            sums += records[-m:]
-            self._reduce_grads(pipe)
-            norms.append(pipe.clip_and_step(optimizer, c.grad_clip))
-        self.refresh()
-        return self._broadcast(sums, pipe.last, ids.device, group), norms
+        return pipe, ids, self._target(rows, old, ref) if pipe.last else None
+
+    def _packed(
+        self, micro: list[MicroBatch], denom: torch.Tensor, record: Callable[[StepStats], None]
+    ) -> tuple[Pipeline, torch.Tensor, torch.Tensor | None, list[PackedInput]]:
+        """(pipeline, token ids, the last stage's target: the micro-batch indexes, each row's ``PackedInput``) of
+        packed micro-batches (``pp_packed.py``); pi_old and the reference as in ``_padded``."""
+        c, group = self.cfg, self._group()
+        ids, packed = packed_inputs(micro, self.pad_id)
+        old = self._packed_logprobs(self.model, ids, packed, micro) if c.epochs > 1 else None
+        kl = self.ref_model is not None and self.objective.kl_coef > 0
+        ref = self._packed_logprobs(self.ref_model, ids, packed, micro) if kl else None
+        loss = packed_loss(self.objective, self.temperature, c.logits_chunk, denom, micro, old, ref, record)
+        pipe = Pipeline(self.model, group, loss, len(micro), c.pp_schedule, c.pp_virtual_stages)
+        target = torch.arange(len(micro), device=ids.device, dtype=torch.float32)[:, None] if pipe.last else None
+        return pipe, ids, target, packed
+
+    def _packed_logprobs(
+        self, model: Any, ids: torch.Tensor, packed: list[PackedInput], micro: list[MicroBatch]
+    ) -> list[torch.Tensor] | None:
+        """``model``'s logprobs of each packed micro-batch, [b, T] each, through this rank's stages of it (forward
+        only), on the rank holding the last stage; None elsewhere."""
+        c = self.cfg
+        unused = packed_loss(self.objective, self.temperature, c.logits_chunk, torch.ones(()), micro, None, None)
+        pipe = Pipeline(model, self._group(), unused, len(micro), c.pp_schedule, c.pp_virtual_stages)
+        with torch.no_grad(), autocast(ids.device.type, c.dtype):
+            out = pipe.forward_only(ids, packed)
+            if out is None:
+                return None
+            lm, rows = head.lm_head(model), [packed_row(mb) for mb in micro]
+            requests = [head.Request(row.score_target[None], self.temperature, c.logits_chunk) for row in rows]
+            return [scored(out[i : i + 1], row, lm, r)[0].float() for i, (row, r) in enumerate(zip(rows, requests))]
+
+    def _group(self) -> dist.ProcessGroup:
+        group = self.pp_group or dist.group.WORLD
+        assert group is not None
+        return group
 
     @staticmethod
     def with_advantages(share: TrainBatch, micro: list[MicroBatch]) -> TrainBatch:
@@ -172,19 +222,32 @@ class PipelinedPolicy:
 
     def scores(self, share: TrainBatch, micro: list[MicroBatch]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """PPO's KL penalty in the reward: (pi_old's, the reference's) logprobs of each micro-batch of ``share``
-        (consecutive rows, laid out as its ``loss_mask``), each model forward only through this rank's stages,
-        broadcast from the last stage to every rank of the pipeline (each runs its whole critic on them)."""
+        (padded: consecutive rows; or packed), laid out as its ``loss_mask``, each model forward only through this
+        rank's stages, broadcast from the last stage to every rank of the pipeline (each runs its whole critic)."""
         assert self.ref_model is not None, "PPO's KL penalty needs the reference model"
-        c = self.cfg
-        group = self.pp_group or dist.group.WORLD
-        assert group is not None
-        m = micro_batch_count(len(share), c.micro_batch_size, c.pp_size, c.pp_schedule)
-        rows = padded_rows(share, math.ceil(len(share) / m) * m, self.pad_id)
-        ids = rows.input_ids.to(next(self.model.parameters()).device)
-        old, ref = (self._logprobs(model, group, ids, m) for model in (self.model, self.ref_model))
-        both = torch.stack([old, ref]) if old.numel() else ids.new_zeros(2, ids.shape[0], ids.shape[1] - 1).float()
-        dist.broadcast(both, src=dist.get_global_rank(group, dist.get_world_size(group) - 1), group=group)
-        return self._per_micro(both[0], micro), self._per_micro(both[1], micro)
+        c, group, models = self.cfg, self._group(), (self.model, self.ref_model)
+        if micro and micro[0].packed is not None:
+            ids, packed = packed_inputs(micro, self.pad_id)
+            scores = [self._packed_logprobs(model, ids, packed, micro) for model in models]
+        else:
+            m = micro_batch_count(len(share), c.micro_batch_size, c.pp_size, c.pp_schedule)
+            rows = padded_rows(share, math.ceil(len(share) / m) * m, self.pad_id)
+            ids = rows.input_ids.to(next(self.model.parameters()).device)
+            padded = [self._logprobs(model, group, ids, m) for model in models]
+            scores = [self._per_micro(x, micro) if x.numel() else None for x in padded]
+        return self._from_last(scores[0], micro), self._from_last(scores[1], micro)
+
+    def _from_last(self, values: list[torch.Tensor] | None, micro: list[MicroBatch]) -> list[torch.Tensor]:
+        """Each micro-batch's [b, T] ``values``, given on the rank holding the last stage (None elsewhere),
+        broadcast to every rank of the pipeline."""
+        group, shapes = self._group(), [mb.loss_mask.shape for mb in micro]
+        device = micro[0].loss_mask.device
+        if values is not None:
+            flat = torch.cat([v.reshape(-1).float() for v in values])
+        else:
+            flat = torch.zeros(sum(shape.numel() for shape in shapes), device=device)
+        dist.broadcast(flat, src=dist.get_global_rank(group, dist.get_world_size(group) - 1), group=group)
+        return [x.reshape(shape) for x, shape in zip(flat.split([shape.numel() for shape in shapes]), shapes)]
 
     @staticmethod
     def _per_micro(rows: torch.Tensor, micro: list[MicroBatch]) -> list[torch.Tensor]:

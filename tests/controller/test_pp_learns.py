@@ -1,6 +1,6 @@
 """``trainer.pp_size=2`` end to end: ``test_tiny_learns``' GRPO run (real vLLM rollout, shm weight sync, the
-digit-fraction reward) with the policy in two pipeline stages on two trainer ranks raises the reward as
-much as the one-rank run must."""
+digit-fraction reward) with the policy in two pipeline stages on two trainer ranks, on the default packed rows
+(each group's prompt once), raises the reward as much as the one-rank run must."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from tests.controller.test_tiny_learns import REWARD_MEAN, _assert_rises, _run
 PIPELINE = [
     "trainer.world_size=2",
     "trainer.pp_size=2",
-    "trainer.max_tokens_per_micro_batch=0",
-    "trainer.shared_prefix=false",
     "trainer.num_threads=1",
 ]
 

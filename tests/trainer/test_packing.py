@@ -24,6 +24,7 @@ from relayrl.trainer.attention import use_packed_attention
 from relayrl.trainer.batch import build_train_batch, empty_micro_batch, split_batch
 from relayrl.trainer.packing import attention_allowed, pack_rows, place, plan_chunks, split_to_count
 from relayrl.trainer.precision import keep_head_fp32
+from relayrl.trainer.step import step_totals
 from relayrl.types import TrainBatch, Trajectory, TrajectoryGroup, VersionSpan
 
 TEMPERATURE = 0.8
@@ -134,7 +135,7 @@ def step_loss_and_grads(actor: TrainerActor, share: TrainBatch, agg: str):
     """The step's loss (sum of numerators / global denominator), its gradient, and the normalisers."""
     actor.objective = build_loss(dataclasses.replace(actor.algo, loss_agg=agg, norm_len=16))
     micro = actor._micro_batches(share)
-    n_tokens, denom = actor._step_totals(micro)
+    n_tokens, denom = step_totals(micro, actor.objective, actor._all_reduce)
     actor.model.zero_grad(set_to_none=True)
     total = sum(actor.policy_step.train_micro(actor.model, mb, None, None, denom, 1)[0].loss for mb in micro)
     grads = {n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None}

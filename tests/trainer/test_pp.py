@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +23,6 @@ from tests.trainer.test_tp import GRAD_CLIP, PARAM_ATOL, STAT_KEYS, STEPS
     "overrides, expected",
     [
         (["trainer.world_size=3", "trainer.pp_size=2"], "trainer.world_size=3 is not divisible by trainer.pp_size=2"),
-        (["trainer.world_size=2", "trainer.pp_size=2"], "set trainer.max_tokens_per_micro_batch=0"),
         (["trainer.pp_virtual_stages=2"], "trainer.pp_virtual_stages=2 needs trainer.pp_schedule=interleaved"),
         (["trainer.pp_schedule=zb"], "trainer.pp_schedule"),
         (["trainer.pp_size=0"], "trainer.pp_size=0 must be > 0"),
@@ -117,8 +117,11 @@ def train(
     kl_coef: float = 0.0,
     epochs: int = 1,
     entropy_coef: float = 0.0,
+    budget: int = 0,
+    shared_prefix: bool = False,
 ) -> dict:
-    """Three train_steps of padded rows; per-step stats, the gathered state and the live group."""
+    """Three train_steps of padded rows (or packed, ``budget`` tokens a row); per-step stats, the gathered state
+    and the live group."""
     from relayrl.trainer.ranks import TrainerGroup
 
     world = world_size or pp_size
@@ -130,8 +133,8 @@ def train(
         lr=1e-3,
         epochs=epochs,
         micro_batch_size=2,
-        max_tokens_per_micro_batch=0,
-        shared_prefix=False,
+        max_tokens_per_micro_batch=budget,
+        shared_prefix=shared_prefix,
         grad_clip=GRAD_CLIP,
         num_cpus=1 / world,
         num_threads=1,
@@ -211,6 +214,21 @@ def test_pp2_1f1b_trains_what_one_rank_trains(tiny_llama, refs, reference, tmp_p
         one["trainer"].shutdown()
 
 
+# packed rows of at most 20 tokens, each group's prompt once: 9 sequences of 6 to 12 tokens make 3 or more rows
+PACKED: dict[str, Any] = {"budget": 20, "shared_prefix": True}
+
+
+def test_packed_rows_under_pp2_train_what_one_rank_trains(tiny_llama, refs, reference):
+    """trainer.max_tokens_per_micro_batch with the shared prefix under pp=2: padding-free rows (padded at their end
+    to the step's longest, attention by spans) train the padded one-rank run's stats and weights, KL term and clip
+    included."""
+    run = train(tiny_llama, 2, refs, kl_coef=KL, **PACKED)
+    try:
+        _assert_same_run(run, reference, "pp=2 packed")
+    finally:
+        run["trainer"].shutdown()
+
+
 @pytest.mark.slow
 def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory, tmp_path):
     """4 layers, 2 ranks x 2 virtual stages (interleaved 1F1B) against one rank; the one rank's checkpoint
@@ -263,17 +281,26 @@ def test_ppo_pp2_trains_what_one_rank_trains(tiny_llama, refs, tmp_path):
         )
     finally:
         run["trainer"].shutdown()
+    packed = train(tiny_llama, 2, refs, algo="gae", kl_coef=KL, **PACKED)  # packed rows: the critic's too
+    try:
+        _assert_same_run(packed, reference, "ppo pp=2 packed")
+        for step, (s, r) in enumerate(zip(packed["stats"], reference["stats"])):
+            for key in ("value_loss", "explained_variance", "kl"):
+                assert s[key] == pytest.approx(r[key], abs=1e-5, rel=1e-5), (step, key)
+    finally:
+        packed["trainer"].shutdown()
 
 
 @pytest.mark.slow
 def test_dp2_x_pp2_trains_what_one_rank_trains(tiny_llama, refs, reference):
-    """4 ranks: 2 data-parallel replicas of a 2-stage pipeline (9 rows: 5 and 4 with a filler), GRPO with the KL
-    term, against one rank."""
-    run = train(tiny_llama, 2, refs, world_size=4, kl_coef=KL)
-    try:
-        _assert_same_run(run, reference, "dp=2 x pp=2")
-    finally:
-        run["trainer"].shutdown()
+    """4 ranks: 2 data-parallel replicas of a 2-stage pipeline (9 rows: 5 and 4 with a filler; packed: each
+    replica's rows balanced by tokens, as many micro-batches on both), GRPO with the KL term, against one rank."""
+    for rows in ({}, PACKED):
+        run = train(tiny_llama, 2, refs, world_size=4, kl_coef=KL, **rows)
+        try:
+            _assert_same_run(run, reference, f"dp=2 x pp=2, {rows or 'padded'}")
+        finally:
+            run["trainer"].shutdown()
 
 
 @pytest.mark.slow
@@ -283,11 +310,12 @@ def test_two_epochs_under_pp2_train_what_one_rank_trains(tiny_llama, refs):
     reference = train(tiny_llama, 1, refs, kl_coef=KL, epochs=2)
     reference.pop("trainer").shutdown()
     assert reference["stats"][0]["ratio_max"] > 1.0  # the second epoch saw a ratio other than 1
-    run = train(tiny_llama, 2, refs, kl_coef=KL, epochs=2)
-    try:
-        _assert_same_run(run, reference, "pp=2, 2 epochs")
-    finally:
-        run["trainer"].shutdown()
+    for rows in ({}, PACKED):  # padded, then packed rows (pi_old from a forward-only pass of packed rows)
+        run = train(tiny_llama, 2, refs, kl_coef=KL, epochs=2, **rows)
+        try:
+            _assert_same_run(run, reference, f"pp=2, 2 epochs, {rows or 'padded'}")
+        finally:
+            run["trainer"].shutdown()
 
 
 @pytest.mark.slow
