@@ -96,7 +96,8 @@ def check_context(cfg: Config, path: Path) -> None:
 def check_kv_cache(cfg: Config, model_config: dict) -> None:
     """``rollout.kv_cache_gb`` holds at least one ``model.max_model_len`` sequence, which vLLM requires at
     engine start (it would fail there, after Ray and the actors started, naming its own memory knobs).
-    Per token and engine worker: K and V for each layer's KV heads, ``rollout.tp_size`` sharing the heads."""
+    Per token and engine worker: K and V for each of its layers' KV heads, ``rollout.tp_size`` sharing the heads
+    and ``rollout.pp_size`` the layers (the first workers take the extra ones)."""
     try:
         layers, heads = model_config["num_hidden_layers"], model_config["num_attention_heads"]
         kv_heads = model_config.get("num_key_value_heads") or heads
@@ -104,7 +105,7 @@ def check_kv_cache(cfg: Config, model_config: dict) -> None:
     except KeyError:
         return  # a layout this check does not know: vLLM's own check stands
     itemsize = 2 if cfg.model.dtype == "bfloat16" else 4  # model.dtype is float32 or bfloat16 (checked)
-    per_token = 2 * layers * max(1, kv_heads // cfg.rollout.tp_size) * head_dim * itemsize
+    per_token = 2 * -(-layers // cfg.rollout.pp_size) * max(1, kv_heads // cfg.rollout.tp_size) * head_dim * itemsize
     need_gb = per_token * cfg.model.max_model_len / 2**30
     if need_gb > cfg.rollout.kv_cache_gb:
         raise ConfigError(

@@ -16,6 +16,7 @@ from relayrl.config import (
     RolloutConfig,
     TrainerConfig,
     WeightSyncConfig,
+    has_cuda,
     load_config,
 )
 
@@ -226,3 +227,22 @@ def test_tiny_recipes_share_the_tiny_scale_and_keep_their_own_keys():
         1024,
         ["env_reward", "digit_fraction"],
     )
+
+
+@pytest.mark.skipif(has_cuda(), reason="the refusal is for CPU engines")
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["rollout.pp_size=2"], "rollout.pp_size=2 on CPU needs a compiled engine"),
+        (["rollout.pp_size=0"], "rollout.pp_size=0 must be > 0"),
+        (
+            ["rollout.pp_size=2", "rollout.enforce_eager=false", "placement=colocated"],
+            "set rollout.tp_size=1 rollout.pp_size=1 or placement=separate",
+        ),
+    ],
+)
+def test_a_pipelined_engine_is_checked_before_ray(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config("grpo_tiny", overrides)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+    assert load_config("grpo_tiny", ["rollout.pp_size=2", "rollout.enforce_eager=false"]).rollout.workers == 2

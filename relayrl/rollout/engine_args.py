@@ -58,10 +58,11 @@ def engine_args(
     Prefix caching is on only with ``rollout.prefix_sharing`` (sync runs): after a weight update, cached
     prompt KV computed with old weights would be reused by new requests, and vLLM can only reset that
     cache when nothing runs, which in a sync run is every commit (``finish_weight_update`` resets it).
-    ``rollout.tp_size > 1`` (GPU): the engine's workers are this actor's own processes ("mp"), on the
-    ``tp_size`` GPUs Ray gave the actor; left to itself vLLM would see the placement group and start Ray
-    workers that ask for GPUs the actor already holds. Each worker receives the full weights at a sync
-    and its ``load_weights`` keeps its own shard.
+    ``rollout.tp_size`` or ``rollout.pp_size`` > 1: the engine's workers are this actor's own processes
+    ("mp"), on the tp x pp GPUs Ray gave the actor (on CPU, on cores of their own: ``cpu_thread_env``); left
+    to itself vLLM would see the placement group and start Ray workers that ask for GPUs the actor already
+    holds. Each worker receives the full weights at a sync and its ``load_weights`` keeps its own shard of
+    its own layers.
     Chunked prefill is off on CPU: with more prompt tokens waiting than one step schedules, vLLM splits a
     prompt across steps and, for a seeded request, rewinds its generator, which a CPU generator cannot do
     (the engine dies: "CPU Generator does not use offset"). Unsplit, every prompt is prefilled whole in one
@@ -84,7 +85,8 @@ def engine_args(
         enable_prefix_caching=rollout_cfg.prefix_sharing,
         disable_log_stats=True,
         tensor_parallel_size=rollout_cfg.tp_size,
-        distributed_executor_backend="mp" if rollout_cfg.tp_size > 1 else None,
+        pipeline_parallel_size=rollout_cfg.pp_size,
+        distributed_executor_backend="mp" if rollout_cfg.workers > 1 else None,
         **stream_engine_args(rollout_cfg),
         **box_engine_args(model_cfg, rollout_cfg),
     )

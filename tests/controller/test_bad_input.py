@@ -132,3 +132,16 @@ def test_a_run_stopped_while_ray_starts_says_so_in_status_json(raised, status, t
     assert record["status"] == status and record["steps_done"] == 0
     if status == "failed":
         assert "the raylet did not start" in record["error"]
+
+
+def test_a_pipelined_engine_needs_kv_cache_for_its_own_layers_only():
+    """tiny-llama's shape, fp32: K and V of 2 layers x 1 KV head x 64 dims x 4 bytes = 1024 B a token, 256 KiB a
+    256-token sequence; with rollout.pp_size=2 a worker holds one layer: 512 B a token, 128 KiB. A 0.0002 GB
+    (~210 KB) cache holds one sequence on a pipelined worker only."""
+    from relayrl.preflight import check_kv_cache
+
+    shape = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 128}
+    base = ["model.max_model_len=256", "rollout.kv_cache_gb=0.0002", "model.dtype=float32"]
+    with pytest.raises(ConfigError, match=r"is less than one model\.max_model_len=256 sequence"):
+        check_kv_cache(load_config("grpo_tiny", base), shape)
+    check_kv_cache(load_config("grpo_tiny", [*base, "rollout.pp_size=2", "rollout.enforce_eager=false"]), shape)

@@ -15,3 +15,15 @@ def test_a_streaming_engine_runs_at_most_in_flight_sequences():
 
     assert args(stream=True, in_flight=8).max_num_seqs == 8
     assert args(in_flight=8).max_num_seqs is None  # not streaming: vLLM's default
+
+
+def test_a_pipelined_engine_runs_its_stages_as_its_own_worker_processes():
+    """``rollout.pp_size``: vLLM's ``pipeline_parallel_size``, its workers this actor's processes ("mp")."""
+    from relayrl.rollout.engine_args import engine_args
+
+    def args(**rollout):
+        return engine_args("tiny", ModelConfig(), RolloutConfig(**rollout), 0, WeightSyncConfig())
+
+    pipelined = args(pp_size=2, enforce_eager=False)
+    assert (pipelined.pipeline_parallel_size, pipelined.distributed_executor_backend) == (2, "mp")
+    assert (args().pipeline_parallel_size, args().distributed_executor_backend) == (1, None)

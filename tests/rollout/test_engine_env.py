@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from relayrl.config import RolloutConfig, has_cuda
-from relayrl.rollout.actor import eager_env
+from relayrl.rollout.actor import core_binds, eager_env
 
 pytestmark = pytest.mark.skipif(has_cuda(), reason="CPU engines only")
 
@@ -55,3 +55,17 @@ def test_the_drivers_server_is_kept_only_for_engines_that_adopt_it(monkeypatch, 
     cfg = load_config("grpo_arith", overrides)
     actor.keep_driver_forkserver(cfg)
     assert stopped == ([] if adopted else [True])
+
+
+@pytest.mark.parametrize(
+    "first, n, workers, binds",
+    [
+        (0, 2, 1, "0-1"),  # one worker: the old single run
+        (0, 2, 2, "0-0|1-1"),  # rollout.pp_size=2 on this box: a core each
+        (4, 4, 2, "4-5|6-7"),  # the last 4 of 8 cores, two each
+        (1, 1, 2, "1-1|1-1"),  # fewer cores than workers: they share one
+        (0, 3, 2, "0-0|1-2"),  # uneven: the later worker takes the extra
+    ],
+)
+def test_each_worker_of_a_pipelined_engine_binds_its_own_cores(first, n, workers, binds):
+    assert core_binds(first, n, workers) == binds
