@@ -85,9 +85,9 @@ class TrainerConfig:
     pp_size: int = 1
     """Pipeline stages of the policy (``trainer/pipeline.py``, on ``torch.distributed.pipelining``): its decoder
     layers cut into pp_size x pp_virtual_stages equal runs, one pipeline rank each, the RL loss on the last
-    stage; world_size = dp x pp, the dp replicas of a stage summing their gradients (not FSDP-sharded yet).
-    Packed or padded rows, GRPO and PPO (KL terms, entropy bonus); not built yet: tp_size or cp_size > 1, LoRA
-    (refused by name)."""
+    stage; world_size = dp x pp x tp, the dp replicas of a stage summing their gradients (not FSDP-sharded yet).
+    Packed or padded rows, GRPO and PPO (KL terms, entropy bonus), tp_size > 1 inside each stage (a ("dp",
+    "pp", "tp") mesh); not built yet: cp_size > 1, LoRA (refused by name)."""
     pp_schedule: str = "1f1b"
     """gpipe | 1f1b | interleaved (interleaved 1F1B: pp_virtual_stages stages a rank, a smaller bubble)."""
     pp_virtual_stages: int = 1
@@ -177,14 +177,14 @@ class TrainerConfig:
         if self.pp_size == 1:
             return
         fix = "set trainer.pp_size=1"
-        if self.world_size % self.pp_size:
+        model = self.pp_size * self.tp_size  # the ranks of one model replica
+        if self.world_size % model:
             raise ConfigError(
-                f"trainer.world_size={self.world_size} is not divisible by trainer.pp_size={self.pp_size}; "
-                f"set trainer.world_size to a multiple of {self.pp_size} (or lower trainer.pp_size)"
+                f"trainer.world_size={self.world_size} is not divisible by trainer.pp_size x trainer.tp_size="
+                f"{model}; set trainer.world_size to a multiple of {model} (or lower trainer.pp_size)"
             )
-        for name in ("tp_size", "cp_size"):
-            if getattr(self, name) > 1:
-                raise ConfigError(f"trainer.pp_size with trainer.{name} > 1 is not built yet; {fix} or {name}=1")
+        if self.cp_size > 1:
+            raise ConfigError(f"trainer.pp_size with trainer.cp_size > 1 is not built yet; {fix} or cp_size=1")
         if self.lora.r:
             raise ConfigError(f"LoRA (trainer.lora.r={self.lora.r}) under trainer.pp_size is not built; {fix}")
 

@@ -6,7 +6,8 @@ With ``trainer.tp_size > 1`` the ranks form a ("dp", "tp") mesh (``tp.py``): row
 the ranks of a tp group hold the same rows and one model's layer shards, and every all-reduce of sums
 below runs over dp only. With ``trainer.cp_size > 1`` the mesh is ("dp", "cp") the same way: the ranks of
 a cp group hold the same rows and each runs its slice of every packed row (``context.py``). With
-``trainer.pp_size > 1`` every rank holds the same rows and its own pipeline stages of an unsharded policy, and
+``trainer.pp_size > 1`` the ranks of a pipeline hold the same rows and each its own pipeline stages of a policy
+not FSDP-sharded (with tp_size > 1 too, on a ("dp", "pp", "tp") mesh: its linears split over tp), and
 ``PipelinedPolicy.epochs`` (``pp_step.py``) runs the epochs below in their place.
 
 A train step, on every rank (``train_step``; right: where each part is done):
@@ -187,15 +188,16 @@ class TrainerActor(WeightsOut):
         torch.manual_seed(self.seed)
         every = self._checkpoint_every()
         load = functools.partial(load_sharded, self.model_path, self.device, self.mesh, self.model_cfg.dtype)
+        tp_mesh = self.mesh["tp"] if self.cfg.tp_size > 1 else None
         if self.cfg.pp_size > 1:  # config.validate refused what pipeline stages do not train yet
-            self.model = load_plain(self.model_path, self.device, every)
+            self.model = load_plain(self.model_path, self.device, every, tp_mesh)
         else:
             self.model = load(trainable=True, lora_cfg=self.cfg.lora, checkpoint_every=every)
         self.uses_lora = lora.is_peft(self.model)  # the reference is then the base: adapters off, no copy
         self.ref_model = None
         if self.algo.kl_coef > 0 and not self.uses_lora:
             if self.cfg.pp_size > 1:
-                self.ref_model = load_plain(self.model_path, self.device).requires_grad_(False)
+                self.ref_model = load_plain(self.model_path, self.device, tp_mesh=tp_mesh).requires_grad_(False)
             else:
                 self.ref_model = load(trainable=False)
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.stage import _PipelineStageBase
+from torch.distributed.tensor import DTensor
 
 from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.losses import entropy_bonus, masked_token_sum
@@ -41,6 +42,8 @@ from relayrl.algorithms.objective import Objective
 from relayrl.config.base import choices_of
 from relayrl.config.trainer import PipelineSchedule
 from relayrl.trainer import attention, head
+from relayrl.trainer.fsdp import squared_norm
+from relayrl.trainer.optim import adamw_step, local_tensor
 from relayrl.trainer.step import PolicyStep, StepStats
 
 SCHEDULES = choices_of(PipelineSchedule)
@@ -306,10 +309,17 @@ class Pipeline:
 
     def grad_norm(self) -> torch.Tensor:
         """The whole model's gradient L2 norm, the same on every pipeline rank: each rank's squared norm of
-        its stages' gradients, summed over the ranks (a tied embedding counted once, on the first stage)."""
+        its stages' gradients, summed over the ranks (a tied embedding counted once, on the first stage). With
+        tensor parallelism the split linears' squares are summed over their tp ranks (``fsdp.squared_norm``)
+        and the replicated rest counted once."""
         grads = [p.grad for name, p in self._owned() if p.grad is not None]
-        local = torch.nn.utils.get_total_norm(grads, norm_type=2.0).float() ** 2 if grads else torch.zeros(())
-        local = local.detach().clone()
+        split = [g for g in grads if isinstance(g, DTensor)]
+        plain = [g for g in grads if not isinstance(g, DTensor)]
+        local = torch.zeros((), dtype=torch.float32)
+        for part in (split, plain):
+            if part:
+                local = local + squared_norm(part)
+        local = local.to(grads[0].device if grads else "cpu")
         dist.all_reduce(local, group=self.group)
         return local.sqrt()
 
@@ -320,8 +330,9 @@ class Pipeline:
         if torch.isfinite(norm):
             if grad_clip > 0:
                 coef = (grad_clip / (norm + 1e-6)).clamp(max=1.0)
-                torch._foreach_mul_([p.grad for _, p in self.named_parameters() if p.grad is not None], coef)
-            optimizer.step()
+                grads = [local_tensor(p.grad) for _, p in self.named_parameters() if p.grad is not None]
+                torch._foreach_mul_(grads, coef.to(grads[0].device))
+            adamw_step(optimizer)  # tp-split weights: each rank's shard updated on its local tensors
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
 

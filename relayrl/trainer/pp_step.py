@@ -39,6 +39,7 @@ from relayrl.algorithms.objective import Objective
 from relayrl.config import TrainerConfig
 from relayrl.trainer import head
 from relayrl.trainer.batch import MicroBatch
+from relayrl.trainer.optim import local_tensor
 from relayrl.trainer.pipeline import Pipeline, build_stages, rl_loss, targets
 from relayrl.trainer.pp_packed import PackedInput, packed_inputs, packed_loss, packed_row, scored
 from relayrl.trainer.precision import autocast
@@ -191,8 +192,8 @@ class PipelinedPolicy:
                     owner.setdefault(id(p), rank)
         group = self.pp_group or dist.group.WORLD
         assert group is not None
-        for p in self.model.parameters():
-            dist.broadcast(p.data, src=dist.get_global_rank(group, owner[id(p)]), group=group)
+        for p in self.model.parameters():  # a tp-split weight: each tp rank's shard, from the same tp rank
+            dist.broadcast(local_tensor(p.data), src=dist.get_global_rank(group, owner[id(p)]), group=group)
 
     def _reduce_grads(self, pipe: Pipeline) -> None:
         """Data-parallel replicas of the same stages: their gradients summed (each rank's loss is over the step's
@@ -201,7 +202,7 @@ class PipelinedPolicy:
             return
         for _, p in pipe.named_parameters():
             if p.grad is not None:
-                dist.all_reduce(p.grad, group=self.dp_group)
+                dist.all_reduce(local_tensor(p.grad), group=self.dp_group)
 
     def _reference(self, group: dist.ProcessGroup, ids: torch.Tensor, m: int) -> torch.Tensor | None:
         """GRPO's KL term: the reference's logprobs on the last stage (forward only through its own stages), else

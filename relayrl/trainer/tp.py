@@ -32,13 +32,17 @@ _STYLES = ("colwise", "rowwise")
 
 
 def build_mesh(device_type: str, world_size: int, tp_size: int, cp_size: int = 1, pp_size: int = 1) -> DeviceMesh:
-    """``tp_size == cp_size == pp_size == 1``: the 1-D ("dp",) mesh over all ranks; else the 2-D ("dp", "tp"),
-    ("dp", "cp") or ("dp", "pp") mesh, row-major as tp's (``TrainerConfig`` checked the sizes divide
-    world_size and that at most one of them is > 1)."""
+    """``tp_size == cp_size == pp_size == 1``: the 1-D ("dp",) mesh over all ranks; pipeline stages split by
+    tensor parallelism: the 3-D ("dp", "pp", "tp") mesh, tp innermost (a stage's tp ranks are neighbours, as
+    Megatron-LM places them within a node); else the 2-D ("dp", "tp"), ("dp", "cp") or ("dp", "pp") mesh,
+    row-major as tp's (``TrainerConfig`` checked the sizes divide world_size and which combine)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if tp_size == 1 and cp_size == 1 and pp_size == 1:
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
+    if pp_size > 1 and tp_size > 1:
+        dp = world_size // (pp_size * tp_size)
+        return init_device_mesh(device_type, (dp, pp_size, tp_size), mesh_dim_names=("dp", "pp", "tp"))
     inner, name = (tp_size, "tp") if tp_size > 1 else (cp_size, "cp") if cp_size > 1 else (pp_size, "pp")
     return init_device_mesh(device_type, (world_size // inner, inner), mesh_dim_names=("dp", name))
 

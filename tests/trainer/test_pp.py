@@ -16,13 +16,16 @@ import torch
 from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerConfig
 from relayrl.trainer import manifest
 from tests.trainer.test_actor import PROBE, TEMPERATURE, _hf_model, _logprobs, _synthetic_groups
-from tests.trainer.test_tp import GRAD_CLIP, PARAM_ATOL, STAT_KEYS, STEPS
+from tests.trainer.test_tp import GRAD_CLIP, PARAM_ATOL, STAT_KEYS, STEPS, tp_friendly
 
 
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["trainer.world_size=3", "trainer.pp_size=2"], "trainer.world_size=3 is not divisible by trainer.pp_size=2"),
+        (
+            ["trainer.world_size=3", "trainer.pp_size=2"],
+            "trainer.world_size=3 is not divisible by trainer.pp_size x trainer.tp_size=2",
+        ),
         (["trainer.pp_virtual_stages=2"], "trainer.pp_virtual_stages=2 needs trainer.pp_schedule=interleaved"),
         (["trainer.pp_schedule=zb"], "trainer.pp_schedule"),
         (["trainer.pp_size=0"], "trainer.pp_size=0 must be > 0"),
@@ -42,17 +45,17 @@ PADDED = ["trainer.max_tokens_per_micro_batch=0", "trainer.shared_prefix=false"]
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["trainer.tp_size=2"], "trainer.pp_size with trainer.tp_size > 1 is not built yet"),
+        (["trainer.cp_size=2"], "trainer.pp_size with trainer.cp_size > 1 is not built yet"),
         (["trainer.lora.r=8"], "LoRA (trainer.lora.r=8) under trainer.pp_size is not built"),
+        (["trainer.tp_size=2"], "trainer.world_size=2 is not divisible by trainer.pp_size x trainer.tp_size=4"),
     ],
 )
 def test_what_pipeline_stages_do_not_train_yet_is_refused_by_name(overrides, expected):
     from relayrl.config import ConfigError, load_config
 
     base = ["trainer.world_size=2", "trainer.pp_size=2", *PADDED]
-    if "trainer.tp_size=2" in overrides:
-        base = ["trainer.world_size=4", "trainer.pp_size=4", *PADDED]
-        expected = expected.replace("pp_size=2", "pp_size=4")
+    if "trainer.cp_size=2" in overrides:
+        base = ["trainer.world_size=4", "trainer.pp_size=2"]
     with pytest.raises(ConfigError, match=re.escape(expected)):
         load_config("grpo_tiny", [*base, *overrides])
 
@@ -119,6 +122,7 @@ def train(
     entropy_coef: float = 0.0,
     budget: int = 0,
     shared_prefix: bool = False,
+    tp_size: int = 1,
 ) -> dict:
     """Three train_steps of padded rows (or packed, ``budget`` tokens a row); per-step stats, the gathered state
     and the live group."""
@@ -128,6 +132,7 @@ def train(
     cfg = TrainerConfig(
         world_size=world,
         pp_size=pp_size,
+        tp_size=tp_size,
         pp_schedule=schedule,
         pp_virtual_stages=virtual,
         lr=1e-3,
@@ -332,3 +337,32 @@ def test_entropy_bonus_under_pp2_trains_what_one_rank_trains(tiny_llama, refs, r
         assert [s["entropy"] for s in run["stats"]] == pytest.approx([s["entropy"] for s in one["stats"]], rel=1e-5)
     finally:
         run["trainer"].shutdown()
+
+
+@pytest.mark.slow
+def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory, tmp_path):
+    """4 ranks on a ("dp", "pp", "tp") mesh of 1 x 2 x 2: each stage's linears split over 2 tp ranks (a model with
+    2 KV heads, so both head counts divide), GRPO with the KL term, padded and packed rows, against one rank; the
+    pp x tp checkpoint (tp-split weights and moments as DTensors) resumes on one rank to the same weights."""
+    path = tp_friendly(tiny_llama, tmp_path_factory.mktemp("pp") / "kv2")
+    groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
+    refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
+    reference = train(path, 1, refs, kl_coef=KL)
+    reference.pop("trainer").shutdown()
+    for rows in ({}, PACKED):
+        run = train(path, 2, refs, world_size=4, tp_size=2, kl_coef=KL, **rows)
+        try:
+            _assert_same_run(run, reference, f"pp=2 x tp=2, {rows or 'padded'}")
+            if rows:
+                continue
+            run["trainer"].save_checkpoint(str(tmp_path))
+            manifest.write(tmp_path)
+        finally:
+            run["trainer"].shutdown()
+    one = train(path, 1, refs, kl_coef=KL)
+    try:
+        one["trainer"].load_checkpoint(str(tmp_path))
+        for k, v in one["trainer"].state_dict().items():
+            torch.testing.assert_close(v, reference["state"][k], atol=PARAM_ATOL, rtol=0, msg=f"pp x tp -> 1: {k}")
+    finally:
+        one["trainer"].shutdown()
