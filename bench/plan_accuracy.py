@@ -54,16 +54,16 @@ def name(layout: Layout) -> str:
 
 
 def verdict(checks: list[Check]) -> list[str]:
-    """The planner's first among the measured layouts against the measured fastest (a layout measured twice,
-    the profile's, counts with the mean of its runs)."""
+    """The planner's first among the measured layouts (``relayrl plan`` ranks by the simulator fed the profile)
+    against the measured fastest (a layout measured twice, the profile's, counts with the mean of its runs)."""
     by_layout: dict[Layout, list[Check]] = {}
     for c in checks:
         by_layout.setdefault(c.layout, []).append(c)
-    predicted = {lay: cs[0].predicted_s for lay, cs in by_layout.items()}
+    simulated = {lay: cs[0].simulated_s for lay, cs in by_layout.items()}
     measured = {lay: statistics.fmean(c.measured_s for c in cs) for lay, cs in by_layout.items()}
-    first, fastest = min(predicted, key=predicted.get), min(measured, key=measured.get)
+    first, fastest = min(simulated, key=simulated.get), min(measured, key=measured.get)
     return [
-        f"  planner ranks first: {name(first)} (predicted {predicted[first]:.3f} s, measured {measured[first]:.3f} s)",
+        f"  planner ranks first: {name(first)} (simulated {simulated[first]:.3f} s, measured {measured[first]:.3f} s)",
         f"  measured fastest:    {name(fastest)} ({measured[fastest]:.3f} s)",
         f"  agree: {'yes' if first == fastest else 'NO'}",
     ]

@@ -79,8 +79,8 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
         "plan",
         help="predict step time and throughput of placements and rollout:trainer "
         "splits from a profiled run (or given figures); print the best overrides",
-        description="Profile = medians of a run's metrics after the warm-up step "
-        "(docs/plan.md gives the model's equations and limits).",
+        description="Profile = medians of a run's metrics after the warm-up step; layouts ranked by the "
+        "simulator fed the profile (docs/plan.md gives the model's equations and limits).",
     )
     plan.add_argument("runs", nargs="*", help="run directories to profile (several: per-call generation cost fitted)")
     plan.add_argument(

@@ -34,6 +34,7 @@ from relayrl.plan.costs import (
     sync_s,
     train_s,
 )
+from relayrl.plan.train_time import LayoutTraining
 
 RELEASE_WAVES = 8
 """A call's sequences end in this many waves of (nearly) equal count, each freeing its slots when its longest
@@ -114,11 +115,14 @@ class CostModel(Protocol):
 
 @dataclass
 class AnalyticCosts:
-    """The formulas of this module for one ``Cluster`` and ``Workload``. ``train_s`` scales the step's formula
-    by the groups the step took over B (a step takes >= B; more with dynamic sampling)."""
+    """The formulas of ``relayrl.plan.costs`` for one ``Cluster`` and ``Workload``. A step's training comes from
+    the trainer's layout (``training``, ``relayrl.plan.train_time``) when one is given, else from the assumed
+    MFU (``costs.train_s``); ``train_s`` scales it by the groups the step took over B (a step takes >= B; more
+    with dynamic sampling)."""
 
     cluster: Cluster
     workload: Workload
+    training: LayoutTraining | None = None
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -164,7 +168,14 @@ class AnalyticCosts:
 
     def train_s(self, groups: int) -> float:
         wl = self.workload
-        return wl.train_fixed_s + (train_s(self.cluster, wl) - wl.train_fixed_s) * groups / wl.prompts_per_step
+        return wl.train_fixed_s + self.step_train_s() * groups / wl.prompts_per_step
+
+    def step_train_s(self) -> float:
+        """B groups' training, without ``train_fixed_s``: from the layout, or the assumed MFU."""
+        wl = self.workload
+        if self.training is None:
+            return train_s(self.cluster, wl) - wl.train_fixed_s
+        return self.training.seconds(self.cluster.hardware, wl)
 
     def sync_s(self) -> float:
         return sync_s(self.cluster, self.workload)

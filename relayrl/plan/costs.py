@@ -28,7 +28,12 @@ constants that are assumed rather than measured say so. With P parameters, b seq
                                                                            completion is response_len long, a
                                                                            partial last wave costs a full one
     train_s               = (6 + 2 · extra_forwards) · P · T / (F · mfu · trainer_devices) + train_fixed_s,
-                            T = B · (prompt_len + G · response_len)        packed rows, each group's prompt once
+                            T = B · (prompt_len + G · response_len)        packed rows, each group's prompt once;
+                                                                           the assumed-MFU path, for a model
+                                                                           without its shape: with layers,
+                                                                           hidden and heads the simulator takes
+                                                                           the time from the trainer's layout
+                                                                           (``relayrl.plan.train_time``)
     sync_s                = W / (ways · link_bytes_per_s) + sync_latency_s link: NVLink when rollout and trainer
                                                                            devices fit in one node, else IB;
                                                                            ways = 1 (rank0), min(t, tp) (sharded)
@@ -64,7 +69,7 @@ class Hardware:
     hbm_bytes_per_s: float = 3.35e12
     nvlink_bytes_per_s: float = 450e9  # one direction, device to device inside a node
     ib_bytes_per_s: float = 50e9  # one 400 Gb/s NIC, between nodes
-    mfu: float = 0.4  # training: achieved / peak FLOP/s (assumed)
+    mfu: float = 0.4  # training, when the model's shape is unknown: achieved / peak FLOP/s (assumed)
     gen_mfu: float = 0.5  # prefill and compute-bound decode (assumed)
     hbm_efficiency: float = 0.8  # decode: achieved / peak HBM bandwidth (assumed)
     step_overhead_s: float = 0.0  # per decode step: scheduling, sampling, kernel launches (assumed 0)
@@ -142,11 +147,13 @@ class Workload:
     seed: int = 0  # the lengths' random stream (a simulation is reproducible)
     layers: int = 0  # tensor parallelism: two all-reduces per layer per decode step
     hidden: int = 0  # ... of batch x hidden activations (bf16)
+    heads: int = 0  # attention heads (hidden / head_dim); with layers and hidden: the trainer's layout
     train_fixed_s: float = 0.0  # per step: batch fetch, driver <-> rank round trip
     gen_call_s: float = 0.0  # per generate call: RPC, tokenisation (added to its prefill)
     score_s_per_group: float = 0.0
     checkpoint_bytes_per_param: float = 14.0  # BF16 weights + FP32 master weights and Adam's two moments
     vocab: int = 0  # the LM head's V (0: no logits term in the memory check)
+    tied_embeddings: bool = False  # the input embedding is the head's matrix (counted once in params)
     logits_chunk: int = 1024  # trainer.logits_chunk: positions the head scores at a time
     activation_checkpointing: bool = True  # every layer's input kept, one layer recomputed at a time
 

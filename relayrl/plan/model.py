@@ -1,7 +1,8 @@
 """The placement planner's cost model: a profile of measured costs in, predicted step time of a layout out.
 
 The profile (``relayrl.plan.profile``) holds the costs and reads them from runs; this module holds the
-laws below, the layouts of a device count, and their ranking.
+laws below and the layouts of a device count; ``relayrl plan`` ranks them by the simulator fed the same
+profile (``relayrl.plan.calibrate.rank``).
 
 A *device* is what a rollout replica or a trainer rank is given: a GPU, or one CPU core on a CPU box
 (``rollout.num_threads`` / ``trainer.num_threads`` cores each). A *layout* is (placement, rollout devices r,
@@ -138,6 +139,7 @@ class Prediction:
     idle_rollout: float  # 1 - rollout busy / step
     idle_trainer: float  # 1 - trainer busy (train + sync) / step
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # the terms, seconds
+    laws_step_s: float | None = None  # a simulated row: the closed-form laws' step, beside the simulator's
 
 
 def predict(profile: Profile, layout: Layout) -> Prediction:
@@ -249,18 +251,6 @@ def layouts(
     if cpu:
         out.append(Layout("shared", devices, devices, "sync", 0))
     return out
-
-
-def rank(profile: Profile, devices: int, ks: tuple[int, ...] = (1,)) -> list[Prediction]:
-    """Predictions for every layout of ``devices`` devices, fastest first (ties: smaller k, i.e. fresher data)."""
-    stream = profile.gen_occupancy is not None
-    preds = [predict(profile, lay) for lay in layouts(devices, profile.prompts_per_step, ks, profile.cpu, stream)]
-    if not preds:
-        raise ValueError(
-            f"no layout of {devices} devices divides run.prompts_per_step={profile.prompts_per_step}; "
-            "use more devices or a prompts_per_step divisible by the replica count"
-        )
-    return sorted(preds, key=lambda p: (round(p.step_s, 9), p.layout.k))
 
 
 def overrides(layout: Layout, cpu: bool = False) -> list[str]:

@@ -10,7 +10,8 @@ prompt length, the spread of the answers' lengths (lognormal, cv 0.6), tensor pa
 server (the fewest GPUs of a power of two that fit the model in half their memory and one group's KV cache in
 the rest of 90 %), one extra forward pass (the decoupled objective's proximal log-probabilities), an engine
 batch of up to 512
-(SGLang's cap, the KV cache usually binding first), 40 % training MFU, AReaL's interruptible streaming
+(SGLang's cap, the KV cache usually binding first), 40 % training MFU (not derived from a layout:
+``TRAIN_FROM_LAYOUT`` says why), AReaL's interruptible streaming
 generation modelled as relayrl's ``rollout.stream`` (one group a call), and a synchronous step sending its
 groups the same way, all at once (``colocated_policy``). Fitted (``fit``): the mean answer
 length and the engine's per-decode-step overhead, on the 1.5B row's two columns; the 7B, 14B and 32B rows
@@ -41,6 +42,7 @@ from relayrl.plan.cost_model import AnalyticCosts
 from relayrl.plan.costs import Cluster, Workload, capped_lognormal_mean
 from relayrl.plan.simulate import simulate
 from relayrl.plan.specs import GPUS, MODELS, ModelSpec
+from relayrl.plan.train_time import layout_training
 
 # ---- the published rows ----------------------------------------------------------------------------------
 
@@ -101,6 +103,19 @@ variants. Mixture-of-experts rows are left out (the cost models are dense)."""
 NEMO_STATED: dict[str, float] = {"prompts_per_step": 64, "group_size": 32, "max_len": 4096, "kl_forwards": 2}
 NEMO_ASSUMED: dict[str, float] = {"prompt_len": 150, "response_cv": 0.6, "max_num_seqs": 256, "mfu": 0.4}
 
+TRAIN_FROM_LAYOUT: dict[str, bool] = {"areal": False, "nemo": False}
+"""Whether a paper's rows take their training time from the trainer's fastest layout (``relayrl.plan.train_time``)
+instead of the stated 40 % MFU. Both stay on the MFU: derived, the errors grew (``bench/sim_papers.py``,
+2026-12-06). AReaL, refitted (20,000 tokens, 15 ms): sync 7 / 10 / 32 / 47 %, async 3 / 43 / 18 / 32 % against
+1 / 4 / 47 / 36 % and 14 / 19 / 2 / 22 % at 40 %. At its 16,000-28,000-token sequences the attention FLOPs the
+6 P T formula leaves out (s / 6 h = 1.8 at 1.5B) make the derived trainer slower (28-37 % in MFU terms), the
+fit lengthens the answers to match the 1.5B row, and the 7B asynchronous row, 48 GPUs training, turns
+trainer-bound (524 s against 366). NeMo RL: the 8B row improves (on / off policy 17.6 / 17.8 % against 24.9 /
+24.6 %) but the 32B row worsens (29.3 / 31.9 % against 21.6 / 17.4 %): its simulated step is already under the
+published one, and the derived trainer (t 2, p 8, d 2: 49 % in MFU terms) is faster than 40 %. The GEMM
+efficiency behind the derivation (0.7) is fitted on A100 pretraining at 2,048 tokens; nothing here measures it
+for these trainers on H800 or H100."""
+
 
 # ---- one row, simulated ------------------------------------------------------------------------------------
 
@@ -142,9 +157,19 @@ def row_costs(
         response_max=int(STATED["response_max"]),
         layers=model.layers,
         hidden=model.hidden,
+        heads=model.hidden // model.head_dim,
+        vocab=model.vocab,
+        tied_embeddings=model.tied,
     )
-    costs = AnalyticCosts(cluster, wl)
+    costs = with_training(cluster, wl, TRAIN_FROM_LAYOUT["areal"])
     return (streamed_policy(costs, row.eta) if asynchronous else colocated_policy(costs)), costs
+
+
+def with_training(cluster: Cluster, wl: Workload, derive: bool) -> AnalyticCosts:
+    """The costs, their training from the trainer's fastest layout (``relayrl.plan.train_time``) when ``derive``,
+    else from the assumed MFU."""
+    training = layout_training(cluster.hardware, wl, cluster.trainer_devices, cluster.gpus_per_node)[0]
+    return AnalyticCosts(cluster, wl, training if derive else None)
 
 
 def streamed_policy(costs: AnalyticCosts, k: int) -> PolicyConfig:
@@ -188,7 +213,7 @@ def nemo_costs(
     """The policy and costs of one NeMo RL row: on policy colocated on every GPU, or one step off with
     ``gen_gpus`` generating (streamed, as ``row_costs``)."""
     hw = dataclasses.replace(GPUS["h100-sxm"], mfu=NEMO_ASSUMED["mfu"], step_overhead_s=step_overhead_s)
-    model, gpus = MODELS[row.model], row.gpus[asynchronous]
+    model, gpus, derive = MODELS[row.model], row.gpus[asynchronous], TRAIN_FROM_LAYOUT["nemo"]
     if asynchronous:
         cluster = Cluster(hw, row.gen_gpus, gpus - row.gen_gpus, "separate", 8, rollout_tp=row.gen_tp, sync="sharded")
     else:
@@ -203,14 +228,18 @@ def nemo_costs(
         int(NEMO_STATED["group_size"]),
         kv_bytes_per_token=model.kv_bytes_per_token,
         max_num_seqs=int(NEMO_ASSUMED["max_num_seqs"]),
-        extra_forwards=int(NEMO_STATED["kl_forwards"]) + row.recompute,
+        extra_forwards=int(NEMO_STATED["kl_forwards"]) + (row.recompute and not derive),
         response_cv=NEMO_ASSUMED["response_cv"],
         response_max=cap,
         seed=seed,
         layers=model.layers,
         hidden=model.hidden,
+        heads=model.hidden // model.head_dim,
+        vocab=model.vocab,
+        tied_embeddings=model.tied,
+        activation_checkpointing=row.recompute,
     )
-    costs = AnalyticCosts(cluster, wl)
+    costs = with_training(cluster, wl, derive)
     return (streamed_policy(costs, 1) if asynchronous else colocated_policy(costs)), costs
 
 

@@ -207,11 +207,13 @@ def in_flight(lay: PTDP) -> float:
     return min(m * v, 2 * (p - 1) + (v - 1) * p + 1) / v
 
 
-def stage_memory(gpt: GPT, lay: PTDP, recompute: bool = True) -> dict[str, float]:
+def stage_memory(gpt: GPT, lay: PTDP, recompute: bool = True, scores: bool = True) -> dict[str, float]:
     """Bytes on one device of the first stage: training state of its l / p layers' share, and activations of the
-    micro-batches in flight (``in_flight``), recomputed (inputs only, plus one layer's full set) or kept."""
+    micro-batches in flight (``in_flight``), recomputed (inputs only, plus one layer's full set) or kept.
+    ``scores=False``: no [s, s] attention scores kept (FlashAttention), the 5 a s / (h t) term dropped."""
     b, s, h, a, t = lay.micro, gpt.seq, gpt.hidden, gpt.heads, lay.t
     c_fixed, c_split, c_score = LAYER_ACTIVATION
+    c_score = c_score if scores else 0.0
     full_layer = s * b * h * (c_fixed + c_split / t + c_score * a * s / (h * t))
     layers = gpt.layers / lay.p
     if recompute:
@@ -223,27 +225,35 @@ def stage_memory(gpt: GPT, lay: PTDP, recompute: bool = True) -> dict[str, float
 
 
 def layouts(
-    gpt: GPT, gpus: int, batch: int, gpus_per_node: int = 8, micro: tuple[int, ...] = (1, 2, 4, 8)
+    gpt: GPT,
+    gpus: int,
+    batch: int,
+    gpus_per_node: int = 8,
+    micro: tuple[int, ...] = (1, 2, 4, 8),
+    pad: bool = False,
 ) -> Iterator[PTDP]:
     """Every layout of ``gpus`` for this model and batch: t within a node and dividing the heads, p dividing the
-    layers (p · v under interleaving, v in 2 and 4), b dividing B / d; 1F1B when p > 1."""
+    layers (p · v under interleaving, v in 2 and 4), b dividing B / d; 1F1B when p > 1. ``pad``: any d and b,
+    the batch rounded up to whole micro-batches, ceil(B / (b d)) · b d (a trainer whose last micro-batch is
+    short pays for a full one)."""
     for t in _divisors(gpus_per_node):
         if gpus % t or gpt.heads % t:
             continue
         for p in _divisors(gpus // t):
             d = gpus // (t * p)
-            if gpt.layers % p or batch % d:
+            if gpt.layers % p or (batch % d and not pad):
                 continue
             for b in micro:
-                if (batch // d) % b:
+                if (batch // d) % b and not pad:
                     continue
+                padded = -(-batch // (b * d)) * b * d
                 if p == 1:
-                    yield PTDP(t, 1, d, batch, b)
+                    yield PTDP(t, 1, d, padded, b)
                     continue
-                yield PTDP(t, p, d, batch, b)
+                yield PTDP(t, p, d, padded, b)
                 for v in (2, 4):
                     if gpt.layers % (p * v) == 0:
-                        yield PTDP(t, p, d, batch, b, v, "interleaved")
+                        yield PTDP(t, p, d, padded, b, v, "interleaved")
 
 
 def rank(

@@ -83,7 +83,9 @@ def profile_lines(profile: Profile) -> list[str]:
 
 
 def plan_table(preds: list[Prediction]) -> Any:
-    """A rich Table, fastest layout first; a caption says what shared means when it is listed."""
+    """A rich Table in the simulator's order (``calibrate.rank``): its step, throughput and idle fractions, the
+    closed-form laws' step beside (``laws s``) and their bottleneck; a caption says what shared means when it is
+    listed."""
     from rich.table import Table
 
     shared = any(p.layout.placement == "shared" for p in preds)
@@ -99,6 +101,7 @@ def plan_table(preds: list[Prediction]) -> Any:
         "rollout:trainer",
         "mode",
         "step s",
+        "laws s",
         "completions/s",
         "tokens/s",
         "bottleneck",
@@ -114,6 +117,7 @@ def plan_table(preds: list[Prediction]) -> Any:
             lay.split(),
             lay.schedule,
             f"{p.step_s:.3f}",
+            "" if p.laws_step_s is None else f"{p.laws_step_s:.3f}",
             f"{p.completions_per_s:.2f}",
             f"{p.tokens_per_s:.1f}",
             p.bottleneck,

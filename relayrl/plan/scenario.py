@@ -21,9 +21,11 @@ from relayrl.config.trainer import AUTO_SHARE, every_of
 from relayrl.controller.policy import PolicyConfig
 from relayrl.plan.cost_model import AnalyticCosts
 from relayrl.plan.costs import Cluster, Workload, activation_bytes, memory_fits, memory_per_device
+from relayrl.plan.ptdp import PTDP
 from relayrl.plan.simulate import SimResult, simulate
 from relayrl.plan.specs import ClusterSpec, cluster_spec, load_cluster
 from relayrl.plan.swarm_events import Swarm
+from relayrl.plan.train_time import layout_training
 
 CLUSTERS_DIR = Path(__file__).parent / "clusters"
 DEFAULT_PROMPT_LEN = 256
@@ -38,6 +40,7 @@ class Scenario:
     pause_while_training: bool = False
     checkpoint_every: int = 0
     swarm: Swarm = dataclasses.field(default_factory=Swarm)
+    train_note: str = ""  # why the step's training is priced by an assumed MFU, or why its layout is odd
 
     @property
     def cluster(self) -> Cluster:
@@ -85,8 +88,10 @@ def workload(cfg: Config, spec: ClusterSpec) -> Workload:
         "kv_bytes_per_token": m.kv_bytes_per_token,
         "layers": m.layers,
         "hidden": m.hidden,
+        "heads": m.hidden // m.head_dim if m.head_dim > 0 else 0,
         "extra_forwards": 1 if cfg.algorithm.kl_coef > 0 else 0,
         "vocab": m.vocab,
+        "tied_embeddings": m.tied,
         "logits_chunk": cfg.trainer.logits_chunk,
         **({"max_num_seqs": stream_seqs} if stream_seqs else {}),
     }
@@ -121,14 +126,33 @@ def scenario(cfg: Config, spec: ClusterSpec) -> Scenario:
             f"(rollout_gpus / rollout_tp); change one, or set rollout.stream=true"
         )
     pc = dataclasses.replace(PolicyConfig.from_config(cfg, replicas), colocated=spec.cluster.placement == "colocated")
+    wl, cl = workload(cfg, spec), spec.cluster
+    training, note = layout_training(cl.hardware, wl, cl.trainer_devices, cl.gpus_per_node, named_layout(cfg))
     return Scenario(
         pc,
-        AnalyticCosts(spec.cluster, workload(cfg, spec)),
+        AnalyticCosts(cl, wl, training),
         cfg.run.steps,
         cfg.rollout.pause_while_training,
         cfg.run.checkpoint_every,
         spec.swarm,
+        note,
     )
+
+
+def named_layout(cfg: Config) -> PTDP | None:
+    """The t, p, v and schedule the recipe names (``trainer.tp_size``, ``pp_size``), or None when both are 1."""
+    tr = cfg.trainer
+    if tr.tp_size == 1 and tr.pp_size == 1:
+        return None
+    return PTDP(tr.tp_size, tr.pp_size, 1, 1, 1, tr.pp_virtual_stages, tr.pp_schedule)
+
+
+def train_line(sc: Scenario) -> str:
+    """How the step's training is priced: the layout and the MFU it gives, or the assumed MFU and why."""
+    hw, wl, training = sc.cluster.hardware, sc.workload, sc.costs.training
+    if training is None:
+        return f"train: MFU {hw.mfu:.0%} assumed ({sc.train_note}: costs.train_s)"
+    return training.describe(hw, wl) + (f"; {sc.train_note}" if sc.train_note else "")
 
 
 HEADER = (
@@ -182,6 +206,7 @@ def report_lines(sc: Scenario, result: SimResult, name: str = "") -> list[str]:
         f"+ response {wl.mean_response:.0f} tokens (mean; cap {wl.longest_response}), engine batch "
         f"{sc.costs.engine_seqs} (max_num_seqs {wl.max_num_seqs}), k={sc.pc.max_staleness}"
         + (" stream" if sc.pc.stream else ""),
+        train_line(sc),
         f"memory a device: {mem} of {cl.hardware.memory_bytes / 2**30:.0f} GiB"
         + ("" if fits else f"  DOES NOT FIT: {why}"),
         *swarm_lines(sc.swarm),

@@ -63,6 +63,7 @@ class ModelSpec:
     head_dim: int
     kv_dtype_bytes: float = 2.0
     vocab: int = 0  # the LM head's rows (0: unknown, no logits term in the memory check)
+    tied: bool = False  # tie_word_embeddings: the head is the input embedding (one V x hidden matrix in params)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -70,16 +71,17 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    # config.json of each model (hidden_size, num_hidden_layers, num_key_value_heads, head_dim, vocab_size)
+    # config.json of each model (hidden_size, num_hidden_layers, num_key_value_heads, head_dim, vocab_size,
+    # tie_word_embeddings)
     "llama3-8b": ModelSpec(8.03e9, 32, 4096, 8, 128, vocab=128256),
     "llama3-70b": ModelSpec(70.6e9, 80, 8192, 8, 128, vocab=128256),
     "llama3-405b": ModelSpec(405.9e9, 126, 16384, 8, 128, vocab=128256),
-    "qwen2.5-1.5b": ModelSpec(1.54e9, 28, 1536, 2, 128, vocab=151936),
+    "qwen2.5-1.5b": ModelSpec(1.54e9, 28, 1536, 2, 128, vocab=151936, tied=True),
     "qwen2.5-7b": ModelSpec(7.62e9, 28, 3584, 4, 128, vocab=152064),
     "qwen2.5-14b": ModelSpec(14.8e9, 48, 5120, 8, 128, vocab=152064),
     "qwen2.5-32b": ModelSpec(32.8e9, 64, 5120, 8, 128, vocab=152064),
     "qwen3-32b": ModelSpec(32.8e9, 64, 5120, 8, 128, vocab=151936),
-    "smollm2-135m": ModelSpec(1.35e8, 30, 576, 3, 64, vocab=49152),
+    "smollm2-135m": ModelSpec(1.35e8, 30, 576, 3, 64, vocab=49152, tied=True),
 }
 
 

@@ -91,3 +91,16 @@ def test_nemo_layouts_follow_the_recipes():
     assert costs.cluster.placement == "colocated" and costs.cluster.rollout_devices == 32 and pc.replicas == 8
     assert costs.workload.extra_forwards == 2 and costs.workload.prompts_per_step * costs.workload.group_size == 2048
     assert costs.workload.prompt_len + costs.workload.mean_response == pytest.approx(3251, abs=1)
+
+
+def test_the_papers_rows_keep_the_stated_mfu_unless_switched_to_the_layout(monkeypatch):
+    """Both papers price training at 40 % MFU (``TRAIN_FROM_LAYOUT`` says why). Switched on, the 8B NeMo row
+    takes the trainer's layout: 2 extra forwards, the recomputation counted by the layout model instead."""
+    from relayrl.plan import papers
+
+    _, costs = nemo_costs(NEMO_RL[0], 0.0, asynchronous=True)
+    assert costs.training is None and costs.workload.extra_forwards == 3
+    monkeypatch.setitem(papers.TRAIN_FROM_LAYOUT, "nemo", True)
+    _, costs = nemo_costs(NEMO_RL[0], 0.0, asynchronous=True)
+    assert costs.training is not None and costs.workload.extra_forwards == 2
+    assert costs.workload.activation_checkpointing and costs.training.layout.gpus == 8

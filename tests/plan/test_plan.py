@@ -71,10 +71,13 @@ def test_colocated_serializes_on_all_devices_with_two_switches():
 
 
 def test_rank_enumerates_splits_and_sorts_them():
+    """Ranked by the simulator fed P's costs: the sync layouts and the trainer-bound 2:2 async are the laws'
+    figures; the generation-bound 1:3 async is Tg(1) 2.2 + the sync freezing the call 0.6 + Tr 0.1 = 2.9 (the
+    laws: 2.2 + 0.1 + stall 0.3 + O 0.2 = 2.8; the simulator runs the driver's O beside the next call)."""
     preds = rank(P, 4)
     got = [(p.layout.placement, p.layout.split(), p.layout.mode, round(p.step_s, 4)) for p in preds]
     assert got == [
-        ("separate", "1:3", "async", 2.8),
+        ("separate", "1:3", "async", 2.9),
         ("separate", "2:2", "async", 2.9667),
         ("colocated", "4:4", "sync", 3.4333),
         ("separate", "2:2", "sync", 4.2667),
@@ -250,17 +253,22 @@ def test_shared_ranks_above_async_on_a_profile_like_the_measured_one(tmp_path):
     """grpo_arith on the 2-core box: the default (shared 2:2) measured 5.29 completions/s, async 1:1
     (one core a side) 4.51. A profile of a shared run like fake_run's: gen_dev 0.008, train_dev 0.0063."""
     profile = Profile.from_run(fake_run(tmp_path / "s", replicas=1, world_size=1, threads=0), cores=2)
-    preds = {(p.layout.placement, p.layout.mode): p.step_s for p in rank(profile, 2)}
+    laws = {(lay.placement, lay.mode): predict(profile, lay).step_s for lay in layouts(2, 4, cpu=True)}
     # shared: 1.0 + 0.1 + 0.8 + 0.3 + 0.1 = 2.3
-    assert preds["shared", "sync"] == pytest.approx(2.3)
+    assert laws["shared", "sync"] == pytest.approx(2.3)
     # async 1:1, s = 1.5: max(1.5 x 1.6 + 0.1 + 0.05, 0.1 + 1.5 x 1.26 + 0.3) + 0.1 = max(2.55, 2.29) + 0.1
-    assert preds["separate", "async"] == pytest.approx(2.65)
+    assert laws["separate", "async"] == pytest.approx(2.65)
     # sync 1:1: 1.6 + 0.1 + 1.36 + 0.3 + 0.1 = 3.46
-    assert preds["separate", "sync"] == pytest.approx(3.46)
-    assert preds["shared", "sync"] < preds["separate", "async"] < preds["separate", "sync"]
+    assert laws["separate", "sync"] == pytest.approx(3.46)
     # colocated 2:2: Tg per device 1.0 x 2 x 0.8 = 1.6 s, over 2 replicas 0.8, x c = 2: 1.6;
     # 1.6 + 0.1 + 0.8 + 0.3 + 0.1 + no switch = 2.9 (without c: 2.1, ranked above shared's 2.3)
-    assert preds["colocated", "sync"] == pytest.approx(2.9)
+    assert laws["colocated", "sync"] == pytest.approx(2.9)
+    # The plan's ranking, simulated: the sync layouts as the laws; async 1:1 runs the step's training (1.36 s)
+    # beside the call, both 1.5x slower (2.04 s, the call 1.36 s along), the sync freezes the call 0.3 s, its
+    # last 0.24 s run alone, then scoring 0.1: 2.68 s
+    preds = {(p.layout.placement, p.layout.mode): p.step_s for p in rank(profile, 2)}
+    assert preds == pytest.approx({**laws, ("separate", "async"): 1.5 * 1.36 + 0.3 + 0.24 + 0.1})
+    assert preds["shared", "sync"] < preds["separate", "async"] < preds["colocated", "sync"] < preds["separate", "sync"]
     assert rank(profile, 2)[0].layout == Layout("shared", 2, 2)
 
 
@@ -335,16 +343,16 @@ def test_cli_prints_table_and_recommendation(tmp_path, capsys):
     run = fake_run(tmp_path / "run")
     assert main(["plan", str(run), "--devices", "4", "--cores", "0", "--save-profile", str(tmp_path / "p.yaml")]) == 0
     out = capsys.readouterr().out
-    # 2:2 async = max(1.0 + 0.1 + 0.05, (0.1 + 1.26/1.8) + 0.3) + 0.1 = 1.25; 1:3 async = 2.25; colocated 4 = 1.45
+    # simulated 2:2 async: generation-bound, the call 1.0 + the sync freezing it 0.3 + scoring 0.1 = 1.4 (the
+    # laws: max(1.0 + 0.1 + 0.05, (0.1 + 1.26/1.8) + 0.3) + 0.1 = 1.25); colocated 4 = 1.45; 2:2 sync 2.3
     assert (
         "recommended: placement=separate rollout.num_replicas=2 trainer.world_size=2 mode=async "
         "buffer.max_staleness=1" in out
     )
-    assert "1.250" in out and "1.450" in out and "2.300" in out
-    assert (
-        main(["plan", "--profile", str(tmp_path / "p.yaml"), "--devices", "4", "--cores", "0", "--set", "stall_s=1.0"])
-        == 0
-    )  # given figures: the rollout path now 2.1 s
+    assert "1.400" in out and "1.450" in out and "2.300" in out
+    given = ["plan", "--profile", str(tmp_path / "p.yaml"), "--devices", "4", "--cores", "0"]
+    # given figures: both sides twice as slow while they overlap: 2:2 async 2 x 0.8 + 0.3 + 0.2 + 0.1 = 2.2 s
+    assert main([*given, "--set", "overlap_slowdown=2"]) == 0
     assert "recommended: placement=colocated" in capsys.readouterr().out
     assert main(["plan", "--devices", "4"]) == 2
     assert "give run directories" in capsys.readouterr().err
