@@ -13,9 +13,13 @@ The floor of a 2-stage step is half the one-thread step (each core runs half the
 schedule leaves, 1 + (p - 1) / (v m) (``relayrl.plan.ptdp.bubble_fraction``). Between the two, the gap is
 what the pipeline spends beyond the model: p2p sends of activations and gradients, and the per-step broadcast
 of every weight from its owner (``pp_step.PipelinedPolicy.refresh``). Peak RSS is the busiest rank's: every rank
-loads the whole model today, so it is not expected to halve. Usage::
+loads the whole model today, so it is not expected to halve.
 
-    .venv/bin/python -m bench.pipeline [--length 512] [--groups 2] [--group-size 4] [--steps 2] [--tiny]
+``--packed`` gives the completions long-tailed lengths (one full-length row a step) and runs padded rows against
+packed ones (``trainer.max_tokens_per_micro_batch`` = ``--length``, each group's prompt once), on one rank and in
+2 stages under 1F1B; the packed floor is the padded step times the share of real tokens. Usage::
+
+    .venv/bin/python -m bench.pipeline [--length 512] [--groups 2] [--group-size 4] [--steps 2] [--tiny] [--packed]
 """
 
 from __future__ import annotations
@@ -45,15 +49,24 @@ CASES = [  # (label, pp, threads a rank, schedule, virtual stages)
 ]
 
 
-def groups_of(n_groups: int, size: int, length: int, vocab: int) -> list[TrajectoryGroup]:
-    """``n_groups`` groups of ``size`` completions of length - PROMPT tokens, varied rewards."""
+def completion_len(length: int, varied: bool, first: bool, g: torch.Generator) -> int:
+    """length - PROMPT tokens; ``varied``: a long tail, (length - PROMPT) u² for u ~ U(0, 1), at least 16, the
+    step's first completion full length (so the padded rows are ``length`` long either way)."""
+    full = length - PROMPT
+    if not varied or first:
+        return full
+    return max(16, int(full * float(torch.rand((), generator=g)) ** 2))
+
+
+def groups_of(n_groups: int, size: int, length: int, vocab: int, varied: bool = False) -> list[TrajectoryGroup]:
+    """``n_groups`` groups of ``size`` completions (``completion_len``), varied rewards."""
     g = torch.Generator().manual_seed(0)
     out = []
     for p in range(n_groups):
         prompt = torch.randint(10, vocab, (PROMPT,), generator=g).tolist()
         trajs = []
         for s in range(size):
-            n = length - PROMPT
+            n = completion_len(length, varied, p == s == 0, g)
             completion = torch.randint(10, vocab, (n,), generator=g).tolist()
             logprobs = (-torch.rand(n, generator=g) * 6).tolist()
             spans = [VersionSpan(0, 0, n)]
@@ -62,7 +75,11 @@ def groups_of(n_groups: int, size: int, length: int, vocab: int) -> list[Traject
     return out
 
 
-def run_case(path: str, pp: int, threads: int, schedule: str, virtual: int, groups: list, steps: int) -> dict:
+def run_case(
+    path: str, pp: int, threads: int, schedule: str, virtual: int, groups: list, steps: int, budget: int = 0
+) -> dict:
+    """One case's median s/step and the busiest rank's peak GB; ``budget`` > 0: packed rows of at most that many
+    tokens, each group's prompt once (else one padded row a micro-batch)."""
     from relayrl.trainer.ranks import TrainerGroup
 
     cfg = TrainerConfig(
@@ -71,12 +88,12 @@ def run_case(path: str, pp: int, threads: int, schedule: str, virtual: int, grou
         pp_schedule=schedule,
         pp_virtual_stages=virtual,
         micro_batch_size=1,
-        max_tokens_per_micro_batch=0,
-        shared_prefix=False,
+        max_tokens_per_micro_batch=budget,
+        shared_prefix=budget > 0,
         num_cpus=1.0 / pp,
         num_threads=threads,
     )
-    length = len(groups[0].trajectories[0].prompt_token_ids) + len(groups[0].trajectories[0].completion_token_ids)
+    length = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for gr in groups for t in gr.trajectories)
     trainer = TrainerGroup(
         pp,
         path,
@@ -100,6 +117,27 @@ def run_case(path: str, pp: int, threads: int, schedule: str, virtual: int, grou
         trainer.shutdown()
 
 
+def packed_cases(path: str, groups: list, length: int, steps: int) -> None:
+    """``--packed``: padded rows against packed ones, on one rank and in 2 stages (1F1B). The packed floor is the
+    padded step scaled by the tokens it computes: the real tokens (each group's prompt once) over the padded."""
+    trajs = [t for gr in groups for t in gr.trajectories]
+    padded_tokens = len(trajs) * length
+    real = sum(len(gr.trajectories[0].prompt_token_ids) for gr in groups) + sum(
+        len(t.completion_token_ids) for t in trajs
+    )
+    print(f"real tokens {real} of {padded_tokens} padded ({real / padded_tokens:.2f}); packed budget {length}")
+    print("| case | s/step | peak GB (busiest rank) | packed vs padded | floor (padded x real/padded) s | vs floor |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, pp, threads in (("pp=1, 2 threads", 1, 2), ("pp=2 1f1b", 2, 1)):
+        padded = run_case(path, pp, threads, "1f1b", 1, groups, steps)
+        print(f"| {label}, padded | {padded['s']:.2f} | {padded['gb']:.2f} | 1.00 | - | - |", flush=True)
+        packed = run_case(path, pp, threads, "1f1b", 1, groups, steps, budget=length)
+        floor = padded["s"] * real / padded_tokens
+        ratio = packed["s"] / padded["s"]
+        row = f"| {label}, packed | {packed['s']:.2f} | {packed['gb']:.2f} | {ratio:.2f} | {floor:.2f} |"
+        print(f"{row} {packed['s'] / floor:.2f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--length", type=int, default=512)
@@ -107,15 +145,21 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="the tiny Llama (2 layers: no interleaved case)")
+    ap.add_argument("--packed", action="store_true", help="long-tailed lengths: padded vs packed rows, pp=1 and 2")
     args = ap.parse_args()
     from transformers import AutoConfig
 
     path = model_path(args.tiny)
     vocab = AutoConfig.from_pretrained(path).vocab_size
-    groups = groups_of(args.groups, args.group_size, args.length, vocab)
+    groups = groups_of(args.groups, args.group_size, args.length, vocab, varied=args.packed)
     rows = args.groups * args.group_size
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M}  model {path}  {rows} rows x {args.length} tokens  {load_note()}")
+    if args.packed:
+        packed_cases(path, groups, args.length, args.steps)
+        print(f"after: {load_note()}")
+        ray.shutdown()
+        return
     print("| case | s/step | peak GB (busiest rank) | vs pp=1 2 threads | floor s | vs floor |")
     print("| --- | --- | --- | --- | --- | --- |")
     results: dict[str, dict] = {}
