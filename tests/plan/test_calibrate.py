@@ -3,6 +3,7 @@ give exactly the planner's closed-form step; on async layouts it schedules the s
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from relayrl.plan.calibrate import ProfileCosts, layout_policy, simulate_layout
 from relayrl.plan.model import Layout, predict
 from relayrl.plan.profile import Profile
+from tests.plan.test_plan import P
 
 # A CPU profile shaped like grpo_arith's on this box: 8 prompts x 4 completions, 640 tokens a step.
 PROFILE = Profile(
@@ -77,23 +79,7 @@ def test_costs_per_call_scale_with_the_groups_and_the_policy_takes_the_layouts_r
 # test_plan's round profile with a short measured stall (0.05 s) and slower generation (0.022 s/token): 4 devices.
 # Tg(1) = 0.2 + 0.022 * 100 = 2.4, Tg(2) = 1.3, Tg(4) = 0.75; Tt(t) = 0.5 + 0.03 * 100 / (t * 0.9) beyond one
 # rank: Tt(2) = 2.1667, Tt(3) = 1.6111, Tt(4) = 1.3333; Ts = 0.1 + 1e9 / 2e9 = 0.6; Tr 0.1, O 0.2, switch 0.25.
-SHORT_STALL = Profile(
-    tokens=100,
-    completions=10,
-    prompts_per_step=4,
-    gen_dev_s_per_token=0.022,
-    train_dev_s_per_token=0.03,
-    gen_call_s=0.2,
-    reward_s=0.1,
-    train_fixed_s=0.5,
-    sync_bytes=1e9,
-    sync_bytes_per_s=2e9,
-    sync_fixed_s=0.1,
-    stall_s=0.05,
-    overhead_s=0.2,
-    switch_s=0.25,
-    train_efficiency=0.9,
-)
+SHORT_STALL = dataclasses.replace(P, gen_dev_s_per_token=0.022, stall_s=0.05)
 
 
 def test_the_plan_ranks_as_the_simulator_where_the_laws_disagree(tmp_path, capsys):
