@@ -7,10 +7,12 @@ micro-batch a row (``trainer.micro_batch_size=1``: m = rows micro-batches). Each
 
     pp=1, 2 threads    world_size 1: the row on one rank, both cores (relayrl's default on this box)
     pp=1, 1 thread     world_size 1 on one core: the work of the whole step, serially
-    pp=2 <schedule>    world_size 2, pp_size 2, one core a rank: gpipe, 1f1b, interleaved (v = 3: 6 stages of 5 layers)
+    pp=2 <schedule>    world_size 2, pp_size 2, one core a rank: gpipe, 1f1b, interleaved (v = 3: 6 stages of 5
+                       layers), zero bubble (v = 1 and 3)
 
 The floor of a 2-stage step is half the one-thread step (each core runs half the layers) times the bubble the
-schedule leaves, 1 + (p - 1) / (v m) (``relayrl.plan.ptdp.bubble_fraction``). Between the two, the gap is
+schedule leaves, 1 + (p - 1) / (v m), a third of that under zero bubble
+(``relayrl.plan.ptdp.bubble_fraction``). Between the two, the gap is
 what the pipeline spends beyond the model: p2p sends of activations and gradients, and the per-step broadcast
 of every weight from its owner (``pp_step.PipelinedPolicy.refresh``). Peak RSS is the busiest rank's: every rank
 loads the whole model today, so it is not expected to halve.
@@ -46,6 +48,8 @@ CASES = [  # (label, pp, threads a rank, schedule, virtual stages)
     ("pp=2 gpipe", 2, 1, "gpipe", 1),
     ("pp=2 1f1b", 2, 1, "1f1b", 1),
     ("pp=2 interleaved v=3", 2, 1, "interleaved", 3),
+    ("pp=2 zero bubble", 2, 1, "zero_bubble", 1),
+    ("pp=2 zero bubble v=3", 2, 1, "zero_bubble", 3),
 ]
 
 

@@ -11,7 +11,9 @@ from relayrl.config.base import ConfigError, choices_of, one_of, positive
 TrainerBackend = Literal["auto", "gloo", "nccl"]
 """``trainer.backend`` values."""
 TrainerDtype = Literal["float32", "bf16"]
-PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved", "zero_bubble"]
+LOOPED = ("interleaved", "zero_bubble")
+"""Schedules that take pp_virtual_stages > 1 and run rounds of pp_size micro-batches."""
 """Values of ``trainer.dtype``, a ``str`` field checked against them (``base`` says why)."""
 
 
@@ -89,9 +91,11 @@ class TrainerConfig:
     Packed or padded rows, GRPO and PPO (KL terms, entropy bonus), tp_size > 1 inside each stage (a ("dp",
     "pp", "tp") mesh); not built yet: cp_size > 1, LoRA (refused by name)."""
     pp_schedule: str = "1f1b"
-    """gpipe | 1f1b | interleaved (interleaved 1F1B: pp_virtual_stages stages a rank, a smaller bubble)."""
+    """gpipe | 1f1b | interleaved (interleaved 1F1B: pp_virtual_stages stages a rank, a smaller bubble) |
+    zero_bubble (torch's ScheduleInterleavedZeroBubble, ZB-H1 of Qi et al. 2024: each backward split into its input
+    and weight halves, the weight halves filling the bubble; pp_virtual_stages stages a rank, 1 or more)."""
     pp_virtual_stages: int = 1
-    """Stages each pipeline rank holds under pp_schedule=interleaved (Megatron-LM's v)."""
+    """Stages each pipeline rank holds under pp_schedule=interleaved or zero_bubble (Megatron-LM's v)."""
     lr: float = 1e-5
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -170,9 +174,10 @@ class TrainerConfig:
 
     def _check_pp(self) -> None:
         one_of("trainer.pp_schedule", self.pp_schedule, PipelineSchedule)
-        if self.pp_virtual_stages > 1 and self.pp_schedule != "interleaved":
+        if self.pp_virtual_stages > 1 and self.pp_schedule not in LOOPED:
             raise ConfigError(
-                f"trainer.pp_virtual_stages={self.pp_virtual_stages} needs trainer.pp_schedule=interleaved"
+                f"trainer.pp_virtual_stages={self.pp_virtual_stages} needs trainer.pp_schedule=interleaved "
+                "or zero_bubble"
             )
         if self.pp_size == 1:
             return

@@ -29,6 +29,9 @@ micro-batches of b, with full activation recomputation (the paper's setting), on
                                                                              ranks (scatter/gather)
     bubble                 = (p − 1) / m      GPipe, 1F1B
                              (p − 1) / (v m)  interleaved 1F1B, v virtual stages a device
+                             (p − 1) / (3 v m) zero bubble (ZB-H1, Qi et al. 2024): a backward split into
+                                              its input and weight halves, each as long as a forward, and
+                                              the weight halves fill 2/3 of the 1F1B bubble
     iteration              = m · stage · (1 + bubble) + DP,
                              DP = 2 (d − 1) / d · G · P / (t p) / (B_ib e_ib)  the gradient all-reduce after the
                                                                              backward, G bytes a gradient
@@ -47,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from relayrl.config.base import choices_of
-from relayrl.config.trainer import PipelineSchedule
+from relayrl.config.trainer import LOOPED, PipelineSchedule
 from relayrl.plan.costs import Hardware
 
 SCHEDULES = choices_of(PipelineSchedule)  # the schedules trainer.pp_schedule takes
@@ -91,8 +94,8 @@ class PTDP:
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: {' | '.join(SCHEDULES)}")
-        if self.virtual > 1 and self.schedule != "interleaved":
-            raise ValueError(f"virtual={self.virtual} needs schedule='interleaved'")
+        if self.virtual > 1 and self.schedule not in LOOPED:
+            raise ValueError(f"virtual={self.virtual} needs schedule='interleaved' or 'zero_bubble'")
         if self.batch % (self.micro * self.d):
             raise ValueError(f"batch {self.batch} is not a whole number of micro-batches {self.micro} x d {self.d}")
 
@@ -125,10 +128,11 @@ class Efficiency:
 
 
 def bubble_fraction(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
-    """Idle time over ideal compute: (p − 1) / m for GPipe and 1F1B, (p − 1) / (v m) interleaved."""
+    """Idle time over ideal compute: (p − 1) / m for GPipe and 1F1B, (p − 1) / (v m) interleaved, (p − 1) / (3 v m)
+    zero bubble (module docstring)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r}: {' | '.join(SCHEDULES)}")
-    return (p - 1) / (m * (v if schedule == "interleaved" else 1))
+    return (p - 1) / (m * (v if schedule in LOOPED else 1) * (3 if schedule == "zero_bubble" else 1))
 
 
 def ring_allreduce_s(nbytes: float, ranks: int, bytes_per_s: float) -> float:
@@ -198,7 +202,8 @@ LAYER_ACTIVATION = (10.0, 24.0, 5.0)
 def in_flight(lay: PTDP) -> float:
     """Micro-batches whose activations the first stage holds at once, in units of a whole stage's layers:
     GPipe m; 1F1B min(p, m); interleaved (2 (p − 1) + (v − 1) p + 1) / v chunks of l / (p v) layers each
-    (Megatron-LM's warm-up of the first stage, plus the one in flight)."""
+    (Megatron-LM's warm-up of the first stage, plus the one in flight); zero bubble as 1F1B or interleaved with
+    the same v (ZB-H1 keeps 1F1B's peak: a deferred weight half holds no more than its forward left)."""
     p, m, v = lay.p, lay.micro_batches, lay.virtual
     if lay.schedule == "gpipe":
         return float(m)
@@ -233,7 +238,8 @@ def layouts(
     pad: bool = False,
 ) -> Iterator[PTDP]:
     """Every layout of ``gpus`` for this model and batch: t within a node and dividing the heads, p dividing the
-    layers (p · v under interleaving, v in 2 and 4), b dividing B / d; 1F1B when p > 1. ``pad``: any d and b,
+    layers (p · v under interleaving, v in 2 and 4), b dividing B / d; when p > 1 1F1B, interleaved and zero bubble
+    (v in 1, 2 and 4). ``pad``: any d and b,
     the batch rounded up to whole micro-batches, ceil(B / (b d)) · b d (a trainer whose last micro-batch is
     short pays for a full one)."""
     for t in _divisors(gpus_per_node):
@@ -251,9 +257,11 @@ def layouts(
                     yield PTDP(t, 1, d, padded, b)
                     continue
                 yield PTDP(t, p, d, padded, b)
+                yield PTDP(t, p, d, padded, b, 1, "zero_bubble")
                 for v in (2, 4):
                     if gpt.layers % (p * v) == 0:
                         yield PTDP(t, p, d, padded, b, v, "interleaved")
+                        yield PTDP(t, p, d, padded, b, v, "zero_bubble")
 
 
 def rank(

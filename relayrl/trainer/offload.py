@@ -34,9 +34,10 @@ def move_training_state(
     moved = 0
     for module in modules:
         for p in module.parameters():
-            if p.device != device:
+            if p.device != device and not p.is_meta:
                 moved += p.numel() * p.element_size()
-        module.to(device)  # Module._apply moves each parameter's .grad too
+        # Module._apply moves each parameter's .grad too; a pipelined rank's released weights stay on meta
+        module._apply(lambda t: t if t.is_meta else t.to(device))
     for optimizer in optimizers:
         for state, key, value in _optimizer_tensors(optimizer):
             if value.device != device:

@@ -3,8 +3,10 @@
 An HF causal LM of L layers (``model.model.embed_tokens``, ``.layers``, ``.norm``, ``.rotary_emb`` and
 ``model.lm_head``: Llama, Qwen2, SmolLM2) is cut into S = pp · v stages of L / S consecutive layers
 (``stage_layers``). Pipeline rank r holds stages r, r + pp, ..., r + (v − 1) pp (``stage_ids``): one stage
-under GPipe and 1F1B, v "virtual" stages under interleaved 1F1B, the looped order torch's
-``ScheduleInterleaved1F1B`` and Megatron-LM's interleaving use. The first stage also holds the embedding,
+under GPipe and 1F1B, v "virtual" stages under interleaved 1F1B and zero bubble, the looped order torch's
+``ScheduleInterleaved1F1B`` and ``ScheduleInterleavedZeroBubble`` and Megatron-LM's interleaving use. Zero bubble
+(ZB-H1, Qi et al. 2024) splits each backward into its input half, which the previous stage waits for, and its
+weight half, which the schedule defers into what would be the bubble. The first stage also holds the embedding,
 the last the final norm and the LM head; every stage holds the rotary embedding (no parameters).
 
 Rows are padded: causal attention with right padding needs no mask (a pad only follows the tokens it could
@@ -32,7 +34,13 @@ from typing import Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor import DTensor
 
@@ -40,7 +48,7 @@ from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.losses import entropy_bonus, masked_token_sum
 from relayrl.algorithms.objective import Objective
 from relayrl.config.base import choices_of
-from relayrl.config.trainer import PipelineSchedule
+from relayrl.config.trainer import LOOPED, PipelineSchedule
 from relayrl.trainer import attention, head
 from relayrl.trainer.fsdp import squared_norm
 from relayrl.trainer.optim import adamw_step, local_tensor
@@ -115,6 +123,11 @@ class Stage(torch.nn.Module):
         if top == "lm_head":
             return "model.embed_tokens.weight" if self.tied and rest == "weight" else name
         return f"model.{name}"
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """The device of the weights this rank holds (``pp_weights.release`` leaves the others on meta)."""
+    return next(p.device for p in model.parameters() if not p.is_meta)
 
 
 def build_stages(model: torch.nn.Module, pp_rank: int, pp_size: int, virtual: int = 1) -> list[Stage]:
@@ -221,8 +234,8 @@ class Pipeline:
     ):
         if schedule not in SCHEDULES:
             raise ValueError(f"trainer.pp_schedule={schedule!r}: {' | '.join(SCHEDULES)}")
-        if virtual > 1 and schedule != "interleaved":
-            raise ValueError(f"trainer.pp_virtual_stages={virtual} needs trainer.pp_schedule=interleaved")
+        if virtual > 1 and schedule not in LOOPED:
+            raise ValueError(f"trainer.pp_virtual_stages={virtual} needs trainer.pp_schedule=interleaved|zero_bubble")
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         if schedule != "gpipe" and micro_batches < self.size:
             raise ValueError(
@@ -231,7 +244,7 @@ class Pipeline:
             )
         self.group, self.model, self.micro_batches = group, model, micro_batches
         self.stages = build_stages(model, self.rank, self.size, virtual)
-        total, device = self.size * virtual, next(model.parameters()).device
+        total, device = self.size * virtual, device_of(model)
         ids = stage_ids(self.rank, self.size, virtual)
         self.pipe_stages: list[_PipelineStageBase] = [
             PipelineStage(s, i, total, device, group=group) for s, i in zip(self.stages, ids)
@@ -239,10 +252,9 @@ class Pipeline:
         self.first, self.last = 0 in ids, total - 1 in ids
         lm = head.lm_head(model)
         loss_fn = loss(lm)
-        if schedule == "interleaved":
-            self.schedule: Any = ScheduleInterleaved1F1B(
-                self.pipe_stages, micro_batches, loss_fn=loss_fn, scale_grads=False
-            )
+        if schedule in LOOPED:
+            looped = ScheduleInterleaved1F1B if schedule == "interleaved" else ScheduleInterleavedZeroBubble
+            self.schedule: Any = looped(self.pipe_stages, micro_batches, loss_fn=loss_fn, scale_grads=False)
         else:
             cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
             self.schedule = cls(self.pipe_stages[0], micro_batches, loss_fn=loss_fn, scale_grads=False)
@@ -285,7 +297,9 @@ class Pipeline:
             return
         weight = cast(Any, self.model).model.embed_tokens.weight
         holds = self.first or self.last
-        grad = weight.grad if holds and weight.grad is not None else torch.zeros_like(weight)
+        grad = weight.grad if holds and weight.grad is not None else None
+        if grad is None:  # a middle stage (pp > 2) holds only a meta stand-in of the embedding
+            grad = torch.zeros(weight.shape, dtype=weight.dtype, device=device_of(self.model))
         dist.all_reduce(grad, group=self.group)
         if holds:
             weight.grad = grad

@@ -1,11 +1,12 @@
 """The policy's update under pipeline parallelism (``trainer.pp_size`` > 1), in place of ``PolicyStep.epochs``.
 
 The ranks form a ("dp", "pp") mesh. The ranks of a pipeline hold the same rows (their dp share of the step)
-and each its own stages of the policy (``pipeline.py``); the dp replicas of a stage sum their gradients
-(replicated, not FSDP-sharded yet). A step, on every rank:
+and each its own stages of the policy (``pipeline.py``), and only those stages' weights; the dp replicas of a
+stage sum their gradients (replicated, not FSDP-sharded yet). A step, on every rank:
 
     rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
-           out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size when interleaved; or
+           out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size under the looped
+           schedules (interleaved, zero bubble); or
            the rank's packed micro-batches (a multiple of pp_size of them), each padded at its end to the longest
            (``pp_packed.py``)
     old logprobs = with one epoch the training forward's own (detached), as one rank's; with more, one
@@ -16,12 +17,12 @@ and each its own stages of the policy (``pipeline.py``); the dp replicas of a st
                        policy loss, LOSS_AGG numerator / D_step); gradients summed over dp; global-norm clip;
                        AdamW
     stats: the last stage's ``StepStats`` sums, broadcast to every rank of its pipeline
-    refresh: each parameter broadcast from the rank whose stage owns it, so every rank's ``model`` is the
-             whole current policy again (what weight sync, the probe, ``save_hf`` and checkpoints read)
 
-The stages are rebuilt each step: a step's row length sets the shapes every stage sends and receives.
-The refresh moves the whole model once a step (a first version: a sender per stage would move each stage's
-weights to the engines straight from its rank).
+Each rank holds only its own stages' weights (``pp_weights.release``, at load). What reads the whole policy
+gathers it one parameter at a time from the ranks holding it: weight sync (``weightsync/stages.py``), the trainer's
+state dict and ``save_hf`` (``full_state_dict``); the post-sync probe scores through the stages
+(``sequence_logprobs``). The stages are rebuilt each step: a step's row length sets the shapes every stage sends
+and receives.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ import torch.distributed as dist
 
 from relayrl.algorithms.objective import Objective
 from relayrl.config import TrainerConfig
-from relayrl.trainer import head
+from relayrl.config.trainer import LOOPED
+from relayrl.trainer import head, pp_weights
 from relayrl.trainer.batch import MicroBatch
 from relayrl.trainer.optim import local_tensor
-from relayrl.trainer.pipeline import Pipeline, build_stages, rl_loss, targets
+from relayrl.trainer.pipeline import Pipeline, device_of, rl_loss, targets
 from relayrl.trainer.pp_packed import PackedInput, packed_inputs, packed_loss, packed_row, scored
 from relayrl.trainer.precision import autocast
 from relayrl.trainer.step import StepStats
@@ -49,9 +51,9 @@ from relayrl.types import TrainBatch
 
 def micro_batch_count(rows: int, micro_batch_size: int, pp_size: int, schedule: str) -> int:
     """m: at least one micro-batch a stage and at most ``micro_batch_size`` rows each; interleaved 1F1B
-    runs rounds of pp_size micro-batches, so m is rounded up to a multiple of it."""
+    and zero bubble run rounds of pp_size micro-batches, so m is rounded up to a multiple of it."""
     m = max(pp_size, math.ceil(rows / micro_batch_size))
-    return math.ceil(m / pp_size) * pp_size if schedule == "interleaved" else m
+    return math.ceil(m / pp_size) * pp_size if schedule in LOOPED else m
 
 
 def padded_rows(batch: TrainBatch, count: int, pad_id: int) -> TrainBatch:
@@ -90,6 +92,7 @@ class PipelinedPolicy:
     kl_in_reward: bool = False  # PPO: the KL penalty is in the critic's reward (``scores``), none in the loss
 
     def __post_init__(self) -> None:
+        self.owner = pp_weights.owners(self.model, self.cfg.pp_size, self.cfg.pp_virtual_stages)
         if self.kl_in_reward:
             self.objective = dataclasses.replace(self.objective, kl_coef=0.0)
 
@@ -115,17 +118,16 @@ class PipelinedPolicy:
             sums += records[-pipe.micro_batches :]
             self._reduce_grads(pipe)
             norms.append(pipe.clip_and_step(optimizer, c.grad_clip))
-        self.refresh()
         return self._broadcast(sums, pipe.last, ids.device, pipe.group), norms
 
     def _padded(
         self, batch: TrainBatch, denom: torch.Tensor, record: Callable[[StepStats], None]
     ) -> tuple[Pipeline, torch.Tensor, torch.Tensor | None]:
         """(pipeline, token ids, the last stage's target) of padded rows (module docstring)."""
-        c, group = self.cfg, self._group()
+        c, group = self.cfg, self.pipeline_group()
         m = micro_batch_count(len(batch), c.micro_batch_size, c.pp_size, c.pp_schedule)
         rows = padded_rows(batch, math.ceil(len(batch) / m) * m, self.pad_id)
-        ids = rows.input_ids.to(next(self.model.parameters()).device)
+        ids = rows.input_ids.to(device_of(self.model))
         loss = rl_loss(self.objective, self.temperature, c.logits_chunk, denom, record)
         pipe = Pipeline(self.model, group, loss, m, c.pp_schedule, c.pp_virtual_stages)
         with autocast(ids.device.type, c.dtype):
@@ -140,7 +142,7 @@ class PipelinedPolicy:
     ) -> tuple[Pipeline, torch.Tensor, torch.Tensor | None, list[PackedInput]]:
         """(pipeline, token ids, the last stage's target: the micro-batch indexes, each row's ``PackedInput``) of
         packed micro-batches (``pp_packed.py``); pi_old and the reference as in ``_padded``."""
-        c, group = self.cfg, self._group()
+        c, group = self.cfg, self.pipeline_group()
         ids, packed = packed_inputs(micro, self.pad_id)
         old = self._packed_logprobs(self.model, ids, packed, micro) if c.epochs > 1 else None
         kl = self.ref_model is not None and self.objective.kl_coef > 0
@@ -157,7 +159,7 @@ class PipelinedPolicy:
         only), on the rank holding the last stage; None elsewhere."""
         c = self.cfg
         unused = packed_loss(self.objective, self.temperature, c.logits_chunk, torch.ones(()), micro, None, None)
-        pipe = Pipeline(model, self._group(), unused, len(micro), c.pp_schedule, c.pp_virtual_stages)
+        pipe = Pipeline(model, self.pipeline_group(), unused, len(micro), c.pp_schedule, c.pp_virtual_stages)
         with torch.no_grad(), autocast(ids.device.type, c.dtype):
             out = pipe.forward_only(ids, packed)
             if out is None:
@@ -166,7 +168,7 @@ class PipelinedPolicy:
             requests = [head.Request(row.score_target[None], self.temperature, c.logits_chunk) for row in rows]
             return [scored(out[i : i + 1], row, lm, r)[0].float() for i, (row, r) in enumerate(zip(rows, requests))]
 
-    def _group(self) -> dist.ProcessGroup:
+    def pipeline_group(self) -> dist.ProcessGroup:
         group = self.pp_group or dist.group.WORLD
         assert group is not None
         return group
@@ -183,17 +185,24 @@ class PipelinedPolicy:
             row += n
         return dataclasses.replace(share, advantages=advantages)
 
-    def refresh(self) -> None:
-        """Every parameter broadcast from its owner (the first rank whose stages hold it), in place. Collective."""
-        owner: dict[int, int] = {}
-        for rank in range(self.cfg.pp_size):
-            for stage in build_stages(self.model, rank, self.cfg.pp_size, self.cfg.pp_virtual_stages):
-                for p in stage.parameters():
-                    owner.setdefault(id(p), rank)
-        group = self.pp_group or dist.group.WORLD
-        assert group is not None
-        for p in self.model.parameters():  # a tp-split weight: each tp rank's shard, from the same tp rank
-            dist.broadcast(local_tensor(p.data), src=dist.get_global_rank(group, owner[id(p)]), group=group)
+    def full_state_dict(self, keep: bool) -> dict[str, torch.Tensor]:
+        """The whole policy's CPU state dict, kept where ``keep`` (``pp_weights.full_state_dict``). Collective."""
+        return pp_weights.full_state_dict(self.model, self.owner, self.pipeline_group(), keep)
+
+    @torch.no_grad()
+    def sequence_logprobs(self, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Logprobs [1, T − 1] of each token of ``ids`` [1, T] after the first, through the stages (forward only: one
+        micro-batch under GPipe; with virtual stages, the row repeated over one round of pp_size micro-batches of
+        interleaved 1F1B), from the last stage to every rank of the pipeline. Collective."""
+        c, group = self.cfg, self.pipeline_group()
+        unused = rl_loss(self.objective, temperature, c.logits_chunk, torch.ones(()))
+        m, schedule = (1, "gpipe") if c.pp_virtual_stages == 1 else (c.pp_size, "interleaved")
+        pipe = Pipeline(self.model, group, unused, m, schedule, c.pp_virtual_stages)
+        with autocast(ids.device.type, c.dtype):
+            out = pipe.logprobs(ids.expand(m, -1).contiguous(), temperature, c.logits_chunk)
+        row = out[:1].float() if out is not None else ids.new_zeros(1, ids.shape[1] - 1, dtype=torch.float32)
+        dist.broadcast(row, src=dist.get_global_rank(group, dist.get_world_size(group) - 1), group=group)
+        return row
 
     def _reduce_grads(self, pipe: Pipeline) -> None:
         """Data-parallel replicas of the same stages: their gradients summed (each rank's loss is over the step's
@@ -226,14 +235,14 @@ class PipelinedPolicy:
         (padded: consecutive rows; or packed), laid out as its ``loss_mask``, each model forward only through this
         rank's stages, broadcast from the last stage to every rank of the pipeline (each runs its whole critic)."""
         assert self.ref_model is not None, "PPO's KL penalty needs the reference model"
-        c, group, models = self.cfg, self._group(), (self.model, self.ref_model)
+        c, group, models = self.cfg, self.pipeline_group(), (self.model, self.ref_model)
         if micro and micro[0].packed is not None:
             ids, packed = packed_inputs(micro, self.pad_id)
             scores = [self._packed_logprobs(model, ids, packed, micro) for model in models]
         else:
             m = micro_batch_count(len(share), c.micro_batch_size, c.pp_size, c.pp_schedule)
             rows = padded_rows(share, math.ceil(len(share) / m) * m, self.pad_id)
-            ids = rows.input_ids.to(next(self.model.parameters()).device)
+            ids = rows.input_ids.to(device_of(self.model))
             padded = [self._logprobs(model, group, ids, m) for model in models]
             scores = [self._per_micro(x, micro) if x.numel() else None for x in padded]
         return self._from_last(scores[0], micro), self._from_last(scores[1], micro)
@@ -241,7 +250,7 @@ class PipelinedPolicy:
     def _from_last(self, values: list[torch.Tensor] | None, micro: list[MicroBatch]) -> list[torch.Tensor]:
         """Each micro-batch's [b, T] ``values``, given on the rank holding the last stage (None elsewhere),
         broadcast to every rank of the pipeline."""
-        group, shapes = self._group(), [mb.loss_mask.shape for mb in micro]
+        group, shapes = self.pipeline_group(), [mb.loss_mask.shape for mb in micro]
         device = micro[0].loss_mask.device
         if values is not None:
             flat = torch.cat([v.reshape(-1).float() for v in values])
@@ -265,7 +274,7 @@ class PipelinedPolicy:
         advantages = rows.advantages
         if advantages.dim() == 1:
             advantages = advantages[:, None].expand_as(rows.loss_mask)
-        device = next(self.model.parameters()).device
+        device = device_of(self.model)
         if old is None:
             old = torch.full(rows.loss_mask.shape, float("nan"), device=device)
         return targets(

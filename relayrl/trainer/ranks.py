@@ -166,6 +166,10 @@ class TrainerGroup:
         """(trainable, total) parameters of the policy (with ``trainer.lora``: trainable = the adapters)."""
         return tuple(self._all("param_counts")[0])
 
+    def held_parameters(self) -> list[list[str]]:
+        """Each rank's names of the policy weights it holds: all of them, or under ``trainer.pp_size`` its stages'."""
+        return self._all("held_parameters")
+
     def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:
         return self._all("sequence_logprobs", list(token_ids), temperature)[0]
 

@@ -23,6 +23,9 @@ from relayrl.trainer.critic import Critic
 from relayrl.trainer.hf import export, hf_state_dict
 
 if TYPE_CHECKING:
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    from relayrl.trainer.pp_step import PipelinedPolicy
     from relayrl.weightsync.sync import TrainerSync  # imports vLLM: loaded in TrainerActor.setup
 
 
@@ -40,6 +43,7 @@ class WeightsOut:
     ref_model: torch.nn.Module | None
     uses_lora: bool
     critic: Critic | None
+    pipelined: PipelinedPolicy | None
     trained: checkpoint.Parts
     _sync: TrainerSync | None
     _saver: checkpoint.Saver
@@ -65,8 +69,12 @@ class WeightsOut:
 
         FSDP2 replaces parameters in place (DTensors) without renaming modules, so the keys are exactly
         ``AutoModelForCausalLM.state_dict()``'s: what ``load_state_dict`` and vLLM's ``load_weights`` take.
-        With LoRA, the merged weights under those names (``hf_state_dict``).
+        With LoRA, the merged weights under those names (``hf_state_dict``). Under pipeline stages, gathered from
+        the ranks holding them (``pp_step.PipelinedPolicy.full_state_dict``).
         """
+        if self.pipelined is not None:
+            state = self.pipelined.full_state_dict(keep=self.rank == 0)
+            return state if self.rank == 0 else None
         state = hf_state_dict(self.model)
         return state if self.rank == 0 else None
 
@@ -90,11 +98,14 @@ class WeightsOut:
         from vllm.distributed.weight_transfer.base import ModuleSource
 
         from relayrl.weightsync.lora import MergedLoraSource
+        from relayrl.weightsync.stages import StageSource
         from relayrl.weightsync.sync import TrainerSync
 
         if self._sync is not None:
             self._sync.close()
-        source = MergedLoraSource(self.model) if self.uses_lora else ModuleSource(self.model)
+        source: WeightSource = MergedLoraSource(self.model) if self.uses_lora else ModuleSource(self.model)
+        if self.pipelined is not None:  # each rank holds its own stages: gathered from them, one at a time
+            source = StageSource(self.model, self.pipelined.owner, self.pipelined.pipeline_group())
         workers = [int(info["workers"]) for info in ray.get([r.info.remote() for r in rollouts])]
         self._sync = TrainerSync(ws_cfg, source, self.rank, rollouts, workers, wire_dtype=self.model_cfg.dtype)
 
@@ -115,8 +126,11 @@ class WeightsOut:
         """Logprob of each token after the first under the current weights (default: the sampling
         temperature). Collective."""
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        temperature = self.temperature if temperature is None else temperature
+        if self.pipelined is not None:  # through the stages: no rank holds the whole policy
+            return self.pipelined.sequence_logprobs(ids, temperature)[0].tolist()
         logits = self.model(input_ids=ids, use_cache=False).logits
-        return token_logprobs(logits, ids, self.temperature if temperature is None else temperature)[0].tolist()
+        return token_logprobs(logits, ids, temperature)[0].tolist()
 
     def probe(self, group_refs: list, samples: int) -> tuple[list[list[int]], list[int], list[list[float]]]:
         """The trainer's half of the post-sync mismatch probe, on groups this rank fetches itself: the first

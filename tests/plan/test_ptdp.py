@@ -39,9 +39,12 @@ def test_params_and_flops_are_the_papers_equations():
 
 
 def test_the_bubble_of_each_schedule():
-    """p 4, m 8: (p − 1) / m = 3/8 for GPipe and 1F1B; interleaved with v 2 halves it; the gain is 1.375 / 1.1875."""
+    """p 4, m 8: (p − 1) / m = 3/8 for GPipe and 1F1B; interleaved with v 2 halves it; the gain is 1.375 / 1.1875;
+    zero bubble leaves a third: 3/24, and 3/48 with v 2."""
     assert bubble_fraction(4, 8) == bubble_fraction(4, 8, 1, "gpipe") == pytest.approx(0.375)
     assert bubble_fraction(4, 8, 2, "interleaved") == pytest.approx(0.1875)
+    assert bubble_fraction(4, 8, 1, "zero_bubble") == pytest.approx(0.125)
+    assert bubble_fraction(4, 8, 2, "zero_bubble") == pytest.approx(0.0625)
     assert bubble_fraction(1, 8) == 0.0
     assert bubble_gain(4, 8, 2) == pytest.approx(1.375 / 1.1875)
     with pytest.raises(ValueError, match="zerobubble"):
@@ -87,11 +90,13 @@ def test_fit_gemm_recovers_the_efficiency_that_made_a_figure():
 
 def test_activations_in_flight_per_schedule():
     """m 8, p 4: GPipe holds 8 micro-batches, 1F1B 4; interleaved v 2 warms up 2 (p − 1) + (v − 1) p = 10
-    chunks and runs one: 11 chunks of half a stage, 5.5 stages."""
+    chunks and runs one: 11 chunks of half a stage, 5.5 stages. Zero bubble holds what 1F1B (or interleaved) does."""
     assert in_flight(PTDP(1, 4, 1, 8, schedule="gpipe")) == 8
     assert in_flight(PTDP(1, 4, 1, 8)) == 4
     assert in_flight(PTDP(1, 4, 1, 2)) == 2
     assert in_flight(PTDP(1, 4, 1, 8, 1, 2, "interleaved")) == pytest.approx(5.5)
+    assert in_flight(PTDP(1, 4, 1, 8, 1, 1, "zero_bubble")) == 4
+    assert in_flight(PTDP(1, 4, 1, 8, 1, 2, "zero_bubble")) == pytest.approx(5.5)
 
 
 def test_stage_memory_by_hand():

@@ -26,7 +26,10 @@ from tests.trainer.test_tp import GRAD_CLIP, PARAM_ATOL, STAT_KEYS, STEPS, tp_fr
             ["trainer.world_size=3", "trainer.pp_size=2"],
             "trainer.world_size=3 is not divisible by trainer.pp_size x trainer.tp_size=2",
         ),
-        (["trainer.pp_virtual_stages=2"], "trainer.pp_virtual_stages=2 needs trainer.pp_schedule=interleaved"),
+        (
+            ["trainer.pp_virtual_stages=2"],
+            "trainer.pp_virtual_stages=2 needs trainer.pp_schedule=interleaved or zero_bubble",
+        ),
         (["trainer.pp_schedule=zb"], "trainer.pp_schedule"),
         (["trainer.pp_size=0"], "trainer.pp_size=0 must be > 0"),
     ],
@@ -196,6 +199,12 @@ def test_pp2_1f1b_trains_what_one_rank_trains(tiny_llama, refs, reference, tmp_p
     run = train(tiny_llama, 2, refs, kl_coef=KL)
     try:
         _assert_same_run(run, reference, "pp=2 1f1b")
+        first, last = run["trainer"].held_parameters()  # each rank its own stage's weights, together all of them
+        assert {n for n in first if ".layers." in n} == {n for n in run["state"] if ".layers.0." in n}
+        assert {n for n in last if ".layers." in n} == {n for n in run["state"] if ".layers.1." in n}
+        assert "model.embed_tokens.weight" in first and "model.norm.weight" in last and "model.norm.weight" not in first
+        head = "model.embed_tokens.weight" if _hf_model(tiny_llama).config.tie_word_embeddings else "lm_head.weight"
+        assert head in last and set(first) | set(last) == {n for n, _ in _hf_model(tiny_llama).named_parameters()}
         model = _hf_model(tiny_llama)
         model.load_state_dict(run["state"], strict=True)
         trainer_lp = torch.tensor(run["trainer"].sequence_logprobs(PROBE))
@@ -236,8 +245,9 @@ def test_packed_rows_under_pp2_train_what_one_rank_trains(tiny_llama, refs, refe
 
 @pytest.mark.slow
 def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory, tmp_path):
-    """4 layers, 2 ranks x 2 virtual stages (interleaved 1F1B) against one rank; the one rank's checkpoint
-    loads into the interleaved pipeline (each rank its two stages) to the same weights."""
+    """4 layers, 2 ranks x 2 virtual stages (interleaved 1F1B; then zero bubble, padded and packed), and 4 ranks of
+    one stage each, against one rank; the one rank's checkpoint loads into the interleaved pipeline (each rank its two stages) to the same
+    weights."""
     path = _layers(tiny_llama, tmp_path_factory.mktemp("pp") / "four", 4)
     groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
     refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
@@ -252,6 +262,19 @@ def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tm
         run["trainer"].load_checkpoint(str(tmp_path))
         for k, v in run["trainer"].state_dict().items():
             torch.testing.assert_close(v, reference["state"][k], atol=0, rtol=0, msg=f"1 rank -> pp=2: {k}")
+    finally:
+        run["trainer"].shutdown()
+    for packing in ({}, PACKED):
+        run = train(path, 2, refs, schedule="zero_bubble", virtual=2, **packing)
+        try:
+            _assert_same_run(run, reference, f"pp=2 zero bubble v=2 {packing}")
+        finally:
+            run["trainer"].shutdown()
+    run = train(path, 4, refs)  # 4 stages: the middle ones hold neither end of the tied embedding
+    try:
+        _assert_same_run(run, reference, "pp=4 1f1b")
+        # 9 weights a layer; the first adds the embedding, the last the norm and the (tied) embedding again
+        assert [len(h) for h in run["trainer"].held_parameters()] == [10, 9, 9, 11]
     finally:
         run["trainer"].shutdown()
 
@@ -343,7 +366,8 @@ def test_entropy_bonus_under_pp2_trains_what_one_rank_trains(tiny_llama, refs, r
 def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory, tmp_path):
     """4 ranks on a ("dp", "pp", "tp") mesh of 1 x 2 x 2: each stage's linears split over 2 tp ranks (a model with
     2 KV heads, so both head counts divide), GRPO with the KL term, padded and packed rows, against one rank; the
-    pp x tp checkpoint (tp-split weights and moments as DTensors) resumes on one rank to the same weights."""
+    pp x tp checkpoint (tp-split weights and moments as DTensors) resumes on one rank to the same weights; each rank
+    holds only its own stage's weights."""
     path = tp_friendly(tiny_llama, tmp_path_factory.mktemp("pp") / "kv2")
     groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
     refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
@@ -353,6 +377,9 @@ def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path
         run = train(path, 2, refs, world_size=4, tp_size=2, kl_coef=KL, **rows)
         try:
             _assert_same_run(run, reference, f"pp=2 x tp=2, {rows or 'padded'}")
+            held = run["trainer"].held_parameters()  # ranks 0, 1: stage 0 (tp ranks 0, 1); ranks 2, 3: stage 1
+            assert not any(".layers.1." in n for n in held[0] + held[1])
+            assert not any(".layers.0." in n for n in held[2] + held[3])
             if rows:
                 continue
             run["trainer"].save_checkpoint(str(tmp_path))
@@ -366,3 +393,13 @@ def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path
             torch.testing.assert_close(v, reference["state"][k], atol=PARAM_ATOL, rtol=0, msg=f"pp x tp -> 1: {k}")
     finally:
         one["trainer"].shutdown()
+
+
+def test_pp2_zero_bubble_trains_what_one_rank_trains(tiny_llama, refs, reference):
+    """torch's interleaved zero-bubble schedule (each backward split into its input and weight halves, the
+    weight halves deferred) with one stage a rank: the padded one-rank run's stats and weights, KL and clip."""
+    run = train(tiny_llama, 2, refs, kl_coef=KL, schedule="zero_bubble")
+    try:
+        _assert_same_run(run, reference, "pp=2 zero bubble")
+    finally:
+        run["trainer"].shutdown()
