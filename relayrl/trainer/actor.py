@@ -62,14 +62,15 @@ from relayrl.config import AlgorithmConfig, CriticConfig, ModelConfig, TrainerCo
 from relayrl.logs import show_on_console
 from relayrl.monitor.schema import MEMORY_TRAINER_PEAK_GB, TRAINER_TOKEN_IMBALANCE
 from relayrl.rendezvous import client_store, master_store
-from relayrl.trainer import checkpoint, context, lora, pp_weights, recompute
+from relayrl.trainer import checkpoint, context, lora, recompute
 from relayrl.trainer.background import in_background
 from relayrl.trainer.balance import token_imbalance
 from relayrl.trainer.batch import MicroBatch, build_train_batch, dp_share, fetch_groups, forward_tokens, micro_batches
 from relayrl.trainer.critic import Critic, GaeTargets
-from relayrl.trainer.hf import load_plain, load_sharded, pad_token_id
+from relayrl.trainer.hf import load_sharded, pad_token_id
 from relayrl.trainer.optim import policy_adamw
 from relayrl.trainer.pp_step import PipelinedPolicy
+from relayrl.trainer.pp_weights import load_stages
 from relayrl.trainer.step import PolicyStep, learnable, step_totals
 from relayrl.trainer.tp import build_mesh
 from relayrl.trainer.weights_out import WeightsOut
@@ -190,15 +191,15 @@ class TrainerActor(WeightsOut):
         load = functools.partial(load_sharded, self.model_path, self.device, self.mesh, self.model_cfg.dtype)
         tp_mesh = self.mesh["tp"] if self.cfg.tp_size > 1 else None
         if self.cfg.pp_size > 1:  # config.validate refused what pipeline stages do not train yet
-            self.model = self._own_stages(load_plain(self.model_path, self.device, every, tp_mesh))
+            stages = (self.mesh["pp"].get_local_rank(), self.cfg.pp_size, self.cfg.pp_virtual_stages)
+            self.model = load_stages(self.model_path, self.device, *stages, every, tp_mesh)  # its own stages only
         else:
             self.model = load(trainable=True, lora_cfg=self.cfg.lora, checkpoint_every=every)
         self.uses_lora = lora.is_peft(self.model)  # the reference is then the base: adapters off, no copy
         self.ref_model = None
         if self.algo.kl_coef > 0 and not self.uses_lora:
             if self.cfg.pp_size > 1:
-                ref = load_plain(self.model_path, self.device, tp_mesh=tp_mesh).requires_grad_(False)
-                self.ref_model = self._own_stages(ref)
+                self.ref_model = load_stages(self.model_path, self.device, *stages, 0, tp_mesh).requires_grad_(False)
             else:
                 self.ref_model = load(trainable=False)
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)
@@ -239,12 +240,6 @@ class TrainerActor(WeightsOut):
         # after they are up, when the first step waits for the connection; without Inductor's compiler.
         import_vllm()
         import relayrl.weightsync.sync  # noqa: F401
-
-    def _own_stages(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``model`` with only this pipeline rank's stages' weights kept (``pp_weights.release``)."""
-        pp_rank = self.mesh["pp"].get_local_rank()
-        pp_weights.release(model, pp_rank, self.cfg.pp_size, self.cfg.pp_virtual_stages)
-        return model
 
     def _checkpoint_every(self) -> int:
         """``trainer.activation_checkpointing`` as a layer stride (``recompute.resolve_every``): ``auto`` sizes
@@ -356,17 +351,6 @@ class TrainerActor(WeightsOut):
             ref = step.reference_logprobs(self.model, self.ref_model, micro)
             pi_old = [step.logprobs(self.model, mb) for mb in micro]
         return [*pi_old], None, self.critic.advantages(micro, n_tokens, pi_old, ref)
-
-    def held_parameters(self) -> list[str]:
-        """The names of the policy weights this rank holds (``pp_weights.held``)."""
-        return pp_weights.held(self.model)
-
-    def param_counts(self) -> tuple[int, int]:
-        """(trainable, total) parameters of the policy; with LoRA, trainable counts the adapters only."""
-        if self.pipelined is not None:  # each rank holds its stages (the rest frozen on meta): all train
-            total = lora.param_counts(self.model)[1]
-            return total, total
-        return lora.param_counts(self.model)
 
     def _trained_tokens(self, micro: list[MicroBatch], live: list[bool]) -> torch.Tensor:
         """Completion tokens of the micro-batches that run, on all dp ranks: what per-token stats average over."""

@@ -53,26 +53,6 @@ def load_sharded(
     return shard_model(model, shard_mesh(mesh), dtype, trainable, checkpoint_every)
 
 
-def load_plain(
-    model_path: str, device: torch.device, checkpoint_every: int = 0, tp_mesh: DeviceMesh | None = None
-) -> torch.nn.Module:
-    """The HF causal LM not FSDP-sharded, for pipeline stages (``pipeline.py`` cuts it): float32 master weights,
-    the chunked head, relayrl's attention (causal without a mask, as the stages call it), the decoder linears
-    split over ``tp_mesh`` when given (``tp.parallelize``), then every ``checkpoint_every``-th layer
-    checkpointed, eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    from relayrl.trainer.recompute import checkpoint_layers
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)  # type: ignore[arg-type]
-    keep_head_fp32(head.install(model.get_output_embeddings()))
-    use_packed_attention(model)
-    if tp_mesh is not None:
-        parallelize(model, tp_mesh)
-    checkpoint_layers(model, checkpoint_every)
-    return model.eval()
-
-
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full, unsharded CPU state dict of an FSDP2 module, with its HF names. Collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -36,7 +36,7 @@ def move_training_state(
         for p in module.parameters():
             if p.device != device and not p.is_meta:
                 moved += p.numel() * p.element_size()
-        # Module._apply moves each parameter's .grad too; a pipelined rank's released weights stay on meta
+        # Module._apply moves each parameter's .grad too; a pipelined rank's stand-ins for other stages stay on meta
         module._apply(lambda t: t if t.is_meta else t.to(device))
     for optimizer in optimizers:
         for state, key, value in _optimizer_tensors(optimizer):

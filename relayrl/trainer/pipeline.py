@@ -126,7 +126,7 @@ class Stage(torch.nn.Module):
 
 
 def device_of(model: torch.nn.Module) -> torch.device:
-    """The device of the weights this rank holds (``pp_weights.release`` leaves the others on meta)."""
+    """The device of the weights this rank holds (``pp_weights.load_stages`` leaves the others on meta)."""
     return next(p.device for p in model.parameters() if not p.is_meta)
 
 

@@ -18,7 +18,7 @@ stage sum their gradients (replicated, not FSDP-sharded yet). A step, on every r
                        AdamW
     stats: the last stage's ``StepStats`` sums, broadcast to every rank of its pipeline
 
-Each rank holds only its own stages' weights (``pp_weights.release``, at load). What reads the whole policy
+Each rank holds only its own stages' weights (``pp_weights.load_stages``). What reads the whole policy
 gathers it one parameter at a time from the ranks holding it: weight sync (``weightsync/stages.py``), the trainer's
 state dict and ``save_hf`` (``full_state_dict``); the post-sync probe scores through the stages
 (``sequence_logprobs``). The stages are rebuilt each step: a step's row length sets the shapes every stage sends

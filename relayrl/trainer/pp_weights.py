@@ -1,12 +1,13 @@
 """Under pipeline parallelism each rank keeps only its own stages' weights; the whole policy is read one parameter
 at a time.
 
-``release`` turns every parameter outside this rank's stages into a frozen tensor on the meta device: the same
-name, shape and dtype (and, under tensor parallelism, the same DTensor mesh and placements), no storage. A rank
-then holds its L / P layers, plus the embedding on the first stage and the final norm and LM head on the last,
-instead of the whole model. Frozen, the released weights are what the optimizer (built after) and the checkpoints
-leave out (``checkpoint.TRAINED_ONLY``): each rank writes and reads its own stages' weights and AdamW moments under
-the model's names, and DCP reshards them to any other layout.
+``load_stages`` builds the HF model on the meta device and reads from its safetensors only the weights of this
+rank's stages; every other parameter stays a frozen tensor on the meta device: the same name, shape and dtype
+(and, under tensor parallelism, the same DTensor mesh and placements), no storage. A rank holds its L / P layers,
+plus the embedding on the first stage and the final norm and LM head on the last, at load and after. Frozen, the
+stand-ins are what the optimizer (built after) and the checkpoints leave out (``checkpoint.TRAINED_ONLY``): each
+rank writes and reads its own stages' weights and AdamW moments under the model's names, and DCP reshards them to
+any other layout.
 
 The readers of the whole policy (weight sync, ``save_hf``, the trainer's state dict) take ``gathered``: in
 ``named_parameters`` order, each parameter broadcast from the first pipeline rank holding it (``owners``) to the
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from relayrl.trainer.pipeline import build_stages, device_of
@@ -37,39 +39,88 @@ def owners(model: torch.nn.Module, pp_size: int, virtual: int = 1) -> dict[str, 
     return out
 
 
-def _meta_like(p: torch.Tensor) -> torch.nn.Parameter:
-    """A frozen parameter with ``p``'s shape, dtype and DTensor layout, and no storage."""
-    if isinstance(p, DTensor):
-        local = torch.empty_like(p.to_local(), device="meta")
-        meta: torch.Tensor = DTensor.from_local(
-            local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
-        )
-    else:
-        meta = torch.empty_like(p, device="meta")
-    return torch.nn.Parameter(meta, requires_grad=False)
+def load_stages(
+    model_path: str,
+    device: torch.device,
+    pp_rank: int,
+    pp_size: int,
+    virtual: int = 1,
+    checkpoint_every: int = 0,
+    tp_mesh: DeviceMesh | None = None,
+) -> torch.nn.Module:
+    """The HF causal LM as pipeline stages train it (float32 master weights, the chunked head, relayrl's attention,
+    the decoder linears split over ``tp_mesh`` when given, every ``checkpoint_every``-th layer checkpointed, eval
+    mode), with only pipeline rank ``pp_rank``'s stages read from disk: the model is built on
+    the meta device, its stages' weights are read one tensor at a time from the safetensors files (float32, on
+    ``device``), and every other weight stays a frozen meta stand-in. No rank ever holds the whole model, at load
+    or after."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    from relayrl.trainer import head
+    from relayrl.trainer.attention import use_packed_attention
+    from relayrl.trainer.precision import keep_head_fp32
+    from relayrl.trainer.recompute import checkpoint_layers
+    from relayrl.trainer.tp import parallelize
 
-@torch.no_grad()
-def release(model: torch.nn.Module, pp_rank: int, pp_size: int, virtual: int = 1) -> int:
-    """Every parameter outside pipeline rank ``pp_rank``'s stages replaced by ``_meta_like`` (a tied pair stays
-    one object); returns the bytes freed."""
-    held = {id(p) for stage in build_stages(model, pp_rank, pp_size, virtual) for p in stage.parameters()}
-    replaced: dict[int, torch.nn.Parameter] = {}
-    freed = 0
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    use_packed_attention(model)
+    wanted = {id(p) for stage in build_stages(model, pp_rank, pp_size, virtual) for p in stage.parameters()}
+    names = {name: p for name, p in model.named_parameters() if id(p) in wanted}
+    loaded = {id(p): torch.nn.Parameter(t.to(device, torch.float32)) for p, t in _read(model_path, names)}
     for module in model.modules():
         for name, p in list(module._parameters.items()):
-            if p is None or id(p) in held or p.is_meta:
-                continue
-            if id(p) not in replaced:
-                replaced[id(p)] = _meta_like(p)
-                local = p.to_local() if isinstance(p, DTensor) else p
-                freed += local.numel() * local.element_size()
-            module._parameters[name] = replaced[id(p)]
-    return freed
+            if p is not None and id(p) in loaded:  # a tied pair: both names get the one loaded tensor
+                module._parameters[name] = loaded[id(p)]
+    for p in model.parameters():
+        if p.is_meta:  # another rank's: a frozen stand-in
+            p.requires_grad_(False)
+    _rebuild_buffers(model, device)
+    keep_head_fp32(head.install(model.get_output_embeddings()))
+    if tp_mesh is not None:
+        parallelize(model, tp_mesh)
+    checkpoint_layers(model, checkpoint_every)
+    return model.eval()
+
+
+def _read(model_path: str, params: dict[str, torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(parameter, its tensor read from ``model_path``'s safetensors) for each named parameter: only those
+    tensors' bytes are read."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    root = Path(model_path)
+    index = root / "model.safetensors.index.json"
+    single = dict.fromkeys(params, "model.safetensors")
+    files = json.loads(index.read_text())["weight_map"] if index.exists() else single
+    missing = f"; trainer.pp_size reads each stage's weights from {model_path}'s HF safetensors files"
+    for name, p in params.items():
+        if name not in files or not (root / files[name]).exists():
+            raise ValueError(f"no weight {name!r} in a safetensors file{missing}")
+        with safe_open(str(root / files[name]), framework="pt", device="cpu") as f:
+            present = f.keys()
+            if name not in present:
+                raise ValueError(f"no weight {name!r} in {files[name]}{missing}")
+            yield p, f.get_tensor(name)
+
+
+def _rebuild_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    """Modules whose buffers were built on meta (the rotary embedding's inverse frequencies) built again from their
+    config on ``device``; any other meta buffer is refused by name."""
+    for parent in list(model.modules()):
+        for child_name, child in parent.named_children():
+            if any(b.is_meta for b in child.buffers(recurse=False)) and hasattr(child, "config"):
+                setattr(parent, child_name, type(child)(child.config).to(device))
+    left = [name for name, b in model.named_buffers() if b.is_meta]
+    if left:
+        raise ValueError(f"pipeline stages cannot rebuild the model's buffers {left}; set trainer.pp_size=1")
 
 
 def held(model: torch.nn.Module) -> list[str]:
-    """The names of the parameters this rank holds (not released)."""
+    """The names of the parameters this rank holds (not meta stand-ins)."""
     return [name for name, p in model.named_parameters() if not p.is_meta]
 
 

@@ -17,10 +17,11 @@ import torch
 
 from relayrl.algorithms.logprobs import token_logprobs
 from relayrl.config import AlgorithmConfig, ModelConfig, WeightSyncConfig
-from relayrl.trainer import checkpoint
+from relayrl.trainer import checkpoint, lora
 from relayrl.trainer.batch import fetch_groups
 from relayrl.trainer.critic import Critic
 from relayrl.trainer.hf import export, hf_state_dict
+from relayrl.trainer.pp_weights import held
 
 if TYPE_CHECKING:
     from vllm.distributed.weight_transfer.base import WeightSource
@@ -115,6 +116,17 @@ class WeightsOut:
             raise RuntimeError("sync_weights before connect_rollouts; call TrainerGroup.connect_rollouts first")
         stats = self._sync.sync(version)
         return stats if self.rank == 0 else None
+
+    def held_parameters(self) -> list[str]:
+        """The names of the policy weights this rank holds (``pp_weights.held``)."""
+        return held(self.model)
+
+    def param_counts(self) -> tuple[int, int]:
+        """(trainable, total) parameters of the policy; with LoRA, trainable counts the adapters only."""
+        if self.pipelined is not None:  # each rank holds its stages (the rest frozen on meta): all train
+            total = lora.param_counts(self.model)[1]
+            return total, total
+        return lora.param_counts(self.model)
 
     def save_hf(self, out_dir: str) -> str | None:
         """Write an HF model directory (safetensors, config, tokenizer) from rank 0. Collective."""

@@ -14,8 +14,8 @@ from relayrl.trainer.pp_weights import gathered
 
 
 class StageSource(WeightSource):
-    """vLLM's ``WeightSource`` over a released pipelined policy: ``gathered``'s order and tensors; ``metadata``
-    reads the global shapes (the meta tensors keep them) without a gather."""
+    """vLLM's ``WeightSource`` over a pipelined policy whose ranks hold only their stages: ``gathered``'s order
+    and tensors; ``metadata`` reads the global shapes (the meta tensors keep them) without a gather."""
 
     def __init__(self, model: torch.nn.Module, owner: dict[str, int], group: dist.ProcessGroup) -> None:
         self._model, self._owner, self._group = model, owner, group

@@ -202,29 +202,3 @@ def test_a_model_without_causal_maskless_attention_is_refused():
     cast(Any, model).set_attn_implementation("eager")
     with pytest.raises(ValueError, match="pipeline stages need causal attention without a mask"):
         build_stages(model, 0, 2)
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_release_keeps_a_ranks_own_stages_and_frees_the_rest(tied):
-    """4 layers in 2 stages: rank 1 keeps layers 2-3, the norm and the LM head (a tied head: the embedding, one
-    object under both names) and frees the rest, whose meta stand-ins keep their shapes and are frozen; the owners
-    are the first rank holding each weight."""
-    from relayrl.trainer import pp_weights
-
-    model = _model(tied)
-    shapes = {n: p.shape for n, p in model.named_parameters()}
-    owner = pp_weights.owners(model, 2)
-    assert owner["model.embed_tokens.weight"] == 0 and owner["model.layers.1.mlp.up_proj.weight"] == 0
-    assert owner["model.layers.2.mlp.up_proj.weight"] == 1 and owner["model.norm.weight"] == 1
-    assert set(owner) == set(shapes) and (tied or owner["lm_head.weight"] == 1)
-    layers_0_1 = [p for n, p in model.named_parameters() if n.startswith(("model.layers.0.", "model.layers.1."))]
-    embed = [] if tied else [model.model.embed_tokens.weight]
-    expected = sum(p.numel() * p.element_size() for p in layers_0_1 + embed)
-    assert pp_weights.release(model, 1, 2) == expected
-    held = set(pp_weights.held(model))
-    assert held == {n for n in shapes if not n.startswith(("model.layers.0.", "model.layers.1."))} - (
-        set() if tied else {"model.embed_tokens.weight"}
-    )
-    assert {n: p.shape for n, p in model.named_parameters()} == shapes
-    assert all(not p.requires_grad for n, p in model.named_parameters() if n not in held)
-    assert model.lm_head.weight is model.model.embed_tokens.weight or not tied

@@ -74,6 +74,30 @@ def test_stages_that_do_not_divide_the_layers_fail_before_ray(tiny_llama):
         check_context(cfg, tiny_llama)
 
 
+def test_a_rank_reads_only_its_own_stages(tiny_llama):
+    """``load_stages`` on each of 2 pipeline ranks: the weights of its stage, equal to the whole model's, the rest
+    frozen meta stand-ins of the same shapes; the tied LM head is the embedding on the last rank too; the rotary
+    embedding's buffers are rebuilt on the device."""
+    from relayrl.trainer import pp_weights
+
+    whole = _hf_model(tiny_llama)
+    expected = dict(whole.named_parameters())
+    layers = {0: ".layers.0.", 1: ".layers.1."}
+    for rank in (0, 1):
+        model = pp_weights.load_stages(str(tiny_llama), torch.device("cpu"), rank, 2)
+        held = set(pp_weights.held(model))
+        assert {n for n in held if ".layers." in n} == {n for n in expected if layers[rank] in n}
+        assert ("model.embed_tokens.weight" in held) and (("model.norm.weight" in held) == (rank == 1))
+        for name, p in model.named_parameters():
+            assert p.shape == expected[name].shape and (p.is_meta != (name in held)), name
+            if name in held:
+                torch.testing.assert_close(p, expected[name], atol=0, rtol=0)
+            else:
+                assert not p.requires_grad
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        torch.testing.assert_close(model.model.rotary_emb.inv_freq, whole.model.rotary_emb.inv_freq)
+
+
 def test_micro_batch_count_and_filler_rows():
     """9 rows at 2 a micro-batch: 5 micro-batches (1F1B), 6 interleaved over 2 ranks; 3 rows over 4 stages:
     4 micro-batches, so filler rows (all masked) make 4 rows."""
@@ -246,8 +270,8 @@ def test_packed_rows_under_pp2_train_what_one_rank_trains(tiny_llama, refs, refe
 @pytest.mark.slow
 def test_pp2_interleaved_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory, tmp_path):
     """4 layers, 2 ranks x 2 virtual stages (interleaved 1F1B; then zero bubble, padded and packed), and 4 ranks of
-    one stage each, against one rank; the one rank's checkpoint loads into the interleaved pipeline (each rank its two stages) to the same
-    weights."""
+    one stage each, against one rank; the one rank's checkpoint loads into the interleaved pipeline (each rank its
+    two stages) to the same weights."""
     path = _layers(tiny_llama, tmp_path_factory.mktemp("pp") / "four", 4)
     groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
     refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
