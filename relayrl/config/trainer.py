@@ -87,7 +87,8 @@ class TrainerConfig:
     pp_size: int = 1
     """Pipeline stages of the policy (``trainer/pipeline.py``, on ``torch.distributed.pipelining``): its decoder
     layers cut into pp_size x pp_virtual_stages equal runs, one pipeline rank each, the RL loss on the last
-    stage; world_size = dp x pp x tp, the dp replicas of a stage summing their gradients (not FSDP-sharded yet).
+    stage; world_size = dp x pp x tp, each rank holding only its stages' weights, the decoder layers FSDP2-sharded
+    over the dp replicas of a stage (with tp_size > 1 the replicas hold them whole).
     Packed or padded rows, GRPO and PPO (KL terms, entropy bonus), tp_size > 1 inside each stage (a ("dp",
     "pp", "tp") mesh); not built yet: cp_size > 1, LoRA (refused by name)."""
     pp_schedule: str = "1f1b"

@@ -7,7 +7,8 @@ the ranks of a tp group hold the same rows and one model's layer shards, and eve
 below runs over dp only. With ``trainer.cp_size > 1`` the mesh is ("dp", "cp") the same way: the ranks of
 a cp group hold the same rows and each runs its slice of every packed row (``context.py``). With
 ``trainer.pp_size > 1`` the ranks of a pipeline hold the same rows and each its own pipeline stages of a policy
-not FSDP-sharded (with tp_size > 1 too, on a ("dp", "pp", "tp") mesh: its linears split over tp), and
+(their decoder layers FSDP2-sharded over the stage's dp replicas; with tp_size > 1, on a ("dp", "pp", "tp") mesh,
+split over tp instead), and
 ``PipelinedPolicy.epochs`` (``pp_step.py``) runs the epochs below in their place.
 
 A train step, on every rank (``train_step``; right: where each part is done):
@@ -192,14 +193,15 @@ class TrainerActor(WeightsOut):
         tp_mesh = self.mesh["tp"] if self.cfg.tp_size > 1 else None
         if self.cfg.pp_size > 1:  # config.validate refused what pipeline stages do not train yet
             stages = (self.mesh["pp"].get_local_rank(), self.cfg.pp_size, self.cfg.pp_virtual_stages)
-            self.model = load_stages(self.model_path, self.device, *stages, every, tp_mesh)  # its own stages only
+            self.model = load_stages(self.model_path, self.device, *stages, every, tp_mesh, self.mesh["dp"])
         else:
             self.model = load(trainable=True, lora_cfg=self.cfg.lora, checkpoint_every=every)
         self.uses_lora = lora.is_peft(self.model)  # the reference is then the base: adapters off, no copy
         self.ref_model = None
         if self.algo.kl_coef > 0 and not self.uses_lora:
             if self.cfg.pp_size > 1:
-                self.ref_model = load_stages(self.model_path, self.device, *stages, 0, tp_mesh).requires_grad_(False)
+                ref = load_stages(self.model_path, self.device, *stages, 0, tp_mesh, self.mesh["dp"])
+                self.ref_model = ref.requires_grad_(False)
             else:
                 self.ref_model = load(trainable=False)
         self.optimizer = policy_adamw(self.model, self.device, self.cfg)

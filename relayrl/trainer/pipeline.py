@@ -327,12 +327,12 @@ class Pipeline:
         tensor parallelism the split linears' squares are summed over their tp ranks (``fsdp.squared_norm``)
         and the replicated rest counted once."""
         grads = [p.grad for name, p in self._owned() if p.grad is not None]
-        split = [g for g in grads if isinstance(g, DTensor)]
-        plain = [g for g in grads if not isinstance(g, DTensor)]
+        by_mesh: dict[Any, list[torch.Tensor]] = {}  # DTensor ops refuse to mix meshes: (dp, tp), dp, none
+        for g in grads:
+            by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
         local = torch.zeros((), dtype=torch.float32)
-        for part in (split, plain):
-            if part:
-                local = local + squared_norm(part)
+        for part in by_mesh.values():
+            local = local + squared_norm(part)
         local = local.to(grads[0].device if grads else "cpu")
         dist.all_reduce(local, group=self.group)
         return local.sqrt()

@@ -1,8 +1,9 @@
 """The policy's update under pipeline parallelism (``trainer.pp_size`` > 1), in place of ``PolicyStep.epochs``.
 
 The ranks form a ("dp", "pp") mesh. The ranks of a pipeline hold the same rows (their dp share of the step)
-and each its own stages of the policy (``pipeline.py``), and only those stages' weights; the dp replicas of a
-stage sum their gradients (replicated, not FSDP-sharded yet). A step, on every rank:
+and each its own stages of the policy (``pipeline.py``), and only those stages' weights: the decoder layers sharded
+with FSDP2 over the dp replicas of its stages (``pp_weights.shard_stages``: each keeps 1/dp of them), the ends
+whole on each replica. A step, on every rank:
 
     rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
            out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size under the looped
@@ -14,8 +15,9 @@ stage sum their gradients (replicated, not FSDP-sharded yet). A step, on every r
                    stages (PPO's KL penalty is in the reward: ``scores`` gives its critic pi_old's and the
                    reference's logprobs, through the stages, before the epochs)
     for epoch in 1..E: schedule.step (forward and backward of every micro-batch; the loss on the last stage:
-                       policy loss, LOSS_AGG numerator / D_step); gradients summed over dp; global-norm clip;
-                       AdamW
+                       policy loss, LOSS_AGG numerator · dp / D_step); gradients averaged over dp (FSDP2's
+                       reduce-scatter for the layers, an all-reduce for the ends), which makes the replicas'
+                       sum the step's gradient; global-norm clip; AdamW on each shard
     stats: the last stage's ``StepStats`` sums, broadcast to every rank of its pipeline
 
 Each rank holds only its own stages' weights (``pp_weights.load_stages``). What reads the whole policy
@@ -35,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from relayrl.algorithms.objective import Objective
 from relayrl.config import TrainerConfig
@@ -103,6 +106,7 @@ class PipelinedPolicy:
         ``micro`` when packing; (summed stats, the same on every rank; each epoch's pre-clip gradient norm)."""
         c = self.cfg
         records: list[StepStats] = []
+        denom = denom / self._dp_size()  # FSDP2 averages the replicas' gradients: the sum is the step's
         if micro and micro[0].packed is not None:
             pipe, ids, target, packed = self._packed(micro, denom, records.append)
         else:
@@ -116,7 +120,7 @@ class PipelinedPolicy:
                 pipe.step(ids, target, packed)  # target None off the last stage: only it takes one
             # a schedule's first step also calls the loss once on its own to infer shapes: the last m are real
             sums += records[-pipe.micro_batches :]
-            self._reduce_grads(pipe)
+            self._average_replicated(pipe)
             norms.append(pipe.clip_and_step(optimizer, c.grad_clip))
         return self._broadcast(sums, pipe.last, ids.device, pipe.group), norms
 
@@ -204,14 +208,22 @@ class PipelinedPolicy:
         dist.broadcast(row, src=dist.get_global_rank(group, dist.get_world_size(group) - 1), group=group)
         return row
 
-    def _reduce_grads(self, pipe: Pipeline) -> None:
-        """Data-parallel replicas of the same stages: their gradients summed (each rank's loss is over the step's
-        global denominator, so the sum is the step's gradient), one all-reduce a parameter."""
-        if self.dp_group is None or dist.get_world_size(self.dp_group) == 1:
+    def _average_replicated(self, pipe: Pipeline) -> None:
+        """The gradients of the weights the dp replicas each keep whole (the ends: embedding, final norm, LM head;
+        with tensor parallelism every weight, ``pp_weights.load_stages``) averaged over the replicas, as FSDP2
+        averages the sharded decoder layers' with its reduce-scatter."""
+        dp = self._dp_size()
+        if dp == 1:
             return
         for _, p in pipe.named_parameters():
-            if p.grad is not None:
-                dist.all_reduce(local_tensor(p.grad), group=self.dp_group)
+            if p.grad is not None and not _sharded_over_dp(p.grad):
+                grad = local_tensor(p.grad)
+                dist.all_reduce(grad, group=self.dp_group)
+                grad.div_(dp)
+
+    def _dp_size(self) -> int:
+        """Data-parallel replicas of this rank's stages (``pp_weights.shard_stages`` shards them over these)."""
+        return 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
 
     def _reference(self, group: dist.ProcessGroup, ids: torch.Tensor, m: int) -> torch.Tensor | None:
         """GRPO's KL term: the reference's logprobs on the last stage (forward only through its own stages), else
@@ -299,3 +311,8 @@ class PipelinedPolicy:
         dist.broadcast(packed, src=dist.get_global_rank(group, dist.get_world_size(group) - 1), group=group)
         values: dict[str, Any] = dict(zip(fields, packed.unbind()))
         return StepStats(**values)
+
+
+def _sharded_over_dp(grad: torch.Tensor) -> bool:
+    """Whether ``grad`` is an FSDP2 shard over the "dp" mesh dimension (reduced by FSDP2 itself)."""
+    return isinstance(grad, DTensor) and "dp" in (grad.device_mesh.mesh_dim_names or ())

@@ -9,16 +9,22 @@ stand-ins are what the optimizer (built after) and the checkpoints leave out (``
 rank writes and reads its own stages' weights and AdamW moments under the model's names, and DCP reshards them to
 any other layout.
 
+With data-parallel replicas of the stages (world_size > pp_size x tp_size), ``shard_stages`` shards each rank's
+decoder layers over them with FSDP2, so a replica keeps 1/dp of its layers' weights, gradients and AdamW moments
+(without tensor parallelism: FSDP2 over dp of layers split over tp is not built, and those replicas hold their
+stages whole).
+
 The readers of the whole policy (weight sync, ``save_hf``, the trainer's state dict) take ``gathered``: in
-``named_parameters`` order, each parameter broadcast from the first pipeline rank holding it (``owners``) to the
-others of its pipeline, and a tensor-parallel one then all-gathered over tp (``full_tensor``), one parameter at a
-time, as vLLM's ``ModuleSource`` gathers FSDP2 shards. A rank never holds more than its stages and one whole
-parameter. ``weightsync/stages.py``'s ``StageSource`` is that order as a vLLM ``WeightSource``.
+``named_parameters`` order, each parameter made whole by the ranks of the stage holding it (``full_tensor`` over
+dp and tp), then broadcast from the first pipeline rank holding it (``owners``) to the others of its pipeline,
+one parameter at a time, as vLLM's ``ModuleSource`` gathers FSDP2 shards. A rank never holds more than its stages
+and one whole parameter. ``weightsync/stages.py``'s ``StageSource`` is that order as a vLLM ``WeightSource``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -47,6 +53,7 @@ def load_stages(
     virtual: int = 1,
     checkpoint_every: int = 0,
     tp_mesh: DeviceMesh | None = None,
+    dp_mesh: DeviceMesh | None = None,
 ) -> torch.nn.Module:
     """The HF causal LM as pipeline stages train it (float32 master weights, the chunked head, relayrl's attention,
     the decoder linears split over ``tp_mesh`` when given, every ``checkpoint_every``-th layer checkpointed, eval
@@ -81,7 +88,23 @@ def load_stages(
     if tp_mesh is not None:
         parallelize(model, tp_mesh)
     checkpoint_layers(model, checkpoint_every)
+    if dp_mesh is not None and dp_mesh.size() > 1 and tp_mesh is None:  # with tp: replicated over dp (not built)
+        shard_stages(model, dp_mesh)
     return model.eval()
+
+
+def shard_stages(model: torch.nn.Module, mesh: DeviceMesh) -> None:
+    """FSDP2 over ``mesh`` (the dp replicas of this rank's stages): each decoder layer this rank holds is one unit
+    (gathered for its forward and its backward, its gradient averaged over ``mesh`` by a reduce-scatter; the caller
+    scales the loss by the replicas). The ends (the embedding, the final norm, the LM head) stay whole on each
+    replica: the loss reads the LM head's weight outside any module's forward (``pipeline.rl_loss``), where FSDP2
+    would not gather it, and a tied head shares it with the embedding; ``PipelinedPolicy`` averages their
+    gradients itself. The other stages' meta stand-ins stay as they are."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in cast(Any, model).model.layers:
+        if not any(p.is_meta for p in layer.parameters()):
+            fully_shard(layer, mesh=mesh)
 
 
 def _read(model_path: str, params: dict[str, torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -119,9 +142,11 @@ def _rebuild_buffers(model: torch.nn.Module, device: torch.device) -> None:
         raise ValueError(f"pipeline stages cannot rebuild the model's buffers {left}; set trainer.pp_size=1")
 
 
-def held(model: torch.nn.Module) -> list[str]:
-    """The names of the parameters this rank holds (not meta stand-ins)."""
-    return [name for name, p in model.named_parameters() if not p.is_meta]
+def held(model: torch.nn.Module) -> dict[str, int]:
+    """The parameters this rank holds (not meta stand-ins), by name: the elements it keeps of each (its shard's,
+    under FSDP2 or tensor parallelism)."""
+    params = ((n, p.to_local() if isinstance(p, DTensor) else p) for n, p in model.named_parameters())
+    return {n: p.numel() for n, p in params if not p.is_meta}
 
 
 def gathered(
@@ -131,15 +156,14 @@ def gathered(
     ``group``: broadcast from its owner, then all-gathered over tp when split. Collective, one parameter at a
     time."""
     for name, p in model.named_parameters():
-        local = p.to_local() if isinstance(p, DTensor) else p
-        buf = local.detach() if not p.is_meta else torch.empty(local.shape, dtype=local.dtype, device=device_of(model))
-        dist.broadcast(buf, src=dist.get_global_rank(group, owner[name]), group=group)
-        if isinstance(p, DTensor):
-            mesh, placements = p.device_mesh, p.placements
-            whole = DTensor.from_local(buf, mesh, placements, run_check=False, shape=p.shape, stride=p.stride())
-            yield name, whole.full_tensor()
+        if p.is_meta:  # another stage's
+            whole = torch.empty(p.shape, dtype=p.dtype, device=device_of(model))
+        elif isinstance(p, DTensor):  # split over tp or sharded over dp: gathered by the stage's ranks (all hold it)
+            whole = p.full_tensor().detach()
         else:
-            yield name, buf
+            whole = p.detach()
+        dist.broadcast(whole, src=dist.get_global_rank(group, owner[name]), group=group)
+        yield name, whole
 
 
 def full_state_dict(

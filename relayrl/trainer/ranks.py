@@ -166,8 +166,9 @@ class TrainerGroup:
         """(trainable, total) parameters of the policy (with ``trainer.lora``: trainable = the adapters)."""
         return tuple(self._all("param_counts")[0])
 
-    def held_parameters(self) -> list[list[str]]:
-        """Each rank's names of the policy weights it holds: all of them, or under ``trainer.pp_size`` its stages'."""
+    def held_parameters(self) -> list[dict[str, int]]:
+        """Each rank's policy weights, by name, with the elements it keeps of each: all of them (FSDP2: its shard of
+        each), or under ``trainer.pp_size`` its stages' (with dp replicas, its shard of their decoder layers)."""
         return self._all("held_parameters")
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float | None = None) -> list[float]:

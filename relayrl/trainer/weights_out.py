@@ -117,8 +117,8 @@ class WeightsOut:
         stats = self._sync.sync(version)
         return stats if self.rank == 0 else None
 
-    def held_parameters(self) -> list[str]:
-        """The names of the policy weights this rank holds (``pp_weights.held``)."""
+    def held_parameters(self) -> dict[str, int]:
+        """The policy weights this rank holds, by name: the elements it keeps of each (``pp_weights.held``)."""
         return held(self.model)
 
     def param_counts(self) -> tuple[int, int]:

@@ -344,15 +344,32 @@ def test_ppo_pp2_trains_what_one_rank_trains(tiny_llama, refs, tmp_path):
 
 
 @pytest.mark.slow
-def test_dp2_x_pp2_trains_what_one_rank_trains(tiny_llama, refs, reference):
+def test_dp2_x_pp2_trains_what_one_rank_trains(tiny_llama, refs, reference, tmp_path):
     """4 ranks: 2 data-parallel replicas of a 2-stage pipeline (9 rows: 5 and 4 with a filler; packed: each
-    replica's rows balanced by tokens, as many micro-batches on both), GRPO with the KL term, against one rank."""
+    replica's rows balanced by tokens, as many micro-batches on both), GRPO with the KL term, against one rank; each
+    replica keeps half of each of its decoder layers (FSDP2) and its ends whole; the checkpoint resumes on one
+    rank to the same weights."""
     for rows in ({}, PACKED):
         run = train(tiny_llama, 2, refs, world_size=4, kl_coef=KL, **rows)
         try:
             _assert_same_run(run, reference, f"dp=2 x pp=2, {rows or 'padded'}")
+            whole = {n: p.numel() for n, p in _hf_model(tiny_llama).named_parameters()}
+            for held in run["trainer"].held_parameters():  # each replica: half of each layer, whole ends
+                assert all(2 * k == whole[n] for n, k in held.items() if ".layers." in n and whole[n] > 1), held
+                assert all(k == whole[n] for n, k in held.items() if ".layers." not in n)
+            if rows:
+                continue
+            run["trainer"].save_checkpoint(str(tmp_path))  # layer shards as DTensors over dp
+            manifest.write(tmp_path)
         finally:
             run["trainer"].shutdown()
+    one = train(tiny_llama, 1, refs, kl_coef=KL)
+    try:
+        one["trainer"].load_checkpoint(str(tmp_path))
+        for k, v in one["trainer"].state_dict().items():
+            torch.testing.assert_close(v, reference["state"][k], atol=PARAM_ATOL, rtol=0, msg=f"dp x pp -> 1: {k}")
+    finally:
+        one["trainer"].shutdown()
 
 
 @pytest.mark.slow
@@ -389,21 +406,22 @@ def test_entropy_bonus_under_pp2_trains_what_one_rank_trains(tiny_llama, refs, r
 @pytest.mark.slow
 def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory, tmp_path):
     """4 ranks on a ("dp", "pp", "tp") mesh of 1 x 2 x 2: each stage's linears split over 2 tp ranks (a model with
-    2 KV heads, so both head counts divide), GRPO with the KL term, padded and packed rows, against one rank; the
-    pp x tp checkpoint (tp-split weights and moments as DTensors) resumes on one rank to the same weights; each rank
-    holds only its own stage's weights."""
+    2 KV heads, so both head counts divide), GRPO with the KL term, padded rows (and packed ones on 8 ranks, 2 x 2 x
+    2), against one rank; the pp x tp checkpoint (tp-split weights and moments as DTensors) resumes on one rank to
+    the same weights; each rank holds only its own stage's weights."""
     path = tp_friendly(tiny_llama, tmp_path_factory.mktemp("pp") / "kv2")
     groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
     refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
     reference = train(path, 1, refs, kl_coef=KL)
     reference.pop("trainer").shutdown()
-    for rows in ({}, PACKED):
-        run = train(path, 2, refs, world_size=4, tp_size=2, kl_coef=KL, **rows)
+    for rows, world in (({}, 4), (PACKED, 8)):  # packed: 2 dp replicas too, each holding its stage's tp shards whole
+        run = train(path, 2, refs, world_size=world, tp_size=2, kl_coef=KL, **rows)
         try:
-            _assert_same_run(run, reference, f"pp=2 x tp=2, {rows or 'padded'}")
+            _assert_same_run(run, reference, f"dp={world // 4} x pp=2 x tp=2, {rows or 'padded'}")
             held = run["trainer"].held_parameters()  # ranks 0, 1: stage 0 (tp ranks 0, 1); ranks 2, 3: stage 1
-            assert not any(".layers.1." in n for n in held[0] + held[1])
-            assert not any(".layers.0." in n for n in held[2] + held[3])
+            assert not any(".layers.1." in n for n in [*held[0], *held[1]])
+            assert not any(".layers.0." in n for n in [*held[2], *held[3]])
+            assert held[4:] == held[:4] if world == 8 else len(held) == 4  # the second replica: the same shards
             if rows:
                 continue
             run["trainer"].save_checkpoint(str(tmp_path))
