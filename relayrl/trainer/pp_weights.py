@@ -9,10 +9,10 @@ stand-ins are what the optimizer (built after) and the checkpoints leave out (``
 rank writes and reads its own stages' weights and AdamW moments under the model's names, and DCP reshards them to
 any other layout.
 
-With data-parallel replicas of the stages (world_size > pp_size x tp_size), ``shard_stages`` shards each rank's
-decoder layers over them with FSDP2, so a replica keeps 1/dp of its layers' weights, gradients and AdamW moments
-(without tensor parallelism: FSDP2 over dp of layers split over tp is not built, and those replicas hold their
-stages whole).
+With data-parallel replicas of the stages (world_size > pp_size x tp_size) and tp_size 1, ``shard_stages`` shards
+each rank's decoder layers over them with FSDP2, so a replica keeps 1/dp of its layers' weights, gradients and
+AdamW moments. FSDP2 over tp-split layers is not built: with tensor parallelism the replicas hold their stages'
+tp shards whole.
 
 The readers of the whole policy (weight sync, ``save_hf``, the trainer's state dict) take ``gathered``: in
 ``named_parameters`` order, each parameter made whole by the ranks of the stage holding it (``full_tensor`` over
@@ -57,10 +57,11 @@ def load_stages(
 ) -> torch.nn.Module:
     """The HF causal LM as pipeline stages train it (float32 master weights, the chunked head, relayrl's attention,
     the decoder linears split over ``tp_mesh`` when given, every ``checkpoint_every``-th layer checkpointed, eval
-    mode), with only pipeline rank ``pp_rank``'s stages read from disk: the model is built on
-    the meta device, its stages' weights are read one tensor at a time from the safetensors files (float32, on
-    ``device``), and every other weight stays a frozen meta stand-in. No rank ever holds the whole model, at load
-    or after."""
+    mode), with only pipeline rank ``pp_rank``'s stages read from disk: the model is built on the meta device, its
+    stages' weights are read one tensor at a time from the safetensors files (float32, on ``device``), and every
+    other weight stays a frozen meta stand-in. No rank ever holds the whole model, at load or after. With a
+    ``dp_mesh`` of more than one rank and no ``tp_mesh``, the decoder layers are then sharded over it
+    (``shard_stages``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from relayrl.trainer import head
