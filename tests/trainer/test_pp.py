@@ -195,6 +195,17 @@ def _assert_same_run(run: dict, ref: dict, label: str) -> None:
         torch.testing.assert_close(run["state"][k], ref["state"][k], atol=PARAM_ATOL, rtol=0, msg=f"{label}: {k}")
 
 
+def _assert_resumes_on_one_rank(path: Path, refs: list, checkpoint: Path, state: dict, label: str) -> None:
+    """A one-rank trainer (GRPO with the KL term) loads ``checkpoint`` to ``state``'s weights (PARAM_ATOL)."""
+    one = train(path, 1, refs, kl_coef=KL)
+    try:
+        one["trainer"].load_checkpoint(str(checkpoint))
+        for k, v in one["trainer"].state_dict().items():
+            torch.testing.assert_close(v, state[k], atol=PARAM_ATOL, rtol=0, msg=f"{label}: {k}")
+    finally:
+        one["trainer"].shutdown()
+
+
 @pytest.fixture(scope="module")
 def refs(ray_session, tiny_llama):
     groups = _synthetic_groups(vocab=_hf_model(tiny_llama).config.vocab_size)
@@ -363,13 +374,7 @@ def test_dp2_x_pp2_trains_what_one_rank_trains(tiny_llama, refs, reference, tmp_
             manifest.write(tmp_path)
         finally:
             run["trainer"].shutdown()
-    one = train(tiny_llama, 1, refs, kl_coef=KL)
-    try:
-        one["trainer"].load_checkpoint(str(tmp_path))
-        for k, v in one["trainer"].state_dict().items():
-            torch.testing.assert_close(v, reference["state"][k], atol=PARAM_ATOL, rtol=0, msg=f"dp x pp -> 1: {k}")
-    finally:
-        one["trainer"].shutdown()
+    _assert_resumes_on_one_rank(tiny_llama, refs, tmp_path, reference["state"], "dp x pp -> 1")
 
 
 @pytest.mark.slow
@@ -428,13 +433,7 @@ def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path
             manifest.write(tmp_path)
         finally:
             run["trainer"].shutdown()
-    one = train(path, 1, refs, kl_coef=KL)
-    try:
-        one["trainer"].load_checkpoint(str(tmp_path))
-        for k, v in one["trainer"].state_dict().items():
-            torch.testing.assert_close(v, reference["state"][k], atol=PARAM_ATOL, rtol=0, msg=f"pp x tp -> 1: {k}")
-    finally:
-        one["trainer"].shutdown()
+    _assert_resumes_on_one_rank(path, refs, tmp_path, reference["state"], "pp x tp -> 1")
 
 
 def test_pp2_zero_bubble_trains_what_one_rank_trains(tiny_llama, refs, reference):
