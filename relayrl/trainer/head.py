@@ -99,6 +99,20 @@ class ScoringHead(torch.nn.Linear):
         return torch.stack([logprob, entropy], dim=-1)
 
 
+def head_scores(head: torch.nn.Module, hidden: torch.Tensor, request: Request) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprob, entropy) [R, K] of ``request``'s targets from hidden [R, K, H], through the ``ScoringHead``
+    module's own forward: its hooks run as for any module (FSDP2 gathers a sharded head before and reduces its
+    gradient after; ``keep_head_fp32`` keeps it float32 under autocast)."""
+    if not isinstance(head, ScoringHead):
+        raise ValueError(f"head_scores needs a ScoringHead (head.install), got {type(head).__name__}")
+    head.request = request
+    try:
+        out = head(hidden)
+    finally:
+        head.request = None
+    return out[..., 0].contiguous(), out[..., 1].contiguous()  # contiguous: callers send them (dist.broadcast)
+
+
 def install(head: torch.nn.Module) -> ScoringHead:
     """Make ``head`` (the model's ``nn.Linear`` lm_head) a ``ScoringHead`` in place; returns it."""
     if type(head) is not torch.nn.Linear and not isinstance(head, ScoringHead):

@@ -16,7 +16,7 @@ The loss (``rl_loss``) runs on the last stage for each micro-batch. Its target i
 [b, T, 6], chunked along the batch like the input: the token each position predicts, the advantage, the old
 logprob (NaN: this forward's own, detached, as the first epoch's is), the loss mask, the engine's logprob (for
 an off-policy weight and ``behaviour_kl``) and the reference's (GRPO's KL term; token ids below 2^24 are exact
-in float32). The logprobs come from the final hidden states through the chunked head (``head.score``: [N, V]
+in float32). The logprobs come from the final hidden states through the chunked head (``head.head_scores``: [N, V]
 logits never exist), the per-token loss from the objective's policy loss (plus GRPO's KL term, and an entropy
 bonus with the entropy's gradient when ``algorithm.entropy_coef`` > 0), and the micro-batch's loss is its
 ``LOSS_AGG`` numerator over the step's global denominator, so that the schedule's sum over micro-batches is the
@@ -160,7 +160,7 @@ def rl_loss(
         def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             ids, advantages, old, mask, behaviour, ref = target.unbind(-1)
             request = head.Request(ids.long(), temperature, chunk, objective.entropy_coef > 0)
-            logprobs, entropy = head.score(hidden, lm_head.weight, lm_head.bias, request)
+            logprobs, entropy = head.head_scores(lm_head, hidden, request)
             old = torch.where(old.isnan(), logprobs.detach(), old)  # NaN: pi_old is this very forward (epoch 1)
             rows = _Rows(advantages, mask, behaviour)
             return token_loss(objective, logprobs, entropy, old, ref, cast(Any, rows), denominator, record)
@@ -296,13 +296,10 @@ class Pipeline:
         if not self.tied or self.size == 1:
             return
         weight = cast(Any, self.model).model.embed_tokens.weight
-        holds = self.first or self.last
-        grad = weight.grad if holds and weight.grad is not None else None
-        if grad is None:  # a middle stage (pp > 2) holds only a meta stand-in of the embedding
-            grad = torch.zeros(weight.shape, dtype=weight.dtype, device=device_of(self.model))
+        holds = (self.first or self.last) and weight.grad is not None
+        # FSDP2 stages (pp_weights.shard_stages): the ends' shards pair up, each dp replica's with its own
+        grad = local_tensor(weight.grad) if holds else _tied_zeros(self.model, weight)
         dist.all_reduce(grad, group=self.group)
-        if holds:
-            weight.grad = grad
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, temperature: float, chunk: int) -> torch.Tensor | None:
@@ -318,7 +315,7 @@ class Pipeline:
             return None
         lm: Any = head.lm_head(self.model)
         request = head.Request(input_ids[:, 1:], temperature, chunk)
-        logprobs, _ = head.score(out[:, :-1], lm.weight, lm.bias, request)
+        logprobs, _ = head.head_scores(lm, out[:, :-1], request)
         return logprobs
 
     def grad_norm(self) -> torch.Tensor:
@@ -364,6 +361,25 @@ class Pipeline:
             for name, p in stage.named_parameters():
                 seen.setdefault(id(p), (stage.global_name(name), p))
         return list(seen.values())
+
+
+def _tied_zeros(model: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """A middle stage's (pp > 2) zeros for the tied gradient's all-reduce: it holds only a meta stand-in of the
+    embedding, so the rows are those of the ends' shard for this rank's dp replica (``shard_rows``), all of them
+    without FSDP2 stages."""
+    rows = weight.shape[0]
+    meshes = (p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
+    dp = [mesh for mesh in meshes if mesh.mesh_dim_names == ("dp",)]
+    if dp:
+        rows = shard_rows(rows, dp[0].size(), dp[0].get_local_rank())
+    return torch.zeros((rows, *weight.shape[1:]), dtype=weight.dtype, device=device_of(model))
+
+
+def shard_rows(rows: int, shards: int, index: int) -> int:
+    """Rows of shard ``index`` when FSDP2 splits ``rows`` over ``shards`` ranks along dim 0: ``torch.chunk``'s
+    ceil(rows / shards) a shard, the last ones short or empty."""
+    per = -(-rows // shards)
+    return max(0, min(per, rows - index * per))
 
 
 def _tied(model: torch.nn.Module) -> bool:

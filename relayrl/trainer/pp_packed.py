@@ -63,7 +63,7 @@ def scored(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs, entropies), each [b, T] in the loss layout, of a packed row's entries from its final hidden
     states [1, n, H] (``request.targets``: the row's entry targets [1, K])."""
-    logprobs, entropy = head.score(hidden[:, row.score_pos], lm_head.weight, lm_head.bias, request)
+    logprobs, entropy = head.head_scores(lm_head, hidden[:, row.score_pos], request)
     return place(logprobs[0], row.gather), place(entropy[0], row.gather)
 
 

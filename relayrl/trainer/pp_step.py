@@ -2,8 +2,8 @@
 
 The ranks form a ("dp", "pp") mesh. The ranks of a pipeline hold the same rows (their dp share of the step)
 and each its own stages of the policy (``pipeline.py``), and only those stages' weights: the decoder layers sharded
-with FSDP2 over the dp replicas of its stages (``pp_weights.shard_stages``: each keeps 1/dp of them), the ends
-whole on each replica. A step, on every rank:
+with FSDP2 over the dp replicas of its stages (``pp_weights.shard_stages``: each keeps 1/dp of them but the final
+norm). A step, on every rank:
 
     rows = the batch's padded rows, trimmed to its longest; m micro-batches of equal rows (filler rows masked
            out), m = max(pp_size, ceil(rows / micro_batch_size)), a multiple of pp_size under the looped
@@ -16,8 +16,8 @@ whole on each replica. A step, on every rank:
                    reference's logprobs, through the stages, before the epochs)
     for epoch in 1..E: schedule.step (forward and backward of every micro-batch; the loss on the last stage:
                        policy loss, LOSS_AGG numerator · dp / D_step); gradients averaged over dp (FSDP2's
-                       reduce-scatter for the layers, an all-reduce for the ends), which makes the replicas'
-                       sum the step's gradient; global-norm clip; AdamW on each shard
+                       reduce-scatter, an all-reduce for the final norm), which makes the replicas' sum the
+                       step's gradient; global-norm clip; AdamW on each shard
     stats: the last stage's ``StepStats`` sums, broadcast to every rank of its pipeline
 
 Each rank holds only its own stages' weights (``pp_weights.load_stages``). What reads the whole policy
@@ -209,9 +209,9 @@ class PipelinedPolicy:
         return row
 
     def _average_replicated(self, pipe: Pipeline) -> None:
-        """The gradients of the weights the dp replicas each keep whole (the ends: embedding, final norm, LM head;
-        with tensor parallelism every weight, ``pp_weights.load_stages``) averaged over the replicas, as FSDP2
-        averages the sharded decoder layers' with its reduce-scatter."""
+        """The gradients of the weights the dp replicas each keep whole (the final norm; with tensor parallelism
+        every weight, ``pp_weights.load_stages``) averaged over the replicas, as FSDP2 averages the sharded ones'
+        with its reduce-scatter."""
         dp = self._dp_size()
         if dp == 1:
             return

@@ -10,9 +10,9 @@ rank writes and reads its own stages' weights and AdamW moments under the model'
 any other layout.
 
 With data-parallel replicas of the stages (world_size > pp_size x tp_size) and tp_size 1, ``shard_stages`` shards
-each rank's decoder layers over them with FSDP2, so a replica keeps 1/dp of its layers' weights, gradients and
-AdamW moments. FSDP2 over tp-split layers is not built: with tensor parallelism the replicas hold their stages'
-tp shards whole.
+each rank's decoder layers and ends (embedding, LM head) over them with FSDP2, so a replica keeps 1/dp of its
+weights, gradients and AdamW moments but the final norm. FSDP2 over tp-split layers is not built: with tensor
+parallelism the replicas hold their stages' tp shards whole.
 
 The readers of the whole policy (weight sync, ``save_hf``, the trainer's state dict) take ``gathered``: in
 ``named_parameters`` order, each parameter made whole by the ranks of the stage holding it (``full_tensor`` over
@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from relayrl.trainer.pipeline import build_stages, device_of
+from relayrl.trainer.pipeline import build_stages, device_of, stage_ids
 
 
 def owners(model: torch.nn.Module, pp_size: int, virtual: int = 1) -> dict[str, int]:
@@ -90,22 +90,39 @@ def load_stages(
         parallelize(model, tp_mesh)
     checkpoint_layers(model, checkpoint_every)
     if dp_mesh is not None and dp_mesh.size() > 1 and tp_mesh is None:  # with tp: replicated over dp (not built)
-        shard_stages(model, dp_mesh)
+        ids = stage_ids(pp_rank, pp_size, virtual)
+        shard_stages(model, dp_mesh, first=0 in ids, last=pp_size * virtual - 1 in ids)
     return model.eval()
 
 
-def shard_stages(model: torch.nn.Module, mesh: DeviceMesh) -> None:
-    """FSDP2 over ``mesh`` (the dp replicas of this rank's stages): each decoder layer this rank holds is one unit
-    (gathered for its forward and its backward, its gradient averaged over ``mesh`` by a reduce-scatter; the caller
-    scales the loss by the replicas). The ends (the embedding, the final norm, the LM head) stay whole on each
-    replica: the loss reads the LM head's weight outside any module's forward (``pipeline.rl_loss``), where FSDP2
-    would not gather it, and a tied head shares it with the embedding; ``PipelinedPolicy`` averages their
-    gradients itself. The other stages' meta stand-ins stay as they are."""
+def shard_stages(model: torch.nn.Module, mesh: DeviceMesh, first: bool, last: bool) -> None:
+    """FSDP2 over ``mesh`` (the dp replicas of this rank's stages): each decoder layer this rank holds is one unit,
+    and so are the embedding if it holds the ``first`` stage and the LM head if the ``last``. A unit is gathered for
+    its forward and again for its backward, and its gradient averaged over ``mesh`` by a reduce-scatter (the caller
+    scales the loss by the replicas); the loss calls the head's own forward (``head.head_scores``) so that FSDP2
+    gathers it. Each unit is its own root (no FSDP2 module holds a stage), so ``reshard_after_forward`` is set:
+    FSDP2 keeps a root's weights whole from forward to backward by default. The final norm (H floats) stays whole
+    on each replica, its gradient averaged by ``PipelinedPolicy``. The other stages' meta stand-ins stay as they are.
+
+    A tied embedding is one parameter under two modules, and only one of them runs on a rank (the first and the
+    last stage are on different ranks when pp > 1): that one is sharded, and the other module is given its sharded
+    parameter, so that ``named_parameters`` still yields it once."""
     from torch.distributed.fsdp import fully_shard
 
-    for layer in cast(Any, model).model.layers:
-        if not any(p.is_meta for p in layer.parameters()):
-            fully_shard(layer, mesh=mesh)
+    if first and last:
+        raise ValueError("FSDP2 pipeline stages need trainer.pp_size > 1: one rank holds both ends")
+    inner = cast(Any, model).model
+    embed, lm = inner.embed_tokens, model.get_output_embeddings()
+    ends = [embed] if first else [lm] if last else []
+    for unit in [layer for layer in inner.layers if not _meta(layer)] + ends:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    if ends and getattr(cast(Any, model).config, "tie_word_embeddings", False):
+        other = lm if first else embed
+        other._parameters["weight"] = ends[0].weight
+
+
+def _meta(module: torch.nn.Module) -> bool:
+    return any(p.is_meta for p in module.parameters())
 
 
 def _read(model_path: str, params: dict[str, torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

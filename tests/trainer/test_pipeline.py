@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig
-from relayrl.trainer import pipeline
+from relayrl.trainer import head, pipeline
 from relayrl.trainer.pipeline import Pipeline, build_stages, stage_ids, stage_layers, targets
 
 ROWS, LENGTH, MICRO = 8, 12, 4
@@ -55,7 +55,9 @@ def _model(tied: bool) -> torch.nn.Module:
         tie_word_embeddings=tied,
     )
     cfg._attn_implementation = "sdpa"
-    return LlamaForCausalLM(cfg).float()
+    model = LlamaForCausalLM(cfg).float()
+    head.install(model.get_output_embeddings())  # the loss runs the head's own forward (load_stages installs it)
+    return model
 
 
 def _batch() -> tuple[torch.Tensor, ...]:
@@ -202,3 +204,14 @@ def test_a_model_without_causal_maskless_attention_is_refused():
     cast(Any, model).set_attn_implementation("eager")
     with pytest.raises(ValueError, match="pipeline stages need causal attention without a mask"):
         build_stages(model, 0, 2)
+
+
+@pytest.mark.parametrize(
+    ("rows", "shards", "expected"), [(10, 4, [3, 3, 3, 1]), (9, 4, [3, 3, 3, 0]), (2, 4, [1, 1, 0, 0]), (8, 2, [4, 4])]
+)
+def test_shard_rows_are_fsdp2s_dim0_split(rows, shards, expected):
+    """A middle stage's zeros for the tied gradient match the ends' FSDP2 shard of its dp replica: torch.chunk's
+    split, the trailing shards empty."""
+    assert [pipeline.shard_rows(rows, shards, i) for i in range(shards)] == expected
+    chunks = torch.arange(rows).chunk(shards)
+    assert expected == [len(chunks[i]) if i < len(chunks) else 0 for i in range(shards)]
