@@ -55,7 +55,9 @@ sequence at least TRL's. Usage (the full default set takes about an hour of ever
     .venv/bin/python -m bench.long_context [--lengths 1024 4096 16384] [--layouts one seg256] \\
         [--configs relayrl floor trl] [--tiny] [--timeout 1800] [--threads N]
 
-It runs under the trainer ranks' glibc malloc settings (``as_trainer_ranks_allocate``); children inherit them.
+Each case's children run under the glibc malloc settings relayrl's rank would start with for it (``case_env``:
+``CPU_MALLOC_ENV`` for short micro-batches, glibc's defaults for long ones, ``config.runtime.malloc_env``); floor
+and trl get the same, so each row compares like with like. The progress lines name the setting.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from typing import TypeGuard
 import torch
 
 from bench.common import ROOT, load_note
-from relayrl.config import AlgorithmConfig, ModelConfig, TrainerConfig, malloc_env
+from relayrl.config import CPU_MALLOC_ENV, AlgorithmConfig, ModelConfig, TrainerConfig, malloc_env
 from relayrl.types import Trajectory, TrajectoryGroup, VersionSpan
 
 CONFIGS = ("relayrl", "relayrl-full", "floor", "trl")
@@ -307,8 +309,9 @@ def run_child(config: str, case: Case, args: argparse.Namespace) -> dict:
     """One child process; its result, or ``{"error": "OOM" | "timeout" | "fail(rc)"}``."""
     cmd = [sys.executable, "-m", "bench.long_context", "--child", config, str(case.length), case.layout]
     cmd += ["--threads", str(args.threads), *(["--tiny"] if args.tiny else [])]
+    env = case_env(case, args.tiny)
     try:
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout, check=False)
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"error": "timeout"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT)]
@@ -383,13 +386,18 @@ def print_goals(res: dict) -> None:
     print(f"  longest single sequence trained (of those tried): relayrl {longest['relayrl']}, trl {longest['trl']}")
 
 
-def as_trainer_ranks_allocate() -> None:
-    """Re-execute under the trainer ranks' malloc settings (``bench.trainer_step``'s, but as ``-m`` this module:
-    re-running ``sys.argv[0]`` as a script would leave ``bench`` off the import path)."""
-    env = malloc_env()
-    if any(os.environ.get(k) != v for k, v in env.items()):
-        argv = [sys.executable, "-m", "bench.long_context", *sys.argv[1:]]
-        os.execve(sys.executable, argv, {**os.environ, **env})
+def long_case(case: Case, tiny: bool) -> bool:
+    """Whether relayrl's one rank counts the case's micro-batches as long (``recompute.rank_rows_are_long``)."""
+    from relayrl.trainer import recompute
+
+    model = ModelConfig(path=model_path(tiny), max_model_len=case.seq_len)
+    return recompute.rank_rows_are_long(model.path, TrainerConfig(), model, 1)
+
+
+def case_env(case: Case, tiny: bool) -> dict[str, str]:
+    """This environment with the malloc settings relayrl's rank starts with for ``case`` (module docstring)."""
+    env = {k: v for k, v in os.environ.items() if k not in CPU_MALLOC_ENV}
+    return {**env, **malloc_env(long_case(case, tiny))}
 
 
 def main() -> None:
@@ -406,7 +414,6 @@ def main() -> None:
         config, length, layout = args.child
         child(config, Case(int(length), layout), args.tiny, args.threads)
     else:
-        as_trainer_ranks_allocate()
         run_all(args)
 
 
@@ -422,8 +429,9 @@ def run_all(args: argparse.Namespace) -> None:
     for case in cases:
         for config in args.configs:
             r = res[(config, case)] = run_child(config, case, args)
+            malloc = "glibc defaults" if long_case(case, args.tiny) else "CPU_MALLOC_ENV"
             print(
-                f"  {config:<8} L={case.length:<6} {case.layout:<7} {cell(r, 's')} s  {cell(r, 'gb')} GB  "
+                f"  {config:<8} L={case.length:<6} {case.layout:<7} {cell(r, 's')} s  {cell(r, 'gb')} GB  [{malloc}] "
                 f"(cpu {cell(r, 'cpu')} s; peak at load {cell(r, 'load_gb')} GB)  {r.get('note', '')}",
                 flush=True,
             )

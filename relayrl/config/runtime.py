@@ -24,22 +24,28 @@ CPU_MALLOC_ENV = {
     "MALLOC_TOP_PAD_": str(256 << 20),
 }
 """glibc malloc settings for CPU engines and trainer ranks, which allocate the same large tensors again at
-every step (a trainer's vocab-wide logits and their gradients, AdamW's temporaries; an engine's GEMM copies
-at every commit). By default glibc serves blocks over its dynamic mmap threshold (at most 32 MiB) with fresh
-``mmap``s and unmaps them on free, so each re-allocation faults in fresh zeroed pages. A fixed 1 GiB
+every step (a trainer's vocab-wide logits chunks and their gradients, AdamW's temporaries; an engine's GEMM
+copies at every commit). By default glibc serves blocks over its dynamic mmap threshold (at most 32 MiB) with
+fresh ``mmap``s and unmaps them on free, so each re-allocation faults in fresh zeroed pages. A fixed 1 GiB
 threshold and no trimming keep freed memory in the heap for reuse (RSS stays at its peak).
 
-Why it pays: without them every step faults in its large temporaries again (hundreds of thousands of
-page faults per trainer step), and an engine's commit copies into freshly mapped pages; with them both
-reuse their heap. ``bench/trainer_step.py --system-malloc`` and ``bench/weight_sync.py`` show the gap
-(figures: docs/benchmarks.md).
+Why it pays: without them every step faults in its large temporaries again, and an engine's commit copies into
+freshly mapped pages; with them both reuse their heap. ``bench/trainer_step.py --system-malloc`` and
+``bench/weight_sync.py`` show the gap (figures: docs/benchmarks.md).
+
+What it costs: a heap that keeps every freed block grows with the activations of a long row. In a checkpointed
+forward each layer's kept output lands above that layer's freed temporaries, and the heap ratchets up layer by
+layer. A trainer rank whose micro-batches are long (``trainer.recompute.long_rows``) therefore keeps glibc's
+defaults (``malloc_env(long_rows=True)``); ``bench/long_context.py`` runs each case under the setting its rank
+would get.
 
 Read by glibc when a process starts, so they go in each actor's runtime env (inherited by vLLM's processes)."""
 
 
-def malloc_env() -> dict[str, str]:
-    """``CPU_MALLOC_ENV`` on a CPU host; nothing on CUDA machines, where the big tensors live on the GPU."""
-    return {} if has_cuda() else dict(CPU_MALLOC_ENV)
+def malloc_env(long_rows: bool = False) -> dict[str, str]:
+    """``CPU_MALLOC_ENV`` on a CPU host; nothing on CUDA machines, where the big tensors live on the GPU, nor for a
+    trainer rank whose micro-batches are long (``CPU_MALLOC_ENV``'s docstring)."""
+    return {} if has_cuda() or long_rows else dict(CPU_MALLOC_ENV)
 
 
 def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:

@@ -248,7 +248,7 @@ class TrainerActor(WeightsOut):
         the longest micro-batch, max(max_tokens_per_micro_batch, model.max_model_len) tokens, against this
         rank's share of the host's memory (the GPU's on CUDA)."""
         model_config = json.loads((Path(self.model_path) / "config.json").read_text())
-        tokens = -(-max(self.cfg.max_tokens_per_micro_batch, self.model_cfg.max_model_len) // self.cfg.cp_size)
+        tokens = recompute.micro_batch_tokens(self.cfg, self.model_cfg)
         memory = recompute.rank_memory_bytes(self.device, self.world_size)
         every = recompute.resolve_every(self.cfg.activation_checkpointing, model_config, tokens, memory)
         if self.rank == 0:

@@ -19,6 +19,7 @@ from relayrl.config import (
     malloc_env,
     with_env,
 )
+from relayrl.trainer import recompute
 from relayrl.trainer.actor import TrainerActor, resolve_backend
 
 
@@ -62,7 +63,8 @@ class TrainerGroup:
         timeout_s: float = 600.0,
         critic_cfg: CriticConfig | None = None,
     ):
-        per_rank = self._options(world_size, trainer_cfg, actor_options)
+        long_rows = recompute.rank_rows_are_long(model_path, trainer_cfg, model_cfg, world_size)
+        per_rank = self._options(world_size, trainer_cfg, actor_options, long_rows)
         host = rendezvous_host(per_rank[0], world_size)
         remote_cls = ray.remote(TrainerActor)
         self.actors = [
@@ -88,8 +90,13 @@ class TrainerGroup:
 
     @staticmethod
     def _options(
-        world_size: int, cfg: TrainerConfig, actor_options: dict[str, Any] | list[dict[str, Any]] | None
+        world_size: int,
+        cfg: TrainerConfig,
+        actor_options: dict[str, Any] | list[dict[str, Any]] | None,
+        long_rows: bool = False,
     ) -> list[dict[str, Any]]:
+        """Each rank's Ray options; on a CPU host the malloc settings its micro-batches call for
+        (``config.runtime.malloc_env``: glibc's defaults for long rows)."""
         defaults: dict[str, Any] = {"num_cpus": cfg.num_cpus}
         if resolve_backend(cfg.backend) == "nccl":
             defaults["num_gpus"] = 1
@@ -100,7 +107,7 @@ class TrainerGroup:
                 f"actor_options has {len(actor_options)} entries for world_size={world_size}; "
                 "pass one dict per rank or a single dict for all"
             )
-        return [with_env({**defaults, **opts}, malloc_env()) for opts in actor_options]
+        return [with_env({**defaults, **opts}, malloc_env(long_rows)) for opts in actor_options]
 
     def ready(self) -> None:
         """Wait until every rank has joined the process group and sharded its model."""

@@ -27,7 +27,8 @@ from typing import Any, cast
 
 import torch
 
-from relayrl.config.trainer import AUTO_SHARE, every_of
+from relayrl.config.model import ModelConfig
+from relayrl.config.trainer import AUTO_SHARE, TrainerConfig, every_of
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +43,36 @@ def activation_bytes(model_config: Mapping[str, Any], tokens: int) -> int:
     return 4 * tokens * layers * (7 * h + 2 * kv + 4 * inter)
 
 
+def long_rows(model_config: Mapping[str, Any], tokens: int, memory_bytes: int) -> bool:
+    """Whether micro-batches of ``tokens`` tokens are *long*: their estimated activations without checkpointing
+    (``activation_bytes``) over ``AUTO_SHARE`` of a rank's memory. Long rows turn ``auto`` checkpointing on, and on a
+    CPU host they run the rank under glibc's default malloc (``config.runtime.malloc_env``)."""
+    return activation_bytes(model_config, tokens) > AUTO_SHARE * memory_bytes
+
+
 def resolve_every(mode: str, model_config: Mapping[str, Any], tokens: int, memory_bytes: int) -> int:
-    """The layer stride to checkpoint (0: none): ``mode``'s, or for ``auto`` 1 when
-    ``activation_bytes(tokens) > AUTO_SHARE * memory_bytes``, else 0."""
+    """The layer stride to checkpoint (0: none): ``mode``'s, or for ``auto`` 1 when the rows are long
+    (``long_rows``), else 0."""
     every = every_of(mode)  # checked when the config loaded
     if every is not None:
         return every
-    return int(activation_bytes(model_config, tokens) > AUTO_SHARE * memory_bytes)
+    return int(long_rows(model_config, tokens, memory_bytes))
+
+
+def micro_batch_tokens(trainer: TrainerConfig, model: ModelConfig) -> int:
+    """Tokens a rank computes in its longest micro-batch, as ``auto`` sizes it: the larger of
+    ``trainer.max_tokens_per_micro_batch`` and ``model.max_model_len``, over the context-parallel ranks."""
+    return -(-max(trainer.max_tokens_per_micro_batch, model.max_model_len) // trainer.cp_size)
+
+
+def rank_rows_are_long(model_path: str, trainer: TrainerConfig, model: ModelConfig, ranks_on_host: int) -> bool:
+    """``long_rows`` for a CPU trainer rank of this run (one of ``ranks_on_host`` sharing the host's memory)."""
+    import json
+    from pathlib import Path
+
+    model_config = json.loads((Path(model_path) / "config.json").read_text())
+    memory = rank_memory_bytes(torch.device("cpu"), ranks_on_host)
+    return long_rows(model_config, micro_batch_tokens(trainer, model), memory)
 
 
 def rank_memory_bytes(device: torch.device, ranks_on_host: int) -> int:

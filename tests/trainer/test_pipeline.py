@@ -207,7 +207,7 @@ def test_a_model_without_causal_maskless_attention_is_refused():
 
 
 @pytest.mark.parametrize(
-    ("rows", "shards", "expected"), [(10, 4, [3, 3, 3, 1]), (9, 4, [3, 3, 3, 0]), (2, 4, [1, 1, 0, 0]), (8, 2, [4, 4])]
+    "rows, shards, expected", [(10, 4, [3, 3, 3, 1]), (9, 4, [3, 3, 3, 0]), (2, 4, [1, 1, 0, 0]), (8, 2, [4, 4])]
 )
 def test_shard_rows_are_fsdp2s_dim0_split(rows, shards, expected):
     """A middle stage's zeros for the tied gradient match the ends' FSDP2 shard of its dp replica: torch.chunk's

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayrl.config import ConfigError, load_config
+from relayrl.config import ConfigError, ModelConfig, load_config
 from relayrl.trainer.fsdp import shard_model
-from relayrl.trainer.recompute import activation_bytes, checkpoint_layers, resolve_every
+from relayrl.trainer.recompute import activation_bytes, checkpoint_layers, long_rows, micro_batch_tokens, resolve_every
 from tests.trainer.test_packing import SHARED, local_actor, step_loss_and_grads, step_share, synthetic_groups
 
 # h 4, 2 layers, 2 heads of 2 (KV heads 1 -> KV width 2), MLP 8: 7*4 + 2*2 + 4*8 = 64 floats a token-layer
@@ -28,6 +28,26 @@ def test_activation_estimate_and_auto_by_hand():
     assert resolve_every("off", TINY, 10, 1) == 0
     assert resolve_every("full", TINY, 10, 10**12) == 1
     assert resolve_every("3", TINY, 10, 10**12) == 3
+    assert long_rows(TINY, 10, 4 * 5120 - 4) and not long_rows(TINY, 10, 4 * 5120)  # auto's own test
+
+
+def test_long_rows_run_the_rank_under_glibcs_default_malloc():
+    """The malloc settings a trainer rank starts with: the heap-keeping ones for short micro-batches, glibc's
+    defaults for long ones (their activations would ratchet a heap that keeps every freed block)."""
+    from relayrl.config import CPU_MALLOC_ENV, TrainerConfig
+    from relayrl.trainer.ranks import TrainerGroup
+
+    def env(long: bool) -> dict:
+        return TrainerGroup._options(2, TrainerConfig(), None, long)[1]["runtime_env"]["env_vars"]
+
+    assert CPU_MALLOC_ENV.items() <= env(False).items()
+    assert not set(CPU_MALLOC_ENV) & set(env(True))
+    assert (
+        micro_batch_tokens(
+            TrainerConfig(max_tokens_per_micro_batch=3000, world_size=2, cp_size=2), ModelConfig(max_model_len=8193)
+        )
+        == 4097
+    )
 
 
 @pytest.mark.parametrize("every", [1, 2])
