@@ -55,9 +55,9 @@ sequence at least TRL's. Usage (the full default set takes about an hour of ever
     .venv/bin/python -m bench.long_context [--lengths 1024 4096 16384] [--layouts one seg256] \\
         [--configs relayrl floor trl] [--tiny] [--timeout 1800] [--threads N]
 
-Each case's children run under the glibc malloc settings relayrl's rank would start with for it (``case_env``:
-``CPU_MALLOC_ENV`` for short micro-batches, glibc's defaults for long ones, ``config.runtime.malloc_env``); floor
-and trl get the same, so each row compares like with like. The progress lines name the setting.
+Each case's children run under the glibc malloc settings relayrl's rank would start with for it (``case_env``,
+``config.runtime.malloc_env``: ``CPU_MALLOC_ENV`` for short micro-batches, ``LONG_ROWS_MALLOC_ENV`` for long ones);
+floor and trl get the same, so each row compares like with like. The progress lines name the setting.
 """
 
 from __future__ import annotations
@@ -429,7 +429,7 @@ def run_all(args: argparse.Namespace) -> None:
     for case in cases:
         for config in args.configs:
             r = res[(config, case)] = run_child(config, case, args)
-            malloc = "glibc defaults" if long_case(case, args.tiny) else "CPU_MALLOC_ENV"
+            malloc = "LONG_ROWS_MALLOC_ENV" if long_case(case, args.tiny) else "CPU_MALLOC_ENV"
             print(
                 f"  {config:<8} L={case.length:<6} {case.layout:<7} {cell(r, 's')} s  {cell(r, 'gb')} GB  [{malloc}] "
                 f"(cpu {cell(r, 'cpu')} s; peak at load {cell(r, 'load_gb')} GB)  {r.get('note', '')}",

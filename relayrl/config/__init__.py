@@ -19,7 +19,7 @@ One module per section::
     run         RunConfig                       root        Config, register_configs (ConfigStore)
     sft         SftConfig (warm start)
     validation  validate, fill_defaults         load        load_config, RECIPES_DIR
-    runtime     has_cuda and the Ray workers' environment (WORKER_ENV, CPU_MALLOC_ENV)
+    runtime     has_cuda and the Ray workers' environment (WORKER_ENV, CPU_MALLOC_ENV, LONG_ROWS_MALLOC_ENV)
 """
 
 from relayrl.config.algorithm import GROUPED_ESTIMATORS, AlgorithmConfig, CriticConfig
@@ -36,7 +36,7 @@ from relayrl.config.reward import RewardConfig, RewardSpec
 from relayrl.config.rollout import RolloutConfig
 from relayrl.config.root import Config, register_configs
 from relayrl.config.run import RunConfig
-from relayrl.config.runtime import CPU_MALLOC_ENV, WORKER_ENV, has_cuda, malloc_env, with_env
+from relayrl.config.runtime import CPU_MALLOC_ENV, LONG_ROWS_MALLOC_ENV, WORKER_ENV, has_cuda, malloc_env, with_env
 from relayrl.config.sft import SftConfig
 from relayrl.config.trainer import LLAMA_LINEARS, LoraConfig, TrainerConfig
 from relayrl.config.validation import validate
@@ -48,6 +48,7 @@ __all__ = [
     "GENERATED_TASKS",
     "GROUPED_ESTIMATORS",
     "LLAMA_LINEARS",
+    "LONG_ROWS_MALLOC_ENV",
     "RECIPES_DIR",
     "WORKER_ENV",
     "AlgorithmConfig",

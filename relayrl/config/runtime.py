@@ -35,17 +35,27 @@ freshly mapped pages; with them both reuse their heap. ``bench/trainer_step.py -
 
 What it costs: a heap that keeps every freed block grows with the activations of a long row. In a checkpointed
 forward each layer's kept output lands above that layer's freed temporaries, and the heap ratchets up layer by
-layer. A trainer rank whose micro-batches are long (``trainer.recompute.long_rows``) therefore keeps glibc's
-defaults (``malloc_env(long_rows=True)``); ``bench/long_context.py`` runs each case under the setting its rank
-would get.
+layer. A trainer rank whose micro-batches are long (``trainer.recompute.long_rows``) therefore starts with
+``LONG_ROWS_MALLOC_ENV`` instead (``malloc_env(long_rows=True)``); ``bench/long_context.py`` runs each case under
+the setting its rank would get.
 
 Read by glibc when a process starts, so they go in each actor's runtime env (inherited by vLLM's processes)."""
 
 
+LONG_ROWS_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
+"""glibc malloc settings for a CPU trainer rank whose micro-batches are long: every block of 4 MiB or more is
+mapped on its own and returned to the system when freed, so a long row's per-layer tensors cannot ratchet the
+heap. glibc's default threshold is not enough: it climbs to 32 MiB as mapped blocks are freed, and a layer's
+tensors below that (the hidden states, 19 MB at 8k tokens of a 576-wide model) then stay in the heap. The price
+is a page fault per 4 KiB of each such block at each use; figures in docs/benchmarks.md (bench.long_context)."""
+
+
 def malloc_env(long_rows: bool = False) -> dict[str, str]:
-    """``CPU_MALLOC_ENV`` on a CPU host; nothing on CUDA machines, where the big tensors live on the GPU, nor for a
-    trainer rank whose micro-batches are long (``CPU_MALLOC_ENV``'s docstring)."""
-    return {} if has_cuda() or long_rows else dict(CPU_MALLOC_ENV)
+    """``CPU_MALLOC_ENV`` on a CPU host, ``LONG_ROWS_MALLOC_ENV`` for a trainer rank whose micro-batches are long;
+    nothing on CUDA machines, where the big tensors live on the GPU."""
+    if has_cuda():
+        return {}
+    return dict(LONG_ROWS_MALLOC_ENV if long_rows else CPU_MALLOC_ENV)
 
 
 def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:

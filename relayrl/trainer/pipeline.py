@@ -296,7 +296,9 @@ class Pipeline:
         if not self.tied or self.size == 1:
             return
         weight = cast(Any, self.model).model.embed_tokens.weight
-        holds = (self.first or self.last) and weight.grad is not None
+        holds = self.first or self.last
+        if holds and weight.grad is None:  # no gradient reached this end: it still takes the other's
+            weight.grad = torch.zeros_like(weight)
         # FSDP2 stages (pp_weights.shard_stages): the ends' shards pair up, each dp replica's with its own
         grad = local_tensor(weight.grad) if holds else _tied_zeros(self.model, weight)
         dist.all_reduce(grad, group=self.group)

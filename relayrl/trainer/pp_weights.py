@@ -112,7 +112,7 @@ def shard_stages(model: torch.nn.Module, mesh: DeviceMesh, first: bool, last: bo
     if first and last:
         raise ValueError("FSDP2 pipeline stages need trainer.pp_size > 1: one rank holds both ends")
     inner = cast(Any, model).model
-    embed, lm = inner.embed_tokens, model.get_output_embeddings()
+    embed, lm = inner.embed_tokens, cast(Any, model).get_output_embeddings()
     ends = [embed] if first else [lm] if last else []
     for unit in [layer for layer in inner.layers if not _meta(layer)] + ends:
         fully_shard(unit, mesh=mesh, reshard_after_forward=True)

@@ -70,7 +70,10 @@ def rank_rows_are_long(model_path: str, trainer: TrainerConfig, model: ModelConf
     import json
     from pathlib import Path
 
-    model_config = json.loads((Path(model_path) / "config.json").read_text())
+    config = Path(model_path) / "config.json"
+    if not config.is_file():  # the ranks' model load names the missing model in its own error
+        return False
+    model_config = json.loads(config.read_text())
     memory = rank_memory_bytes(torch.device("cpu"), ranks_on_host)
     return long_rows(model_config, micro_batch_tokens(trainer, model), memory)
 

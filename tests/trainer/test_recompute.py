@@ -34,14 +34,15 @@ def test_activation_estimate_and_auto_by_hand():
 def test_long_rows_run_the_rank_under_glibcs_default_malloc():
     """The malloc settings a trainer rank starts with: the heap-keeping ones for short micro-batches, glibc's
     defaults for long ones (their activations would ratchet a heap that keeps every freed block)."""
-    from relayrl.config import CPU_MALLOC_ENV, TrainerConfig
+    from relayrl.config import CPU_MALLOC_ENV, LONG_ROWS_MALLOC_ENV, TrainerConfig
     from relayrl.trainer.ranks import TrainerGroup
 
     def env(long: bool) -> dict:
         return TrainerGroup._options(2, TrainerConfig(), None, long)[1]["runtime_env"]["env_vars"]
 
     assert CPU_MALLOC_ENV.items() <= env(False).items()
-    assert not set(CPU_MALLOC_ENV) & set(env(True))
+    assert LONG_ROWS_MALLOC_ENV.items() <= env(True).items()
+    assert not (set(CPU_MALLOC_ENV) - set(LONG_ROWS_MALLOC_ENV)) & set(env(True))  # no heap-keeping setting left
     assert (
         micro_batch_tokens(
             TrainerConfig(max_tokens_per_micro_batch=3000, world_size=2, cp_size=2), ModelConfig(max_model_len=8193)
