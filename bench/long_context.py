@@ -305,11 +305,10 @@ def child(config: str, case: Case, tiny: bool, threads: int) -> None:
 # ---------------------------------------------------------------- parent: cases, children, table
 
 
-def run_child(config: str, case: Case, args: argparse.Namespace) -> dict:
+def run_child(config: str, case: Case, args: argparse.Namespace, env: dict[str, str]) -> dict:
     """One child process; its result, or ``{"error": "OOM" | "timeout" | "fail(rc)"}``."""
     cmd = [sys.executable, "-m", "bench.long_context", "--child", config, str(case.length), case.layout]
     cmd += ["--threads", str(args.threads), *(["--tiny"] if args.tiny else [])]
-    env = case_env(case, args.tiny)
     try:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -394,10 +393,11 @@ def long_case(case: Case, tiny: bool) -> bool:
     return recompute.rank_rows_are_long(model.path, TrainerConfig(), model, 1)
 
 
-def case_env(case: Case, tiny: bool) -> dict[str, str]:
-    """This environment with the malloc settings relayrl's rank starts with for ``case`` (module docstring)."""
+def case_env(long: bool) -> dict[str, str]:
+    """This environment with the malloc settings relayrl's rank starts with for a case, long or not (module
+    docstring)."""
     env = {k: v for k, v in os.environ.items() if k not in CPU_MALLOC_ENV}
-    return {**env, **malloc_env(long_case(case, tiny))}
+    return {**env, **malloc_env(long)}
 
 
 def main() -> None:
@@ -427,9 +427,10 @@ def run_all(args: argparse.Namespace) -> None:
     )
     res: dict[tuple[str, Case], dict] = {}
     for case in cases:
+        long = long_case(case, args.tiny)
+        malloc = "LONG_ROWS_MALLOC_ENV" if long else "CPU_MALLOC_ENV"
         for config in args.configs:
-            r = res[(config, case)] = run_child(config, case, args)
-            malloc = "LONG_ROWS_MALLOC_ENV" if long_case(case, args.tiny) else "CPU_MALLOC_ENV"
+            r = res[(config, case)] = run_child(config, case, args, case_env(long))
             print(
                 f"  {config:<8} L={case.length:<6} {case.layout:<7} {cell(r, 's')} s  {cell(r, 'gb')} GB  [{malloc}] "
                 f"(cpu {cell(r, 'cpu')} s; peak at load {cell(r, 'load_gb')} GB)  {r.get('note', '')}",

@@ -105,11 +105,8 @@ def head_scores(head: torch.nn.Module, hidden: torch.Tensor, request: Request) -
     gradient after; ``keep_head_fp32`` keeps it float32 under autocast)."""
     if not isinstance(head, ScoringHead):
         raise ValueError(f"head_scores needs a ScoringHead (head.install), got {type(head).__name__}")
-    head.request = request
-    try:
+    with _requesting(head, request):
         out = head(hidden)
-    finally:
-        head.request = None
     return out[..., 0].contiguous(), out[..., 1].contiguous()  # contiguous: callers send them (dist.broadcast)
 
 
@@ -142,7 +139,13 @@ def scoring_head(model: torch.nn.Module) -> ScoringHead:
 def scoring(model: torch.nn.Module, request: Request) -> Iterator[None]:
     """While active, ``model``'s forward returns ``logits`` [R, K, 2] = (logprob, entropy) of
     ``request.targets`` at the positions it keeps (``logits_to_keep``)."""
-    head = scoring_head(model)
+    with _requesting(scoring_head(model), request):
+        yield
+
+
+@contextlib.contextmanager
+def _requesting(head: ScoringHead, request: Request) -> Iterator[None]:
+    """``head`` scores ``request`` while active."""
     head.request = request
     try:
         yield

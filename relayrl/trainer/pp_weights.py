@@ -113,10 +113,11 @@ def shard_stages(model: torch.nn.Module, mesh: DeviceMesh, first: bool, last: bo
         raise ValueError("FSDP2 pipeline stages need trainer.pp_size > 1: one rank holds both ends")
     inner = cast(Any, model).model
     embed, lm = inner.embed_tokens, cast(Any, model).get_output_embeddings()
+    tied = embed.weight is lm.weight  # before sharding gives the ends parameters of their own
     ends = [embed] if first else [lm] if last else []
     for unit in [layer for layer in inner.layers if not _meta(layer)] + ends:
         fully_shard(unit, mesh=mesh, reshard_after_forward=True)
-    if ends and getattr(cast(Any, model).config, "tie_word_embeddings", False):
+    if ends and tied:
         other = lm if first else embed
         other._parameters["weight"] = ends[0].weight
 
