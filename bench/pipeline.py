@@ -20,7 +20,8 @@ loads the whole model today, so it is not expected to halve.
 ``--packed`` gives the completions long-tailed lengths (one full-length row a step) and runs padded rows against
 packed ones (``trainer.max_tokens_per_micro_batch`` = ``--length``, each group's prompt once), on one rank and in
 2 stages under 1F1B; the packed floor is the padded step times the share of real tokens. ``--held`` prints, for each
-(pp, dp) layout, the policy weights the busiest rank keeps against the whole model over pp x dp (no step). Usage::
+(pp, tp, dp) layout, the policy weights the busiest rank keeps against the whole model over its ranks (no step).
+Usage::
 
     .venv/bin/python -m bench.pipeline [--length 512] [--groups 2] [--group-size 4] [--steps 2] [--tiny] [--packed]
     .venv/bin/python -m bench.pipeline --held
@@ -144,21 +145,22 @@ def packed_cases(path: str, groups: list, length: int, steps: int) -> None:
         print(f"{row} {packed['s'] / floor:.2f} |", flush=True)
 
 
-HELD_LAYOUTS = [(1, 1), (2, 1), (3, 1), (5, 1), (2, 2)]  # (pp, dp): SmolLM2-135M's 30 layers split 2, 3 and 5 ways
+# (pp, tp, dp): SmolLM2-135M's 30 layers split 2, 3 and 5 ways; its 9 query and 3 KV heads split 3 ways
+HELD_LAYOUTS = [(1, 1, 1), (2, 1, 1), (3, 1, 1), (5, 1, 1), (2, 1, 2), (2, 3, 1), (2, 3, 2)]
 
 
 def held_cases(path: str) -> None:
     """``--held``: the policy weights each rank keeps (``TrainerGroup.held_parameters``: the elements of each
-    parameter it holds, fp32) for each (pp, dp) layout, against the floor of the whole model over pp x dp. Loading
-    only, no step: what a rank keeps is set at load."""
+    parameter it holds, fp32) for each (pp, tp, dp) layout, against the floor of the whole model over pp x tp x dp.
+    Loading only, no step: what a rank keeps is set at load."""
     from relayrl.trainer.ranks import TrainerGroup
 
-    print("| pp | dp | ranks | busiest rank MB | whole model MB | floor MB (whole / (pp dp)) | busiest / floor |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| pp | tp | dp | ranks | busiest rank MB | whole model MB | floor MB (whole / ranks) | busiest / floor |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     whole = 0.0
-    for pp, dp in HELD_LAYOUTS:
-        world = pp * dp
-        cfg = TrainerConfig(world_size=world, pp_size=pp, num_cpus=1.0 / world, num_threads=1)
+    for pp, tp, dp in HELD_LAYOUTS:
+        world = pp * tp * dp
+        cfg = TrainerConfig(world_size=world, pp_size=pp, tp_size=tp, num_cpus=1.0 / world, num_threads=1)
         trainer = TrainerGroup(world, path, ModelConfig(path=path), cfg, AlgorithmConfig(), temperature=TEMPERATURE)
         try:
             trainer.ready()
@@ -167,7 +169,8 @@ def held_cases(path: str) -> None:
             trainer.shutdown()
         whole = whole or held[0]  # the first layout is one rank: the whole model
         floor = whole / world
-        print(f"| {pp} | {dp} | {world} | {max(held):.1f} | {whole:.1f} | {floor:.1f} | {max(held) / floor:.2f} |")
+        busiest = max(held)
+        print(f"| {pp} | {tp} | {dp} | {world} | {busiest:.1f} | {whole:.1f} | {floor:.1f} | {busiest / floor:.2f} |")
 
 
 def main() -> None:
@@ -178,7 +181,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="the tiny Llama (2 layers: no interleaved case)")
     ap.add_argument("--packed", action="store_true", help="long-tailed lengths: padded vs packed rows, pp=1 and 2")
-    ap.add_argument("--held", action="store_true", help="the weights each rank keeps, per (pp, dp) layout")
+    ap.add_argument("--held", action="store_true", help="the weights each rank keeps, per (pp, tp, dp) layout")
     args = ap.parse_args()
     from transformers import AutoConfig
 

@@ -45,11 +45,12 @@ def policy_adamw(model: torch.nn.Module, device: torch.device, cfg: TrainerConfi
 def adamw_step(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.step()`` of an AdamW whose parameters are FSDP2 DTensors, run on their local tensors.
 
-    AdamW is element-wise, so on Shard or Replicate placements (no Partial sums) each rank updating its own
-    local tensors *is* the DTensor update, done by the same kernel. Going around DTensor matters because
-    its dispatch of the one fused call over every parameter, gradient and moment is slow on its first call:
-    it propagates sharding over four tensors per parameter in Python, on the path to the first step, while
-    the kernel itself is the same either way. The moments stay DTensors
+    AdamW is element-wise, so on any placement but Partial sums (Shard, FSDP2's strided shard of a tp shard,
+    Replicate) each rank updating its own local tensors *is* the DTensor update, done by the same kernel. Going
+    around DTensor matters because its dispatch of the one fused call over every parameter, gradient and moment
+    is slow on its first call: it propagates sharding over four tensors per parameter in Python, on the path to
+    the first step, while the kernel itself is the same either way. It also lets plain tensors (a pipeline
+    stage's final norm) and DTensors share one fused call, which ``step()`` refuses. The moments stay DTensors
     in ``optimizer.state``, created as torch creates them, so checkpoints (DCP) see what ``step()`` would
     have left. Any other optimizer, or a layout this does not cover, takes ``optimizer.step()``."""
     if type(optimizer) is not torch.optim.AdamW or not all(
@@ -65,7 +66,7 @@ def adamw_step(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _local_update_ok(p: torch.Tensor) -> bool:
-    """A plain tensor, or a DTensor whose gradient has its mesh and placements, all of them Shard or Replicate."""
+    """A plain tensor, or a DTensor whose gradient has its mesh and placements, none of them Partial sums."""
     g = p.grad
     if not isinstance(p, DTensor):
         return not isinstance(g, DTensor)
@@ -73,7 +74,7 @@ def _local_update_ok(p: torch.Tensor) -> bool:
         isinstance(g, DTensor)
         and g.device_mesh == p.device_mesh
         and tuple(g.placements) == tuple(p.placements)
-        and all(pl.is_shard() or pl.is_replicate() for pl in p.placements)
+        and not any(pl.is_partial() for pl in p.placements)
     )
 
 

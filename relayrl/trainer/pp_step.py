@@ -209,9 +209,8 @@ class PipelinedPolicy:
         return row
 
     def _average_replicated(self, pipe: Pipeline) -> None:
-        """The gradients of the weights the dp replicas each keep whole (the final norm; with tensor parallelism
-        every weight, ``pp_weights.load_stages``) averaged over the replicas, as FSDP2 averages the sharded ones'
-        with its reduce-scatter."""
+        """The gradients of the weights the dp replicas each keep whole (the final norm, ``pp_weights.load_stages``)
+        averaged over the replicas, as FSDP2 averages the sharded ones' with its reduce-scatter."""
         dp = self._dp_size()
         if dp == 1:
             return

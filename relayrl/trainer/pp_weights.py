@@ -9,10 +9,10 @@ stand-ins are what the optimizer (built after) and the checkpoints leave out (``
 rank writes and reads its own stages' weights and AdamW moments under the model's names, and DCP reshards them to
 any other layout.
 
-With data-parallel replicas of the stages (world_size > pp_size x tp_size) and tp_size 1, ``shard_stages`` shards
-each rank's decoder layers and ends (embedding, LM head) over them with FSDP2, so a replica keeps 1/dp of its
-weights, gradients and AdamW moments but the final norm. FSDP2 over tp-split layers is not built: with tensor
-parallelism the replicas hold their stages' tp shards whole.
+With data-parallel replicas of the stages (world_size > pp_size x tp_size), ``shard_stages`` shards each rank's
+decoder layers and ends (embedding, LM head) over them with FSDP2, so a replica keeps 1/dp of its weights, gradients
+and AdamW moments but the final norm. Under tensor parallelism too: a tp-split linear becomes a 2-D DTensor over
+("dp", "tp"), each rank keeping 1/dp of its tp shard, as torchtitan composes FSDP2 with TP.
 
 The readers of the whole policy (weight sync, ``save_hf``, the trainer's state dict) take ``gathered``: in
 ``named_parameters`` order, each parameter made whole by the ranks of the stage holding it (``full_tensor`` over
@@ -60,7 +60,7 @@ def load_stages(
     mode), with only pipeline rank ``pp_rank``'s stages read from disk: the model is built on the meta device, its
     stages' weights are read one tensor at a time from the safetensors files (float32, on ``device``), and every
     other weight stays a frozen meta stand-in. No rank ever holds the whole model, at load or after. With a
-    ``dp_mesh`` of more than one rank and no ``tp_mesh``, the decoder layers are then sharded over it
+    ``dp_mesh`` of more than one rank, the decoder layers and the ends are then sharded over it, after the tp split
     (``shard_stages``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -89,7 +89,7 @@ def load_stages(
     if tp_mesh is not None:
         parallelize(model, tp_mesh)
     checkpoint_layers(model, checkpoint_every)
-    if dp_mesh is not None and dp_mesh.size() > 1 and tp_mesh is None:  # with tp: replicated over dp (not built)
+    if dp_mesh is not None and dp_mesh.size() > 1:
         ids = stage_ids(pp_rank, pp_size, virtual)
         shard_stages(model, dp_mesh, first=0 in ids, last=pp_size * virtual - 1 in ids)
     return model.eval()

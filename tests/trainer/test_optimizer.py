@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from relayrl.trainer.optim import AdamWHyper, adamw, adamw_step
+from relayrl.trainer.optim import AdamWHyper, adamw, adamw_step, local_tensor
 
 HYPER: AdamWHyper = {"lr": 0.1, "betas": (0.9, 0.999), "weight_decay": 0.01}
 
@@ -108,3 +108,28 @@ def test_local_step_on_plain_tensors_and_other_optimizers_falls_back():
     r.grad = torch.ones(2)
     adamw_step(torch.optim.SGD([r], lr=0.5))
     assert r.detach().tolist() == [0.5, 0.5]
+
+
+def test_local_step_on_fsdp2_strided_shards_of_tp_shards(one_rank_group):
+    """FSDP2 over dp of a tp-split weight (pipeline stages with dp x tp) places it as (_StridedShard, Shard):
+    element-wise AdamW still runs on the local tensors (no fall-back to ``step()``, whose fused kernel refuses a
+    mix of such DTensors and plain tensors) and gives the plain update of those values."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    placements = [_StridedShard(0, split_factor=2), Shard(0)]
+    values, grads = torch.arange(6.0).reshape(3, 2), torch.full((3, 2), 0.5)
+    p = torch.nn.Parameter(DTensor.from_local(values.clone(), mesh, placements))
+    p.grad = DTensor.from_local(grads.clone(), mesh, placements)
+    plain = torch.nn.Parameter(torch.ones(2))  # a plain tensor beside it, as a stage's final norm is
+    plain.grad = torch.full((2,), 0.5)
+    opt = adamw([p, plain], torch.device("cpu"), True, **HYPER)
+    opt.step = lambda *a, **k: pytest.fail("adamw_step fell back to step()")  # type: ignore[method-assign]
+    adamw_step(opt)
+    q = torch.nn.Parameter(values.clone())
+    q.grad = grads.clone()
+    ref = adamw([q], torch.device("cpu"), True, **HYPER)
+    ref.step()
+    assert torch.equal(local_tensor(p), q.detach()) and not torch.equal(q.detach(), values)
+    assert opt.state[p]["exp_avg"].placements == tuple(placements)

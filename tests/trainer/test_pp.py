@@ -413,27 +413,33 @@ def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path
     """4 ranks on a ("dp", "pp", "tp") mesh of 1 x 2 x 2: each stage's linears split over 2 tp ranks (a model with
     2 KV heads, so both head counts divide), GRPO with the KL term, padded rows (and packed ones on 8 ranks, 2 x 2 x
     2), against one rank; the pp x tp checkpoint (tp-split weights and moments as DTensors) resumes on one rank to
-    the same weights; each rank holds only its own stage's weights."""
+    the same weights; each rank holds only its own stage's weights, and on 8 ranks (FSDP2 over the tp shards) half
+    of what the rank of the same stage and tp index holds on 4, the final norm whole."""
     path = tp_friendly(tiny_llama, tmp_path_factory.mktemp("pp") / "kv2")
     groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
     refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
     reference = train(path, 1, refs, kl_coef=KL)
     reference.pop("trainer").shutdown()
-    for rows, world in (({}, 4), (PACKED, 8)):  # packed: 2 dp replicas too, each holding its stage's tp shards whole
+    tp_shards: list[dict[str, int]] = []  # what each of the 4 ranks holds
+    for rows, world in (({}, 4), (PACKED, 8)):  # packed: 2 dp replicas too, each keeping half of its tp shards
         run = train(path, 2, refs, world_size=world, tp_size=2, kl_coef=KL, **rows)
         try:
             _assert_same_run(run, reference, f"dp={world // 4} x pp=2 x tp=2, {rows or 'padded'}")
             held = run["trainer"].held_parameters()  # ranks 0, 1: stage 0 (tp ranks 0, 1); ranks 2, 3: stage 1
             assert not any(".layers.1." in n for n in [*held[0], *held[1]])
             assert not any(".layers.0." in n for n in [*held[2], *held[3]])
-            assert held[4:] == held[:4] if world == 8 else len(held) == 4  # the second replica: the same shards
-            if rows:
-                continue
-            run["trainer"].save_checkpoint(str(tmp_path))
-            manifest.write(tmp_path)
+            if rows:  # rank r and r + 4: the two dp replicas of 4 ranks' rank r, each with half of every weight
+                for mine, whole in zip(held, tp_shards + tp_shards):
+                    assert mine.keys() == whole.keys()
+                    assert all(2 * k == whole[n] or n == "model.norm.weight" for n, k in mine.items()), mine
+                    assert mine.get("model.norm.weight") == whole.get("model.norm.weight")
+            tp_shards = tp_shards or held
+            run["trainer"].save_checkpoint(str(tmp_path / str(world)))
+            manifest.write(tmp_path / str(world))
         finally:
             run["trainer"].shutdown()
-    _assert_resumes_on_one_rank(path, refs, tmp_path, reference["state"], "pp x tp -> 1")
+    for world in (4, 8):  # the 8 ranks' tp shards as 2-D DTensors over ("dp", "tp")
+        _assert_resumes_on_one_rank(path, refs, tmp_path / str(world), reference["state"], f"{world} ranks -> 1")
 
 
 def test_pp2_zero_bubble_trains_what_one_rank_trains(tiny_llama, refs, reference):
