@@ -46,7 +46,7 @@ def activation_bytes(model_config: Mapping[str, Any], tokens: int) -> int:
 def long_rows(model_config: Mapping[str, Any], tokens: int, memory_bytes: int) -> bool:
     """Whether micro-batches of ``tokens`` tokens are *long*: their estimated activations without checkpointing
     (``activation_bytes``) over ``AUTO_SHARE`` of a rank's memory. Long rows turn ``auto`` checkpointing on, and on a
-    CPU host they run the rank under glibc's default malloc (``config.runtime.malloc_env``)."""
+    CPU host they run the rank under ``LONG_ROWS_MALLOC_ENV`` (``config.runtime.malloc_env``)."""
     return activation_bytes(model_config, tokens) > AUTO_SHARE * memory_bytes
 
 

@@ -103,7 +103,8 @@ def read_prompt_completion(path: Path) -> list[dict[str, Any]]:
 def fine_tune_in_child(cfg: Config, model_path: Path, rows: list[dict[str, Any]], out: Path) -> list[float]:
     """``fine_tune`` in a child process started with the trainer ranks' malloc settings (``CPU_MALLOC_ENV``:
     glibc reads them at start-up; without them every step faults its vocab-wide logits in afresh, which costs
-    more than the step's arithmetic on this box). Its losses come back in ``out/sft_losses.json``."""
+    more than the step's arithmetic on this box; a child whose batches are long starts itself again under the
+    long rows' settings, ``restart_for_long_rows``). Its losses come back in ``out/sft_losses.json``."""
     import os
     import subprocess
     import sys
@@ -139,21 +140,24 @@ def fine_tune_in_child(cfg: Config, model_path: Path, rows: list[dict[str, Any]]
 
 def fine_tune(job: dict[str, Any]) -> list[float]:
     """Train ``job["steps"]`` steps on ``job["rows"]`` and save the model and tokenizer into ``job["out"]``; the
-    step losses."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    step losses. Run in the child of ``fine_tune_in_child``, which it may start again (``restart_for_long_rows``)
+    once the rows are tokenized, before the model loads."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from relayrl.data import chat_formatter
 
     torch.manual_seed(job["seed"])
     tokenizer = AutoTokenizer.from_pretrained(job["model_path"])
-    model = AutoModelForCausalLM.from_pretrained(job["model_path"], dtype=getattr(torch, job["dtype"]))
     if job.get("env"):
         env_name, env_kwargs = job["env"]
         examples = env_examples(tokenizer, env_name, env_kwargs, job["rows"])
     else:
         fmt = chat_formatter(tokenizer, job["chat_template"])
         examples = [encode(tokenizer, fmt(r["prompt"]), r["completion"]) for r in job["rows"]]
-    _memory_plan(model, job, max(len(ids) for ids, _ in examples) * job["batch_size"])
+    tokens = max(len(ids) for ids, _ in examples) * job["batch_size"]
+    restart_for_long_rows(AutoConfig.from_pretrained(job["model_path"]).to_dict(), tokens)
+    model = AutoModelForCausalLM.from_pretrained(job["model_path"], dtype=getattr(torch, job["dtype"]))
+    _memory_plan(model, job, tokens)
     optimizer = torch.optim.AdamW(model.parameters(), lr=job["lr"], weight_decay=0.0)
     losses, steps = [], job["steps"]
     for step, batch in enumerate(batches(examples, job["batch_size"], steps, job["seed"]), 1):
@@ -169,6 +173,26 @@ def fine_tune(job: dict[str, Any]) -> list[float]:
     model.save_pretrained(job["out"])
     tokenizer.save_pretrained(job["out"])
     return losses
+
+
+def restart_for_long_rows(model_config: dict[str, Any], tokens: int) -> None:
+    """The SFT child starts under the heap settings (``CPU_MALLOC_ENV``). When its batches of ``tokens`` tokens are
+    long (``recompute.long_rows``, as for a trainer rank), it starts itself again under ``malloc_env(long_rows=True)``
+    (glibc reads them only at start-up), so a long row's activations cannot ratchet the heap
+    (``config.runtime.LONG_ROWS_MALLOC_ENV``). A process already under its settings goes on."""
+    import os
+    import sys
+
+    from relayrl.config import CPU_MALLOC_ENV, malloc_env
+    from relayrl.trainer import recompute
+
+    memory = recompute.rank_memory_bytes(torch.device("cpu"), 1)
+    env = malloc_env(recompute.long_rows(model_config, tokens, memory))
+    if all(os.environ.get(k) == v for k, v in env.items()):
+        return
+    logger.info("relayrl: sft batches of %d tokens are long; restarting under %s", tokens, env)
+    kept = {k: v for k, v in os.environ.items() if k not in CPU_MALLOC_ENV}
+    os.execve(sys.executable, [sys.executable, "-m", "relayrl.trainer.sft", *sys.argv[1:]], {**kept, **env})
 
 
 def _memory_plan(model: torch.nn.Module, job: dict[str, Any], tokens: int) -> None:

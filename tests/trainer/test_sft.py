@@ -4,6 +4,7 @@ learns its rows, writes a model vLLM and the trainer can load, and is reused on 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -113,3 +114,35 @@ def test_the_chunked_loss_equals_hf_cross_entropy_with_and_without_checkpointing
         assert abs(float(loss) - float(expected)) < 1e-6
         for (name, a), b in zip(ref.named_parameters(), model.parameters()):
             torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3}
+SMOLLM2 |= {"intermediate_size": 1536}  # 1.27 MB of activations a token: long past ~5.1k tokens in 24 GiB
+
+
+def test_sft_child_with_long_batches_starts_again_under_the_long_rows_malloc(monkeypatch):
+    """The SFT child starts under the heap settings; batches of long rows make it exec itself under
+    ``LONG_ROWS_MALLOC_ENV`` (the heap settings dropped), once: short batches, or a process already under the long
+    rows' settings, go on."""
+    from relayrl.config import CPU_MALLOC_ENV, LONG_ROWS_MALLOC_ENV, runtime
+    from relayrl.trainer import sft
+
+    monkeypatch.setattr(runtime, "has_cuda", lambda: False)
+    execs: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr("os.execve", lambda exe, argv, env: execs.append((exe, argv, env)))
+    monkeypatch.setattr("relayrl.trainer.recompute.rank_memory_bytes", lambda device, ranks: 24 << 30)
+    monkeypatch.setattr("sys.argv", ["sft.py", "/tmp/job.json"])
+    for key, value in CPU_MALLOC_ENV.items():
+        monkeypatch.setenv(key, value)
+    sft.restart_for_long_rows(SMOLLM2, 2048)  # 2.6 GB of activations: short
+    assert execs == []
+    sft.restart_for_long_rows(SMOLLM2, 8192)  # 10.4 GB, over a quarter of 24 GB: long
+    (exe, argv, env) = execs.pop()
+    assert exe == sys.executable and argv[1:] == ["-m", "relayrl.trainer.sft", "/tmp/job.json"]
+    assert {k: env.get(k) for k in CPU_MALLOC_ENV} == {**dict.fromkeys(CPU_MALLOC_ENV), **LONG_ROWS_MALLOC_ENV}
+    for key in CPU_MALLOC_ENV:
+        monkeypatch.delenv(key)
+    for key, value in LONG_ROWS_MALLOC_ENV.items():
+        monkeypatch.setenv(key, value)
+    sft.restart_for_long_rows(SMOLLM2, 8192)  # already restarted: it goes on
+    assert execs == []
