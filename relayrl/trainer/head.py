@@ -16,18 +16,26 @@ in place, so the parameter names and a tied embedding stay as they are), and whi
 is active it returns ``[..., 2]`` = (logprob, entropy) of the given targets instead of logits. Running in
 the model's forward keeps FSDP2's gather of the root's parameters (a tied lm_head lives there) and its
 gradient reduce exactly as they are for any module.
+
+Under tensor parallelism the head is split by vocabulary rows (``tp.split_vocabulary``); each chunk's
+statistics then come from the rank's own rows and all-reduces of a float a position
+(``vocab_parallel.py``), so a rank holds, computes and keeps V / t of the head.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Shard
 from torch.utils.checkpoint import checkpoint
+
+from relayrl.trainer import vocab_parallel
 
 
 @dataclass(frozen=True)
@@ -67,18 +75,32 @@ def score(
     if hidden.shape[:-1] != shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} must be [R, K, H] with [R, K] = targets {tuple(shape)}")
     flat, targets = hidden.reshape(-1, hidden.shape[-1]), request.targets.reshape(-1)
-    args = (weight, bias)
+    stats, args = _stats_of(weight, bias)
     tail = (request.temperature, request.entropy_grad)
     lps, ents = [], []
     for s in range(0, flat.shape[0], request.chunk):
         h, t = flat[s : s + request.chunk], targets[s : s + request.chunk]
         if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_stats, h, *args, t, *tail, use_reentrant=False)
+            lp, ent = checkpoint(stats, h, *args, t, *tail, use_reentrant=False)
         else:
-            lp, ent = _chunk_stats(h, *args, t, *tail)
+            lp, ent = stats(h, *args, t, *tail)
         lps.append(lp)
         ents.append(ent)
     return torch.cat(lps).view(shape), torch.cat(ents).view(shape)
+
+
+def _stats_of(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(a chunk's statistics, its weight and bias): ``_chunk_stats`` of a whole head, or of a head split by
+    vocabulary rows over tensor-parallel ranks (a ``Shard(0)`` DTensor, ``tp.split_vocabulary``) its local rows'
+    vocab-parallel statistics (``vocab_parallel.chunk_stats``)."""
+    if not isinstance(weight, DTensor):
+        return _chunk_stats, (weight, bias)
+    mesh = weight.device_mesh
+    if mesh.ndim != 1 or tuple(weight.placements) != (Shard(0),):
+        raise ValueError(f"a DTensor LM head must be split by vocabulary rows over tp, got {weight.placements}")
+    offset = vocab_parallel.row_offset(weight.shape[0], mesh.size(), mesh.get_local_rank())
+    stats = functools.partial(vocab_parallel.chunk_stats, group=mesh.get_group(), offset=offset)
+    return stats, (weight.to_local(), bias.to_local() if isinstance(bias, DTensor) else bias)
 
 
 class ScoringHead(torch.nn.Linear):
@@ -87,9 +109,13 @@ class ScoringHead(torch.nn.Linear):
     request: Request | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.request is None:
-            return super().forward(hidden)
-        return self.scores(hidden, self.weight)
+        if self.request is not None:
+            return self.scores(hidden, self.weight)
+        if isinstance(self.weight, DTensor):  # split by vocabulary (tp): each rank's logits, gathered
+            bias = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
+            local = torch.nn.functional.linear(hidden, self.weight.to_local(), bias)
+            return DTensor.from_local(local, self.weight.device_mesh, [Shard(-1)]).full_tensor()
+        return super().forward(hidden)
 
     def scores(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """[R, K, 2] = (logprob, entropy) of the request's targets with ``weight`` as the projection: the

@@ -367,9 +367,9 @@ class Pipeline:
 
 def _tied_zeros(model: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
     """A middle stage's (pp > 2) zeros for the tied gradient's all-reduce: it holds only a meta stand-in of the
-    embedding, so the rows are those of the ends' shard for this rank's dp replica (``shard_rows``), all of them
-    without FSDP2 stages."""
-    rows = weight.shape[0]
+    embedding, so the rows are those of the ends' shard for this rank's dp replica (``shard_rows``) of its tp
+    index's vocabulary rows (the stand-in keeps the tp split), all of them without FSDP2 stages."""
+    rows = local_tensor(weight).shape[0]
     meshes = (p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
     dp = [mesh for mesh in meshes if mesh.mesh_dim_names == ("dp",)]
     if dp:

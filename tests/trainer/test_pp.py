@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -413,8 +413,9 @@ def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path
     """4 ranks on a ("dp", "pp", "tp") mesh of 1 x 2 x 2: each stage's linears split over 2 tp ranks (a model with
     2 KV heads, so both head counts divide), GRPO with the KL term, padded rows (and packed ones on 8 ranks, 2 x 2 x
     2), against one rank; the pp x tp checkpoint (tp-split weights and moments as DTensors) resumes on one rank to
-    the same weights; each rank holds only its own stage's weights, and on 8 ranks (FSDP2 over the tp shards) half
-    of what the rank of the same stage and tp index holds on 4, the final norm whole."""
+    the same weights; each rank holds only its own stage's weights (the embedding split by vocabulary over tp), and on 8
+    ranks (FSDP2 over the tp shards) half of what the rank of the same stage and tp index holds on 4, the final
+    norm whole."""
     path = tp_friendly(tiny_llama, tmp_path_factory.mktemp("pp") / "kv2")
     groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
     refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
@@ -428,6 +429,8 @@ def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path
             held = run["trainer"].held_parameters()  # ranks 0, 1: stage 0 (tp ranks 0, 1); ranks 2, 3: stage 1
             assert not any(".layers.1." in n for n in [*held[0], *held[1]])
             assert not any(".layers.0." in n for n in [*held[2], *held[3]])
+            vocab_rows = cast(Any, _hf_model(path)).get_input_embeddings().weight.numel() // (world // 4 * 2)
+            assert held[0]["model.embed_tokens.weight"] == vocab_rows  # split by vocabulary over tp (and dp)
             if rows:  # rank r and r + 4: the two dp replicas of 4 ranks' rank r, each with half of every weight
                 for mine, whole in zip(held, tp_shards + tp_shards):
                     assert mine.keys() == whole.keys()
