@@ -445,6 +445,25 @@ def test_pp2_x_tp2_trains_what_one_rank_trains(tiny_llama, ray_session, tmp_path
         _assert_resumes_on_one_rank(path, refs, tmp_path / str(world), reference["state"], f"{world} ranks -> 1")
 
 
+@pytest.mark.slow
+def test_four_stages_x_tp2_train_what_one_rank_trains(tiny_llama, ray_session, tmp_path_factory):
+    """8 ranks: 4 stages of one layer, each split over 2 tp ranks, GRPO with the KL term, against one rank. The
+    middle stages hold neither end of the tied embedding and join its gradient's sum with zeros of their tp index's
+    vocabulary rows (``pipeline._tied_zeros``)."""
+    path = _layers(tp_friendly(tiny_llama, tmp_path_factory.mktemp("pp") / "kv2"), tmp_path_factory.mktemp("pp"), 4)
+    groups = _synthetic_groups(vocab=_hf_model(path).config.vocab_size)
+    refs = [ray_session.put(groups[:2]), ray_session.put(groups[2:])]
+    reference = train(path, 1, refs, kl_coef=KL)
+    reference.pop("trainer").shutdown()
+    run = train(path, 4, refs, world_size=8, tp_size=2, kl_coef=KL)
+    try:
+        _assert_same_run(run, reference, "pp=4 x tp=2")
+        held = run["trainer"].held_parameters()  # rank = pp_rank * 2 + tp_rank
+        assert not any("embed_tokens" in n for h in held[2:6] for n in h)  # the middle stages
+    finally:
+        run["trainer"].shutdown()
+
+
 def test_pp2_zero_bubble_trains_what_one_rank_trains(tiny_llama, refs, reference):
     """torch's interleaved zero-bubble schedule (each backward split into its input and weight halves, the
     weight halves deferred) with one stage a rank: the padded one-rank run's stats and weights, KL and clip."""
