@@ -1,9 +1,10 @@
-"""The LM head split by vocabulary over tensor-parallel ranks, as Megatron-LM's vocab-parallel cross-entropy.
+"""The embedding and the LM head split by vocabulary over tensor-parallel ranks, as Megatron-LM splits them.
 
-Under ``trainer.tp_size = t`` the output projection's rows (and a tied embedding's, which are the same) are split
-over the t ranks (``tp.parallelize``): rank r holds the logits of tokens [r * ceil(V / t), ...) only. A chunk's
-logprobs and entropies then need, per position, three sums over the vocabulary, each a local sum and one
-all-reduce of ``c`` floats over the tp ranks, never the [c, V] logits on one rank:
+Under ``trainer.tp_size = t`` the rows of the output projection and of the embedding (one parameter when tied) are
+split over the t ranks (``tp.split_vocabulary``): rank r holds tokens [r * ceil(V / t), ...) only. The embedding
+looks up the tokens of its rows and the lookups are summed over tp (``VocabParallelEmbedding``). A chunk's
+logprobs and entropies need, per position, a max and three sums over the vocabulary, each a local reduction and
+one all-reduce of ``c`` floats over the tp ranks, never the [c, V] logits on one rank:
 
     m      = max_r max_v z_rv                          (all-reduce MAX, no gradient: it only steadies exp)
     lse    = log sum_r sum_v exp(z_rv - m) + m         (all-reduce SUM)
@@ -14,9 +15,9 @@ Every tp rank computes the same loss from these sums, so the gradient of each ra
 all-reduce forward, identity backward: ``_SumOverTp``). A value every rank holds alike that feeds each rank's
 part of a sum (the hidden states; lse inside E_p[z]) takes the sum of all ranks' parts' gradients (identity
 forward, all-reduce backward: ``_CopyToTp``); where it is used outside the parts, its gradient is the same on
-every rank and is taken as it is. The rest is ``head.py``'s
-chunking: each chunk under activation checkpointing, so the backward recomputes its [c, V / t] logits (and runs
-its all-reduces again, in the same order on every tp rank).
+every rank and is taken as it is. The rest is ``head.py``'s chunking: each chunk under activation
+checkpointing, so the backward recomputes its [c, V / t] logits (and runs its all-reduces again, in the same
+order on every tp rank).
 """
 
 from __future__ import annotations
