@@ -185,6 +185,16 @@ def gathered(
         yield name, whole
 
 
+def own(model: torch.nn.Module, owner: dict[str, int], pp_rank: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) of the parameters pipeline rank ``pp_rank`` owns (``owners``), in ``named_parameters``
+    order, on every rank of that stage: made whole over dp and tp (``full_tensor``, collective among the stage's
+    ranks), never sent to another stage. What a stage writes itself into a shared weight buffer
+    (``weightsync/shm.py``)."""
+    for name, p in model.named_parameters():
+        if owner[name] == pp_rank:
+            yield name, (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+
+
 def full_state_dict(
     model: torch.nn.Module, owner: dict[str, int], group: dist.ProcessGroup, keep: bool
 ) -> dict[str, torch.Tensor]:

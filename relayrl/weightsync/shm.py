@@ -18,15 +18,18 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
+import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
-from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo
+from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, drain, one_thread
 from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
+from relayrl.weightsync.stages import StageSource
 
 HEADER_BYTES = 64
 MAGIC = int.from_bytes(b"relayrl1", "little")
@@ -91,6 +94,16 @@ class ShmRegion:
         Path(self.path).unlink(missing_ok=True)
 
 
+def _share_region(region: ShmRegion | None, nbytes: int, group: dist.ProcessGroup) -> ShmRegion:
+    """Rank 0's new mapping (``region``), mapped by every other stage writer of ``group`` too: its path is
+    broadcast, each maps it, and a barrier says all have before rank 0 lets the name go."""
+    path = [region.path if region is not None else None]
+    dist.broadcast_object_list(path, src=dist.get_global_rank(group, 0), group=group)
+    shared = region if region is not None else ShmRegion(cast(str, path[0]), nbytes)
+    dist.barrier(group=group)
+    return shared
+
+
 def _digest_int(digest: str) -> int:
     return int(digest[:15], 16)  # 60 bits: fits a signed int64 header field
 
@@ -105,8 +118,11 @@ class ShmTrainerInitInfo(TrainerInitInfo):
 
 
 class ShmTrainerEngine(FlatTrainerEngine):
+    """Rank 0 writes every tensor into the mapping, stamps it and has the engines verify it. Over a pipelined
+    policy (a ``StageSource``) each stage writes its own tensors instead (``send_stages``)."""
+
     init_info_cls = ShmTrainerInitInfo
-    region: ShmRegion | None = None  # the sender's mapping, from trainer_init
+    region: ShmRegion | None = None  # the sender's mapping (and each stage writer's), from trainer_init
     dests: list[list[torch.Tensor]]  # each bucket's typed views into the mapping
 
     @classmethod
@@ -115,18 +131,93 @@ class ShmTrainerEngine(FlatTrainerEngine):
     ) -> ShmTrainerEngine:
         engine = cls.planned(init_info, client, source)
         layout = engine.layout
-        if engine.is_sender:
-            engine.region = region = ShmRegion.create(init_info.shm_dir, layout.nbytes)
-            try:
+        stages = source if isinstance(source, StageSource) else None
+        if not engine.is_sender and not (stages is not None and stages.writes):
+            return engine
+        region = ShmRegion.create(init_info.shm_dir, layout.nbytes) if engine.is_sender else None
+        try:
+            if stages is not None:  # every stage writer maps the file while it still has a name
+                region = _share_region(region, layout.nbytes, stages.stage_group)
+            assert region is not None  # created (sender) or mapped (stage writer)
+            engine.region = region
+            if engine.is_sender:
                 client.init_weight_transfer_engine(
                     {"layout": layout.to_dict(), "transport": "shm", "channel": {"path": region.path}}
                 )
-            finally:
-                # Every engine has mapped it (or failed): the name can go now, the memory stays until the
-                # last mapping closes, so even a SIGKILLed trainer leaves nothing behind in /dev/shm.
+        finally:
+            # Every engine has mapped it (or failed): the name can go now, the memory stays until the
+            # last mapping closes, so even a SIGKILLed trainer leaves nothing behind in /dev/shm.
+            if engine.is_sender and region is not None:
                 region.unlink()
-            engine.dests = [bucket_views(layout, b, region.data, base=0) for b in layout.buckets]
+        engine.dests = [bucket_views(layout, b, region.data, base=0) for b in layout.buckets]
         return engine
+
+    def send_weights(self) -> None:
+        if isinstance(self.source, StageSource):
+            self.send_stages(self.source)
+        else:
+            super().send_weights()
+
+    def send_stages(self, source: StageSource) -> None:
+        """One version written by every stage into the mapping, then stamped by rank 0.
+
+        Rank 0 marks the buffer mid-write, the stage writers (the first rank of each stage) write their own
+        tensors into their slots, and an all-reduce over the writers says whether all of them finished. Only then
+        does rank 0 stamp the version and have the engines verify it; otherwise it raises, the stamp stays
+        mid-write and the engines keep the previous version. Every rank of a stage takes part in its gathers
+        whatever happens, so no peer hangs; a writer's own error is raised after the all-reduce."""
+        writes = self.region is not None
+        error: Exception | None = None
+        t0 = time.perf_counter()
+        if self.is_sender:
+            try:
+                self.client.start_weight_update()
+                cast(ShmRegion, self.region).begin()
+            except Exception as exc:  # noqa: BLE001 - raised after the writers meet, or they would hang
+                error = exc
+        if writes:
+            dist.barrier(group=source.stage_group)  # the buffer is marked mid-write before anyone writes
+        named = source.own()
+        try:
+            if writes and error is None:
+                with one_thread():
+                    self._write(named)
+        except Exception as exc:  # noqa: BLE001 - raised after the all-reduce, or the other writers would hang
+            error = exc
+        finally:
+            drain(named)  # the stage's gathers finish on every rank
+        done = torch.tensor([0 if error else 1], dtype=torch.int32)
+        if writes:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=source.stage_group)
+        if error is not None:
+            raise error
+        if not self.is_sender:
+            return
+        version, digest = self.client.version, self.layout.digest
+        if not done.item():
+            raise RuntimeError(f"a pipeline stage did not write its weights of v{version}; the engines keep theirs")
+        self._check_deadline(t0, version)
+        cast(ShmRegion, self.region).commit(version, digest)
+        self.client.update_weights({"version": version, "digest": digest})
+        self.client.seconds["transfer"] = time.perf_counter() - t0
+        self.client.finish_weight_update()
+
+    def _write(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Each tensor ``named`` yields into its slot, by name, in the wire dtype."""
+        index = {slot.name: i for i, slot in enumerate(self.layout.slots)}
+        views = [view for bucket in self.dests for view in bucket]
+        for name, tensor in named:
+            i = index[name]
+            self.layout.check(name, tensor, i)
+            views[i].copy_(tensor)
+
+    def _check_deadline(self, t0: float, version: int) -> None:
+        """The write is the trainer's own work (its gathers included): slower than ``timeout_s``, it aborts the
+        sync as a slow engine would."""
+        if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
+            raise TimeoutError(
+                f"gathering and writing v{version} took {seconds:.1f}s > weightsync.timeout_s={self.client.timeout_s:g}"
+            )
 
     def transfer(self, named: Any, info: dict[str, Any]) -> None:
         """Write every bucket into the mapping, stamp it, then have the engines verify it.
@@ -141,11 +232,7 @@ class ShmTrainerEngine(FlatTrainerEngine):
         region.begin()
         for bucket, dests in zip(self.layout.buckets, self.dests):
             pack(self.layout, bucket, named, dests)
-        if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
-            raise TimeoutError(
-                f"gathering and writing v{info['version']} took {seconds:.1f}s > "
-                f"weightsync.timeout_s={self.client.timeout_s:g}"
-            )
+        self._check_deadline(t0, info["version"])
         region.commit(info["version"], info["digest"])
         self.client.update_weights(info)
 

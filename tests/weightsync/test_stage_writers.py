@@ -1,0 +1,108 @@
+"""The ``shm`` backend over a pipelined policy (``StageSource``): each stage writes its own weights into the shared
+buffer and rank 0 stamps the version only once every stage has written (``ShmTrainerEngine.send_stages``).
+
+Two gloo ranks in real processes, each holding its stage's parameters of a toy module (the other's are meta
+stand-ins, as ``pp_weights.load_stages`` leaves them). The engine side is the real ``ShmReceiver`` over the file
+rank 0's client is given; the client is a stand-in that records the control calls (no vLLM engine here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from relayrl.weightsync.base import FlatUpdateInfo
+from relayrl.weightsync.layout import FlatLayout
+from relayrl.weightsync.shm import WRITING, ShmReceiver, ShmTrainerEngine, ShmTrainerInitInfo
+from relayrl.weightsync.stages import StageSource
+
+pytestmark = pytest.mark.slow  # two processes importing vLLM: ~30 s on this box
+
+OWNER = {"a": 0, "b": 1, "c": 0, "d": 1}  # a parameter name -> the pipeline rank whose stage holds it
+SHAPES = {"a": (3, 2), "b": (4,), "c": (2, 2), "d": (5,)}
+
+
+def _value(name: str) -> torch.Tensor:
+    return torch.arange(torch.Size(SHAPES[name]).numel(), dtype=torch.float32).view(SHAPES[name]) + 10 * ord(name)
+
+
+class _Stages(torch.nn.Module):
+    """This rank's parameters hold their values; the other stage's are meta stand-ins."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        for name, shape in SHAPES.items():
+            mine = OWNER[name] == rank
+            value = _value(name) if mine else torch.empty(shape, device="meta")
+            self.register_parameter(name, torch.nn.Parameter(value, requires_grad=mine))
+
+
+class _Client:
+    """Records what rank 0 asks of the engines; maps the buffer as an engine worker would."""
+
+    def __init__(self) -> None:
+        self.version, self.timeout_s, self.seconds = 0, 60.0, {}
+        self.calls: list[str] = []
+        self.receiver: ShmReceiver | None = None
+        self.layout: FlatLayout | None = None
+
+    def init_weight_transfer_engine(self, info: dict) -> None:
+        self.layout = FlatLayout.from_dict(info["layout"])
+        self.receiver = ShmReceiver(self.layout, info["channel"], 0)
+
+    def start_weight_update(self) -> None:
+        self.calls.append(f"start {self.version}")
+
+    def update_weights(self, info: dict) -> None:
+        self.calls.append(f"update {info['version']}")
+
+    def finish_weight_update(self) -> None:
+        self.calls.append(f"finish {self.version}")
+
+
+def _worker(rank: int, store: str, shm_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        group = dist.group.WORLD
+        assert group is not None
+        source, client = StageSource(_Stages(rank), OWNER, group), _Client()
+        info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64)
+        engine = ShmTrainerEngine.trainer_init(info, client=client, source=source)
+        client.version = 1
+        engine.send_weights()
+        result: dict = {"calls": list(client.calls)}
+        if rank == 0:
+            assert client.receiver is not None and client.layout is not None
+            data = client.receiver.receive(client.layout, FlatUpdateInfo(1, client.layout.digest))
+            result["v1"] = {name: view.clone() for name, view in client.layout.views(data)}
+        if rank == 1:  # its stage fails mid-write at v2: a tensor of another shape than planned
+            source.own = lambda: iter([("b", _value("b")), ("d", torch.zeros(2))])  # type: ignore[method-assign]
+        client.version = 2
+        try:
+            engine.send_weights()
+        except (RuntimeError, ValueError) as exc:
+            result["error"] = str(exc)
+        result["calls2"] = client.calls[len(result["calls"]) :]
+        if rank == 0:
+            assert client.receiver is not None and client.receiver.region is not None
+            result["stamp"] = int(client.receiver.region.header[1])
+        torch.save(result, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_stage_writes_its_weights_and_a_failed_stage_keeps_the_version_unstamped(tmp_path):
+    """v1: the engines' buffer holds every stage's weights (each written by the rank holding it), and rank 0
+    drove start, update and finish. v2: rank 1's stage fails mid-write; rank 1 raises its own error, rank 0 raises
+    that a stage did not write, the engines are never asked to verify it, and the stamp stays mid-write (a
+    receiver refuses it; the engines keep v1)."""
+    out = str(tmp_path / "result")
+    mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path), out), nprocs=2, join=True)
+    first, second = (torch.load(f"{out}.{r}") for r in range(2))
+    assert first["calls"] == ["start 1", "update 1", "finish 1"] and second["calls"] == []
+    for name in SHAPES:
+        assert torch.equal(first["v1"][name], _value(name)), name
+    assert "did not write its weights of v2" in first["error"] and "planned" in second["error"]
+    assert first["calls2"] == ["start 2"] and first["stamp"] == WRITING
