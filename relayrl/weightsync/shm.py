@@ -96,11 +96,22 @@ class ShmRegion:
 
 def _share_region(region: ShmRegion | None, nbytes: int, group: dist.ProcessGroup) -> ShmRegion:
     """Rank 0's new mapping (``region``), mapped by every other stage writer of ``group`` too: its path is
-    broadcast, each maps it, and a barrier says all have before rank 0 lets the name go."""
+    broadcast, each maps it, and an all-reduce says all have before rank 0 goes on (and lets the name go). A
+    writer that cannot map it raises, and so does rank 0, before any engine is told of the file."""
     path = [region.path if region is not None else None]
     dist.broadcast_object_list(path, src=dist.get_global_rank(group, 0), group=group)
-    shared = region if region is not None else ShmRegion(cast(str, path[0]), nbytes)
-    dist.barrier(group=group)
+    shared, error = region, None
+    if shared is None:
+        try:
+            shared = ShmRegion(cast(str, path[0]), nbytes)
+        except Exception as exc:  # noqa: BLE001 - raised after the all-reduce, or rank 0 would wait for ever
+            error = exc
+    mapped = torch.tensor([0 if error else 1], dtype=torch.int32)
+    dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
+    if error is not None:
+        raise error
+    if shared is None or not mapped.item():
+        raise RuntimeError(f"a pipeline stage could not map the shm weight buffer {path[0]}; see its error")
     return shared
 
 

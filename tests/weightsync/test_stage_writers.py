@@ -106,3 +106,40 @@ def test_each_stage_writes_its_weights_and_a_failed_stage_keeps_the_version_unst
         assert torch.equal(first["v1"][name], _value(name)), name
     assert "did not write its weights of v2" in first["error"] and "planned" in second["error"]
     assert first["calls2"] == ["start 2"] and first["stamp"] == WRITING
+
+
+def _unmappable_worker(rank: int, store: str, shm_dir: str, out: str) -> None:
+    from relayrl.weightsync import shm
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        if rank == 1:  # this stage's writer cannot map rank 0's file
+
+            class Unmappable(shm.ShmRegion):
+                def __init__(self, path: str, nbytes: int) -> None:
+                    raise OSError(f"cannot map {path}")
+
+            shm.ShmRegion = Unmappable  # type: ignore[misc]
+        group = dist.group.WORLD
+        assert group is not None
+        client = _Client()
+        info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64)
+        try:
+            ShmTrainerEngine.trainer_init(info, client=client, source=StageSource(_Stages(rank), OWNER, group))
+            error = ""
+        except (OSError, RuntimeError) as exc:
+            error = str(exc)
+        torch.save({"error": error, "told": client.layout is not None}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_stage_that_cannot_map_the_buffer_fails_the_connect_on_every_writer(tmp_path):
+    """Rank 1 cannot map the file: it raises its own error, rank 0 raises that a stage could not map it (no
+    rank waits for ever), and the engines are never told of the file."""
+    out = str(tmp_path / "result")
+    mp.spawn(_unmappable_worker, args=(str(tmp_path / "store"), str(tmp_path), out), nprocs=2, join=True)
+    first, second = (torch.load(f"{out}.{r}") for r in range(2))
+    assert "could not map the shm weight buffer" in first["error"] and "cannot map" in second["error"]
+    assert not first["told"] and not second["told"]
