@@ -79,8 +79,8 @@ class VocabParallelEmbedding(torch.nn.Embedding):
 
 def row_offset(vocab: int, tp_size: int, tp_rank: int) -> int:
     """The first vocabulary row of tp rank ``tp_rank`` when ``vocab`` rows are split as ``torch.chunk`` splits them
-    (DTensor's ``Shard(0)``): ceil(vocab / tp_size) rows a rank, the last one short (``tp.check_vocab`` refuses a
-    split that leaves a rank none)."""
+    (DTensor's ``Shard(0)``): ceil(vocab / tp_size) rows a rank, the last one short (``tp.split_vocabulary``
+    refuses a split that leaves a rank none)."""
     return tp_rank * -(-vocab // tp_size)
 
 
