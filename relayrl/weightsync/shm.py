@@ -109,7 +109,10 @@ def _share_region(region: ShmRegion | None, nbytes: int, group: dist.ProcessGrou
     mapped = torch.tensor([0 if error else 1], dtype=torch.int32)
     dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            del error  # else this frame and its error hold each other (and the group) until a gc
     if shared is None or not mapped.item():
         raise RuntimeError(f"a pipeline stage could not map the shm weight buffer {path[0]}; see its error")
     return shared
@@ -201,7 +204,10 @@ class ShmTrainerEngine(FlatTrainerEngine):
         if writes:
             dist.all_reduce(done, op=dist.ReduceOp.MIN, group=source.stage_group)
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # else this frame and its error hold each other (and the group) until a gc
         if not self.is_sender:
             return
         version, digest = self.client.version, self.layout.digest

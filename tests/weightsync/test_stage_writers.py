@@ -7,6 +7,8 @@ rank 0's client is given; the client is a stand-in that records the control call
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -88,6 +90,9 @@ def _worker(rank: int, store: str, shm_dir: str, out: str) -> None:
         if rank == 0:
             assert client.receiver is not None and client.receiver.region is not None
             result["stamp"] = int(client.receiver.region.header[1])
+        engine_ref = weakref.ref(engine)
+        del engine, source  # a failed sync leaves nothing holding them (a group kept alive to exit aborts there)
+        result["freed"] = engine_ref() is None
         torch.save(result, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -106,6 +111,7 @@ def test_each_stage_writes_its_weights_and_a_failed_stage_keeps_the_version_unst
         assert torch.equal(first["v1"][name], _value(name)), name
     assert "did not write its weights of v2" in first["error"] and "planned" in second["error"]
     assert first["calls2"] == ["start 2"] and first["stamp"] == WRITING
+    assert first["freed"] and second["freed"]
 
 
 def _unmappable_worker(rank: int, store: str, shm_dir: str, out: str) -> None:
