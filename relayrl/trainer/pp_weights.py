@@ -14,11 +14,11 @@ decoder layers and ends (embedding, LM head) over them with FSDP2, so a replica 
 and AdamW moments but the final norm. Under tensor parallelism too: a tp-split linear becomes a 2-D DTensor over
 ("dp", "tp"), each rank keeping 1/dp of its tp shard, as torchtitan composes FSDP2 with TP.
 
-The readers of the whole policy (weight sync, ``save_hf``, the trainer's state dict) take ``gathered``: in
-``named_parameters`` order, each parameter made whole by the ranks of the stage holding it (``full_tensor`` over
-dp and tp), then broadcast from the first pipeline rank holding it (``owners``) to the others of its pipeline,
-one parameter at a time, as vLLM's ``ModuleSource`` gathers FSDP2 shards. A rank never holds more than its stages
-and one whole parameter. ``weightsync/stages.py``'s ``StageSource`` is that order as a vLLM ``WeightSource``.
+The readers of the whole policy (weight sync's single sender, ``save_hf``, the trainer's state dict, all on rank 0)
+take ``gathered``: in ``named_parameters`` order, each parameter made whole by the ranks of the stage holding it
+(``full_tensor`` over dp and tp), then sent from the first pipeline rank holding it (``owners``) to its pipeline's
+first rank, point to point, one parameter at a time, as vLLM's ``ModuleSource`` gathers FSDP2 shards. A rank never
+holds more than its stages and one whole parameter. ``weightsync/stages.py``'s ``StageSource`` is that order as a vLLM ``WeightSource``.
 """
 
 from __future__ import annotations
@@ -171,17 +171,23 @@ def held(model: torch.nn.Module) -> dict[str, int]:
 def gathered(
     model: torch.nn.Module, owner: dict[str, int], group: dist.ProcessGroup
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, whole tensor) of every parameter, in ``named_parameters`` order, on every rank of the pipeline
-    ``group``: broadcast from its owner, then all-gathered over tp when split. Collective, one parameter at a
-    time."""
+    """(name, whole tensor) of every parameter, in ``named_parameters`` order, on the first rank of the pipeline
+    ``group`` (the one that sends or saves them): made whole by its stage's ranks when split over tp or sharded over
+    dp (``full_tensor``), then sent there point to point from the stage's rank in ``group``. The other ranks take
+    part and yield their own whole tensor, or another stage's meta stand-in. Collective, one parameter at a time."""
+    me, first = dist.get_rank(group), dist.get_global_rank(group, 0)
     for name, p in model.named_parameters():
-        if p.is_meta:  # another stage's
-            whole = torch.empty(p.shape, dtype=p.dtype, device=device_of(model))
+        if p.is_meta:  # another stage's: its stand-in (a first rank receives it below)
+            whole = p.detach()
         elif isinstance(p, DTensor):  # split over tp or sharded over dp: gathered by the stage's ranks (all hold it)
             whole = p.full_tensor().detach()
         else:
             whole = p.detach()
-        dist.broadcast(whole, src=dist.get_global_rank(group, owner[name]), group=group)
+        if owner[name] != 0 and me == 0:
+            whole = torch.empty(p.shape, dtype=p.dtype, device=device_of(model))
+            dist.recv(whole, src=dist.get_global_rank(group, owner[name]), group=group)
+        elif owner[name] != 0 and me == owner[name]:
+            dist.send(whole, dst=first, group=group)
         yield name, whole
 
 
