@@ -7,7 +7,8 @@ two, model first)::
 
     resolve_rewards         every reward function imports and builds (rewards, reward.sandbox)
     resolve_model_path      model.path resolves to a local model directory, then:
-      check_context           trainer.tp_size divides its heads; model.max_model_len is within its
+      check_context           trainer.tp_size divides its heads, and its layers and vocabulary split
+                              (trainer.tp.check_model); model.max_model_len is within its
                               positions and above rollout.max_tokens
         check_kv_cache        rollout.kv_cache_gb holds one model.max_model_len sequence
       check_data              the dataset loads and has rows
@@ -63,15 +64,16 @@ def resolve_model_path(cfg: Config) -> Path:
 
 def check_context(cfg: Config, path: Path) -> None:
     """``model.max_model_len`` within the model's positions, room for a prompt beside ``max_tokens``,
-    attention heads that ``trainer.tp_size`` divides, and layers that the pipeline stages divide."""
-    from relayrl.trainer.tp import check_heads
+    a model that ``trainer.tp_size`` splits (heads, layer plan, vocabulary), and layers that the pipeline stages
+    divide."""
+    from relayrl.trainer.tp import check_model
 
     model_config = json.loads((Path(path) / "config.json").read_text())
-    if cfg.trainer.tp_size > 1 and "num_attention_heads" in model_config:
+    if cfg.trainer.tp_size > 1:
         try:
-            check_heads(model_config, cfg.trainer.tp_size)
+            check_model(str(path), cfg.trainer.tp_size)
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(str(exc).splitlines()[0]) from None
     stages = cfg.trainer.pp_size * cfg.trainer.pp_virtual_stages
     layers = model_config.get("num_hidden_layers")
     if stages > 1 and layers and layers % stages:

@@ -18,7 +18,8 @@ The readers of the whole policy (weight sync's single sender, ``save_hf``, the t
 take ``gathered``: in ``named_parameters`` order, each parameter made whole by the ranks of the stage holding it
 (``full_tensor`` over dp and tp), then sent from the first pipeline rank holding it (``owners``) to its pipeline's
 first rank, point to point, one parameter at a time, as vLLM's ``ModuleSource`` gathers FSDP2 shards. A rank never
-holds more than its stages and one whole parameter. ``weightsync/stages.py``'s ``StageSource`` is that order as a vLLM ``WeightSource``.
+holds more than its stages and one whole parameter. ``weightsync/stages.py``'s ``StageSource`` is that order as a
+vLLM ``WeightSource``.
 """
 
 from __future__ import annotations

@@ -90,6 +90,38 @@ def check_heads(config: dict, tp_size: int) -> None:
         )
 
 
+def check_model(path: str, tp_size: int) -> None:
+    """What ``parallelize`` needs of the model at ``path``, from its config alone (the model built on the meta
+    device, no weights read): heads that ``tp_size`` divides, a layer plan it applies, and ends it can split by
+    vocabulary. The driver calls it before Ray starts; each raises ``ValueError`` naming the fix."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    check_heads(config.to_dict(), tp_size)
+    layer_plan(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    check_vocabulary(model, tp_size)
+
+
+def check_vocabulary(model: torch.nn.Module, tp_size: int) -> None:
+    """``split_vocabulary`` splits a plain ``nn.Embedding`` (a subclass may scale or offset its lookups) into
+    ``tp_size`` parts of at least one row each."""
+    from relayrl.trainer.vocab_parallel import row_offset
+
+    embed = cast(Any, model).get_input_embeddings()
+    if type(embed) is not torch.nn.Embedding:
+        raise ValueError(
+            f"trainer.tp_size={tp_size} splits the embedding by vocabulary, which needs an nn.Embedding; this model "
+            f"has {type(embed).__name__}; set trainer.tp_size=1"
+        )
+    vocab = cast(Any, model).get_output_embeddings().weight.shape[0]
+    if row_offset(vocab, tp_size, tp_size - 1) >= vocab:
+        raise ValueError(
+            f"a vocabulary of {vocab} leaves a tp rank no rows at trainer.tp_size={tp_size}; lower trainer.tp_size"
+        )
+
+
 def parallelize(model: torch.nn.Module, tp_mesh: DeviceMesh) -> torch.nn.Module:
     """Apply the layer plan in place: listed linears become DTensor shards on ``tp_mesh``; inputs and
     outputs of each block stay plain (replicated) tensors, so the rest of the HF model runs unchanged."""
@@ -112,15 +144,11 @@ def split_vocabulary(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     split head as a vocab-parallel one (``vocab_parallel.chunk_stats``). A tied pair stays one parameter."""
     from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
 
-    from relayrl.trainer.vocab_parallel import VocabParallelEmbedding, row_offset
+    from relayrl.trainer.vocab_parallel import VocabParallelEmbedding
 
     embed: Any = cast(Any, model).get_input_embeddings()
     lm: Any = cast(Any, model).get_output_embeddings()
-    if type(embed) is not torch.nn.Embedding:
-        raise ValueError(f"trainer.tp_size > 1 splits an nn.Embedding by vocabulary, the model has {type(embed)}")
-    vocab, size = lm.weight.shape[0], tp_mesh.size()
-    if row_offset(vocab, size, size - 1) >= vocab:
-        raise ValueError(f"a vocabulary of {vocab} leaves a tp rank no rows at trainer.tp_size={size}; lower it")
+    check_vocabulary(model, tp_mesh.size())
     tied = embed.weight is lm.weight
 
     def by_rows(name: str, module: torch.nn.Module, mesh: DeviceMesh) -> None:

@@ -144,6 +144,61 @@ def test_heads_tp_cannot_split_fail_before_ray(tiny_llama):
     check_context(load_config("grpo_tiny", [f"model.path={tiny_llama}"]), tiny_llama)  # tp_size=1: fine
 
 
+def _config_dir(tmp_path: Path, config) -> Path:
+    config.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_a_model_tp_cannot_split_fails_before_ray(tmp_path):
+    """Read from config.json alone (the model built on meta) and refused in one line before Ray starts: a TP plan
+    with styles relayrl does not apply (Gemma 3's replicated q/k norms), and a vocabulary too small to give every
+    tp rank a row."""
+    from transformers import Gemma3TextConfig, LlamaConfig
+
+    from relayrl.config import ConfigError, load_config
+    from relayrl.preflight import check_context
+
+    gemma = Gemma3TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, head_dim=32, vocab_size=128
+    )
+    llama = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, vocab_size=1, eos_token_id=0
+    )
+    llama.bos_token_id = 0
+    cases = [(gemma, "TP plan has styles relayrl does not apply"), (llama, "a vocabulary of 1 leaves a tp rank")]
+    for i, (config, expected) in enumerate(cases):
+        path = _config_dir(tmp_path / str(i), config)
+        cfg = load_config("grpo_tiny", [f"model.path={path}", "trainer.world_size=2", "trainer.tp_size=2"])
+        with pytest.raises(ConfigError, match=re.escape(expected)) as info:
+            check_context(cfg, path)
+        assert "\n" not in str(info.value) and "trainer.tp_size" in str(info.value)
+
+
+def test_only_a_plain_embedding_is_split_by_vocabulary():
+    """A subclass of nn.Embedding may scale or offset its lookups, which the vocab-parallel lookup would drop."""
+    from relayrl.trainer.tp import check_vocabulary
+
+    class Scaled(torch.nn.Embedding):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return super().forward(ids) * 8.0
+
+    class Ends(torch.nn.Module):
+        def __init__(self, embed: torch.nn.Embedding) -> None:
+            super().__init__()
+            self.embed, self.head = embed, torch.nn.Linear(4, 16, bias=False)
+
+        def get_input_embeddings(self) -> torch.nn.Module:
+            return self.embed
+
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return self.head
+
+    check_vocabulary(Ends(torch.nn.Embedding(16, 4)), 2)
+    expected = "needs an nn.Embedding; this model has Scaled; set trainer.tp_size=1"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        check_vocabulary(Ends(Scaled(16, 4)), 2)
+
+
 def test_layer_plan_keeps_decoder_linears_and_refuses_unknown_styles():
     from transformers import LlamaConfig
 
