@@ -16,8 +16,8 @@ and AdamW moments but the final norm. Under tensor parallelism too: a tp-split l
 
 The readers of the whole policy (weight sync's single sender, ``save_hf``, the trainer's state dict, all on rank 0)
 take ``gathered``: in ``named_parameters`` order, each parameter made whole by the ranks of the stage holding it
-(``full_tensor`` over dp and tp), then sent from the first pipeline rank holding it (``owners``) to its pipeline's
-first rank, point to point, one parameter at a time, as vLLM's ``ModuleSource`` gathers FSDP2 shards. A rank never
+(``full_tensor`` over dp and tp), then sent from the first pipeline rank holding it (``owners``) to rank 0, point
+to point, one parameter at a time, as vLLM's ``ModuleSource`` gathers FSDP2 shards. A rank never
 holds more than its stages and one whole parameter. ``weightsync/stages.py``'s ``StageSource`` is that order as a
 vLLM ``WeightSource``.
 """
@@ -172,11 +172,13 @@ def held(model: torch.nn.Module) -> dict[str, int]:
 def gathered(
     model: torch.nn.Module, owner: dict[str, int], group: dist.ProcessGroup
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, whole tensor) of every parameter, in ``named_parameters`` order, on the first rank of the pipeline
-    ``group`` (the one that sends or saves them): made whole by its stage's ranks when split over tp or sharded over
-    dp (``full_tensor``), then sent there point to point from the stage's rank in ``group``. The other ranks take
-    part and yield their own whole tensor, or another stage's meta stand-in. Collective, one parameter at a time."""
+    """(name, whole tensor) of every parameter, in ``named_parameters`` order, on global rank 0 (the one that sends
+    or saves them): made whole by its stage's ranks when split over tp or sharded over dp (``full_tensor``), then
+    sent there point to point from the stage's rank in rank 0's pipeline ``group``. The other ranks take part in
+    their stage's gathers and yield their own whole tensor, or another stage's meta stand-in; the other pipelines
+    (dp or tp index > 0) send nothing. Collective, one parameter at a time."""
     me, first = dist.get_rank(group), dist.get_global_rank(group, 0)
+    sends = first == 0  # only rank 0's pipeline: the others' copies would be thrown away
     for name, p in model.named_parameters():
         if p.is_meta:  # another stage's: its stand-in (a first rank receives it below)
             whole = p.detach()
@@ -184,10 +186,10 @@ def gathered(
             whole = p.full_tensor().detach()
         else:
             whole = p.detach()
-        if owner[name] != 0 and me == 0:
+        if sends and owner[name] != 0 and me == 0:
             whole = torch.empty(p.shape, dtype=p.dtype, device=device_of(model))
             dist.recv(whole, src=dist.get_global_rank(group, owner[name]), group=group)
-        elif owner[name] != 0 and me == owner[name]:
+        elif sends and owner[name] != 0 and me == owner[name]:
             dist.send(whole, dst=first, group=group)
         yield name, whole
 

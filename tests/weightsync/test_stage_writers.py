@@ -149,3 +149,78 @@ def test_a_stage_that_cannot_map_the_buffer_fails_the_connect_on_every_writer(tm
     first, second = (torch.load(f"{out}.{r}") for r in range(2))
     assert "could not map the shm weight buffer" in first["error"] and "cannot map" in second["error"]
     assert not first["told"] and not second["told"]
+
+
+class _TpStages(torch.nn.Module):
+    """Pipeline rank ``pp``'s parameters split by rows over ``tp_mesh`` (DTensors); the other stage's are meta."""
+
+    def __init__(self, pp: int, tp_mesh) -> None:
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        super().__init__()
+        for name, shape in TP_SHAPES.items():
+            mine = OWNER[name] == pp
+            stand_in = torch.empty(shape, device="meta")
+            value = distribute_tensor(_tp_value(name), tp_mesh, [Shard(0)]) if mine else stand_in
+            self.register_parameter(name, torch.nn.Parameter(value, requires_grad=mine))
+
+
+TP_SHAPES = {"a": (4, 2), "b": (6,), "c": (2, 3), "d": (8,)}  # first dims even: each tp rank keeps rows
+
+
+def _tp_value(name: str) -> torch.Tensor:
+    shape = TP_SHAPES[name]
+    return torch.arange(torch.Size(shape).numel(), dtype=torch.float32).view(shape) + 10 * ord(name)
+
+
+def _tp_worker(rank: int, store: str, shm_dir: str, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    from relayrl.trainer.optim import local_tensor
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))  # rank = pp * 2 + tp
+        model, pipeline = _TpStages(mesh["pp"].get_local_rank(), mesh["tp"]), mesh["pp"].get_group()
+        stages = StageSource(model, OWNER, pipeline)
+
+        class OneSender(WeightSource):  # the same policy, not a StageSource: rank 0 writes every tensor
+            def metadata(self) -> list:
+                return stages.metadata()
+
+            def __iter__(self):
+                return iter(stages)
+
+        result: dict = {"writes": stages.writes}
+        for version, source in ((1, stages), (2, OneSender())):
+            client = _Client()
+            info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64)
+            engine = ShmTrainerEngine.trainer_init(info, client=client, source=source)
+            with torch.no_grad():  # this version's values, in each rank's rows
+                for name, p in model.named_parameters():
+                    if not p.is_meta:
+                        local_tensor(p).copy_(_tp_value(name).mul(version).chunk(2)[mesh["tp"].get_local_rank()])
+            client.version = version
+            engine.send_weights()
+            if rank == 0:
+                assert client.receiver is not None and client.layout is not None
+                data = client.receiver.receive(client.layout, FlatUpdateInfo(version, client.layout.digest))
+                result[version] = {name: view.clone() for name, view in client.layout.views(data)}
+        torch.save(result, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_stages_split_over_tp_write_whole_tensors_as_the_one_sender_path_does(tmp_path):
+    """pp 2 x tp 2, each stage's parameters split by rows over its tp ranks: under ``send_stages`` the first rank of
+    each stage writes (ranks 0 and 2), its tp peers (1 and 3) take part in the gathers, and the buffer holds every
+    whole tensor; the one-sender path (each tensor sent to rank 0) writes the same whole tensors at v2."""
+    out = str(tmp_path / "result")
+    mp.spawn(_tp_worker, args=(str(tmp_path / "store"), str(tmp_path), out), nprocs=4, join=True)
+    ranks = [torch.load(f"{out}.{r}") for r in range(4)]
+    assert [r["writes"] for r in ranks] == [True, False, True, False]
+    for version in (1, 2):
+        for name in TP_SHAPES:
+            assert torch.equal(ranks[0][version][name], _tp_value(name) * version), (version, name)
