@@ -1,22 +1,24 @@
-"""Weight sync from a pipelined trainer over ``shm``: each stage writing its own weights (``send_stages``) against
-rank 0 writing them all after each is broadcast from the stage that holds it (the one-sender path every other
-backend takes), side by side in one run, each against its floor.
+"""Weight sync from a pipelined trainer: each stage writing its own weights (``send_stages``) against rank 0 writing
+them all after each is sent to it from the stage that holds it (the one-sender path ``broadcast`` takes), side by
+side in one run, for ``shm`` (into the engines' shared buffer) and ``pull`` (into the store's draft, a checksum a
+tensor, then published), each against its floor.
 
 Two gloo ranks in real processes (one torch thread each), each holding only its pipeline stage of a model shaped
 like SmolLM2-135M (fp32, real config, tied embedding once; stages cut by ``pp_weights.owners``), the other's
-weights meta stand-ins as ``pp_weights.load_stages`` leaves them. Rank 0's client is a stand-in that maps the
-buffer as an engine worker would and, after the timed syncs, reads every tensor back and checks it (no vLLM:
-the engines' commit is ``bench/weight_sync.py``'s and does not depend on who wrote the bytes).
+weights meta stand-ins as ``pp_weights.load_stages`` leaves them. Rank 0's client is a stand-in that opens the
+engine side's real receiver (``ShmReceiver``, ``PullReceiver``) and, after the timed syncs, reads every tensor
+back through it and checks it (no vLLM: the engines' commit is ``bench/weight_sync.py``'s and does not depend on
+who wrote the bytes). The backends run with the product's defaults (``/dev/shm``; pull: a private store there).
 
-Floors, measured in the same processes on the same bytes:
-- rank 0 path: one single-thread memcpy of the whole payload on one rank (the broadcasts not counted);
+Floors, measured in the same processes on the same bytes (copies only: pull's checksums and fsync come on top):
+- rank 0 path: one single-thread memcpy of the whole payload on one rank (the transfers not counted);
 - stages: both ranks copying their own stage's bytes at once (memory bandwidth shared, as the writes share it).
 
 ``--layers`` scales the model (more decoder layers) to show how each path's time grows with its bytes.
 
 Usage::
 
-    .venv/bin/python -m bench.stage_sync [--syncs 5] [--layers 30 60]
+    .venv/bin/python -m bench.stage_sync [--syncs 5] [--layers 30 60] [--backends shm pull]
 """
 
 from __future__ import annotations
@@ -83,10 +85,12 @@ class Client:
 
     def init_weight_transfer_engine(self, info: dict) -> None:
         from relayrl.weightsync.layout import FlatLayout
+        from relayrl.weightsync.pull import PullReceiver
         from relayrl.weightsync.shm import ShmReceiver
 
         self.layout = FlatLayout.from_dict(info["layout"])
-        self.receiver = ShmReceiver(self.layout, info["channel"], 0)  # maps it while it has a name
+        receiver = {"shm": ShmReceiver, "pull": PullReceiver}[info["transport"]]
+        self.receiver = receiver(self.layout, info["channel"], 0)  # shm maps the file while it has a name
 
     def start_weight_update(self) -> None: ...
 
@@ -148,8 +152,22 @@ def stage_floor(stage: torch.nn.Module) -> float:
     return best
 
 
-def worker(rank: int, store: str, shm_dir: str, out: str, layers: int, syncs: int) -> None:
+def trainer_engine(backend: str, rank: int, client: Client, source: Any) -> Any:
+    """The backend's real trainer engine with the product's defaults (``/dev/shm``; pull: a private store)."""
+    from relayrl.config.weightsync import WeightSyncConfig
+    from relayrl.weightsync.pull import PullTrainerEngine, PullTrainerInitInfo
     from relayrl.weightsync.shm import ShmTrainerEngine, ShmTrainerInitInfo
+
+    bucket = WeightSyncConfig().bucket_mb << 20
+    if backend == "shm":
+        info = ShmTrainerInitInfo(rank=rank, shm_dir=WeightSyncConfig().shm_dir, bucket_bytes=bucket)
+        return ShmTrainerEngine.trainer_init(info, client=client, source=source)
+    return PullTrainerEngine.trainer_init(
+        PullTrainerInitInfo(rank=rank, bucket_bytes=bucket), client=client, source=source
+    )
+
+
+def worker(rank: int, store: str, backend: str, out: str, layers: int, syncs: int) -> None:
     from relayrl.weightsync.stages import StageSource
 
     torch.set_num_threads(1)
@@ -163,27 +181,26 @@ def worker(rank: int, store: str, shm_dir: str, out: str, layers: int, syncs: in
         result: dict[str, Any] = {"floor": stage_floor(stage)}
         for path, source in (("rank 0", gathered_source(stages)), ("stages", stages)):
             client = Client()
-            info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64 << 20)
-            engine = ShmTrainerEngine.trainer_init(info, client=client, source=source)
+            engine = trainer_engine(backend, rank, client, source)
             result[path] = timed_syncs(engine, client, syncs)
             if rank == 0:
                 check(client, shapes)
+            if hasattr(engine, "shutdown"):
+                engine.shutdown()  # pull: its private store goes
             del engine
         torch.save(result, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
-def run_case(layers: int, syncs: int) -> dict[str, float]:
+def run_case(backend: str, layers: int, syncs: int) -> dict[str, float]:
     from bench.weight_sync import memcpy_gbps
-    from relayrl.config.weightsync import WeightSyncConfig
 
     shapes, owner = shapes_and_owners(layers)
     sizes = [sum(torch.Size(s).numel() * 4 for n, s in shapes.items() if owner[n] == r) for r in range(PP)]
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/result"
-        shm_dir = WeightSyncConfig().shm_dir  # the product's (tmpfs)
-        mp.spawn(worker, args=(f"{tmp}/store", shm_dir, out, layers, syncs), nprocs=PP, join=True)
+        mp.spawn(worker, args=(f"{tmp}/store", backend, out, layers, syncs), nprocs=PP, join=True)
         rank0 = torch.load(f"{out}.0")
     total = sum(sizes)
     return {
@@ -200,15 +217,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--syncs", type=int, default=5, help="timed syncs per path (after 1 warm-up)")
     parser.add_argument("--layers", type=int, nargs="+", default=[30, 60], help="decoder layers (SmolLM2: 30)")
+    parser.add_argument("--backends", nargs="+", default=["shm", "pull"], choices=["shm", "pull"])
     args = parser.parse_args()
     print(load_note())
-    print(f"pp={PP}, shm, fp32, median of {args.syncs} syncs; floors best of 3\n")
-    print("| layers | MB (biggest stage) | rank 0 path | its floor | stages | their floor | rank 0 / stages |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for layers in args.layers:
-        r = run_case(layers, args.syncs)
+    print(f"pp={PP}, fp32, median of {args.syncs} syncs; floors best of 3\n")
+    print(
+        "| backend | layers | MB (biggest stage) | rank 0 path | its floor | stages | their floor | rank 0 / stages |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for backend, layers in ((b, n) for b in args.backends for n in args.layers):
+        r = run_case(backend, layers, args.syncs)
         print(
-            f"| {layers} | {r['MB']:.0f} ({r['stage MB']:.0f}) | {r['rank 0'] * 1e3:.0f} ms | "
+            f"| {backend} | {layers} | {r['MB']:.0f} ({r['stage MB']:.0f}) | {r['rank 0'] * 1e3:.0f} ms | "
             f"{r['floor rank 0'] * 1e3:.0f} ms ({r['rank 0'] / r['floor rank 0']:.2f}x) | {r['stages'] * 1e3:.0f} ms | "
             f"{r['floor stages'] * 1e3:.0f} ms ({r['stages'] / r['floor stages']:.2f}x) | "
             f"{r['rank 0'] / r['stages']:.2f}x |",

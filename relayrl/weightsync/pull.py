@@ -6,7 +6,8 @@ filesystem or a mounted bucket (``weightsync.pull_dir``; by default a private di
 ``store.py`` has the layout, the atomic publish, retention and the checks.
 
 Transaction: rank 0 writes ``v<version>`` (gathered tensors straight into the payload file, a checksum per
-tensor) and renames it into place only after the last byte and the manifest are on disk, then asks the engines
+tensor; under pipeline stages each stage writes its own part, ``send_stages``) and renames it into place only
+after the last byte and the manifest are on disk, then asks the engines
 to update (``weightsync.pull_when=sync``). With ``pull_when=admission`` the sync stops at the rename: no engine
 is paused or asked, and each replica fetches the newest version itself when it is given a call that needs it
 (``Rollout.fetch_version``), through the same start / receive / commit as a sync. Each engine reads the
@@ -17,17 +18,20 @@ the transaction aborts with the previous weights serving.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
+import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
 from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, drain, one_thread
 from relayrl.weightsync.layout import FlatLayout
-from relayrl.weightsync.store import StoreWriter, check_reachable, fetch, write_payload
+from relayrl.weightsync.stages import StageSource
+from relayrl.weightsync.store import PAYLOAD, Draft, StoreWriter, check_reachable, fetch, write_payload, write_slots
 
 
 @dataclass
@@ -57,6 +61,73 @@ class PullTrainerEngine(FlatTrainerEngine):
             engine._connect(init_info)
         return engine
 
+    def send_weights(self) -> None:
+        if isinstance(self.source, StageSource):
+            self.send_stages(self.source)
+        else:
+            self.send_gathered()
+
+    def send_stages(self, source: StageSource) -> None:
+        """One version written by every pipeline stage into rank 0's draft, then published by rank 0.
+
+        Rank 0 opens the engines' transaction (not under ``publish_only``) and a draft, and tells the stage writers
+        (the first rank of each stage) its payload file; each writes its own tensors at their offsets and sends rank 0
+        their checksums, or None if it failed. Only when every tensor has its checksum does rank 0 publish the version
+        and have the engines fetch it; otherwise the draft goes, nothing is published and the engines keep theirs.
+        Every rank of a stage takes part in its gathers whatever happens; a writer's own error is raised last."""
+        version, t0, named = self.client.version, time.perf_counter(), source.own()
+        with contextlib.ExitStack() as stack:
+            draft, error, mine = None, None, None
+            if self.is_sender:
+                try:
+                    if not self.publish_only:
+                        self.client.start_weight_update()
+                    draft = stack.enter_context(cast(StoreWriter, self.store).draft(version, self.layout.nbytes))
+                except Exception as exc:  # noqa: BLE001 - raised after the writers meet, or they would hang
+                    error = exc
+            path = _share_path(source, None if draft is None else str(draft.tmp / PAYLOAD))
+            try:
+                if path is not None:
+                    with one_thread():
+                        mine = write_slots(path, self.layout, named)
+            except Exception as exc:  # noqa: BLE001 - raised after the gather, or the other writers would hang
+                error = error or exc
+            finally:
+                drain(named)  # the stage's gathers finish on every rank
+            checksums = self._gathered_checksums(source, None if error else mine)
+            if error is not None:
+                try:
+                    raise error
+                finally:
+                    del error  # else this frame and its error hold each other (and the group) until a gc
+            if not self.is_sender:
+                return
+            if checksums is None:
+                raise RuntimeError(f"a pipeline stage did not write its part of v{version}; nothing is published")
+            self._check_deadline(t0, version)
+            cast(Draft, draft).publish(self.layout_dict, self.layout.digest, checksums)
+        if self.publish_only:
+            self.client.seconds["publish"] = time.perf_counter() - t0
+            return
+        self.client.update_weights({"version": version, "digest": self.layout.digest})
+        self.client.seconds["transfer"] = time.perf_counter() - t0
+        self.client.finish_weight_update()
+
+    def _gathered_checksums(self, source: StageSource, mine: dict[int, str] | None) -> list[str] | None:
+        """Every stage writer's checksums (``mine``: slot index -> checksum, None if it failed) gathered to rank 0:
+        all of them in layout order there, or None if a writer failed (and on every other rank)."""
+        if not source.writes:
+            return None
+        group = source.stage_group
+        got: list[Any] | None = [None] * dist.get_world_size(group) if self.is_sender else None
+        dist.gather_object(mine, got, dst=dist.get_global_rank(group, 0), group=group)
+        if got is None or any(part is None for part in got):
+            return None
+        merged = {i: c for part in got for i, c in part.items()}
+        if len(merged) != len(self.layout.slots):  # owners and layout disagree: a bug, not a failed write
+            raise RuntimeError(f"the pipeline stages wrote {len(merged)} of {len(self.layout.slots)} tensors")
+        return [merged[i] for i in range(len(self.layout.slots))]
+
     def _connect(self, info: PullTrainerInitInfo) -> None:
         """Open the store, then tell the engines where it is and whose versions to accept."""
         self.store = store = StoreWriter.open(info.pull_dir, info.keep)
@@ -70,7 +141,7 @@ class PullTrainerEngine(FlatTrainerEngine):
             self.shutdown()  # the caller never gets this engine to shut down: a private store would stay
             raise
 
-    def send_weights(self) -> None:
+    def send_gathered(self) -> None:
         """``publish_only``: write the version to the store and stop there (no engine paused or asked, so no
         transaction to open or commit); otherwise the transaction of ``FlatTrainerEngine``."""
         if not self.publish_only:
@@ -100,12 +171,14 @@ class PullTrainerEngine(FlatTrainerEngine):
         t0 = time.perf_counter()
         with store.draft(version, self.layout.nbytes) as draft:
             checksums = write_payload(draft, self.layout, named)
-            if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
-                raise TimeoutError(
-                    f"gathering and writing v{version} took {seconds:.1f}s > "
-                    f"weightsync.timeout_s={self.client.timeout_s:g}"
-                )
+            self._check_deadline(t0, version)
             draft.publish(self.layout_dict, self.layout.digest, checksums)
+
+    def _check_deadline(self, t0: float, version: int) -> None:
+        if (seconds := time.perf_counter() - t0) > self.client.timeout_s:
+            raise TimeoutError(
+                f"gathering and writing v{version} took {seconds:.1f}s > weightsync.timeout_s={self.client.timeout_s:g}"
+            )
 
     def shutdown(self) -> None:
         if self.store is not None:
@@ -128,3 +201,12 @@ class PullReceiver:
 
     def close(self) -> None:
         self.staging = torch.empty(0, dtype=torch.uint8)
+
+
+def _share_path(source: StageSource, path: str | None) -> str | None:
+    """Rank 0's draft payload ``path`` (None if it has none), told to every stage writer; None elsewhere."""
+    if not source.writes:
+        return None
+    box = [path]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(source.stage_group, 0), group=source.stage_group)
+    return box[0]

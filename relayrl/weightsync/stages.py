@@ -3,11 +3,12 @@
 
 ``StageSource`` is vLLM's ``WeightSource`` over such a policy in two forms:
 - iterated (``gathered``): the whole policy one parameter at a time on rank 0, each sent there from the pipeline
-  rank that holds it, in the order and under the names the engines expect; what a backend with
-  one sender (rank 0) sends;
+  rank that holds it, in the order and under the names the engines expect; what ``broadcast`` (one sender,
+  rank 0) sends;
 - ``own()``: only the parameters this rank's stages own, made whole within the stage and never sent to another
-  stage; the ``shm`` backend has each stage write those into the shared buffer itself, and rank 0 stamps the
-  version once every stage has written (``ShmTrainerEngine``)."""
+  stage; ``shm`` and ``pull`` have each stage write those into the shared buffer (or the store's draft) itself,
+  and rank 0 stamps (or publishes) the version once every stage has written (``ShmTrainerEngine``,
+  ``PullTrainerEngine``)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import xxhash
 
-from relayrl.weightsync.layout import Bucket, FlatLayout, to_dtype
+from relayrl.weightsync.layout import Bucket, FlatLayout, Slot, to_dtype
 
 HASH = "xxh3_128"
 PAYLOAD = "payload.bin"
@@ -175,20 +175,13 @@ class StoreWriter:
 
 
 class Draft:
-    """``payload.bin`` of one version, open for writing at ``write``'s offsets, then ``publish``."""
+    """``payload.bin`` of one version, open for writing (``write_payload``, or ``write_slots`` from other
+    processes), then ``publish``."""
 
     def __init__(self, store: StoreWriter, version: int, tmp: Path, nbytes: int) -> None:
         self.store, self.version, self.tmp, self.nbytes = store, version, tmp, nbytes
         self.fd: int | None = os.open(tmp / PAYLOAD, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
         os.ftruncate(self.fd, nbytes)
-
-    def write(self, data: Any, offset: int) -> None:
-        """Write a bytes-like ``data`` at ``offset``, all of it."""
-        assert self.fd is not None, "a draft is written before it is published"
-        view = memoryview(data).cast("B")
-        while view:
-            n = os.pwrite(self.fd, view, offset)
-            view, offset = view[n:], offset + n
 
     def publish(self, layout: dict[str, Any], digest: str, checksums: list[str]) -> Manifest:
         """fsync the payload, write the manifest, fsync, and rename the draft into place. ``layout`` is
@@ -215,14 +208,45 @@ class Draft:
 def write_payload(draft: Draft, layout: FlatLayout, named: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
     """Write every tensor ``named`` yields (the layout's, in order; checked against it) into ``draft`` in the
     layout's dtype, one ``pwrite`` per tensor from its own memory; return each tensor's checksum."""
+    assert draft.fd is not None, "a draft is written before it is published"
     checksums = []
     for i, slot in enumerate(layout.slots):
         name, tensor = next(named)
         layout.check(name, tensor, i)
-        data = raw_bytes(tensor.detach().to(device="cpu", dtype=to_dtype(slot.dtype)))
-        draft.write(data, slot.offset)
-        checksums.append(checksum(data))
+        checksums.append(write_slot(draft.fd, slot, tensor))
     return checksums
+
+
+def write_slots(path: str, layout: FlatLayout, named: Iterator[tuple[str, torch.Tensor]]) -> dict[int, str]:
+    """Write the tensors ``named`` yields (any of the layout's, by name; each checked against its slot) into the
+    payload file at ``path`` that another process's draft created: a pipeline stage writing its own part.
+    Returns each written slot's index -> checksum."""
+    index = {slot.name: i for i, slot in enumerate(layout.slots)}
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        checksums = {}
+        for name, tensor in named:
+            i = index[name]
+            layout.check(name, tensor, i)
+            checksums[i] = write_slot(fd, layout.slots[i], tensor)
+        return checksums
+    finally:
+        os.close(fd)
+
+
+def write_slot(fd: int, slot: Slot, tensor: torch.Tensor) -> str:
+    """``tensor`` in ``slot``'s dtype at its offset of the payload open as ``fd``; returns its checksum."""
+    data = raw_bytes(tensor.detach().to(device="cpu", dtype=to_dtype(slot.dtype)))
+    pwrite_all(fd, data, slot.offset)
+    return checksum(data)
+
+
+def pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """Write a bytes-like ``data`` at ``offset`` of ``fd``, all of it."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def raw_bytes(tensor: torch.Tensor) -> Any:

@@ -8,6 +8,8 @@ rank 0's client is given; the client is a stand-in that records the control call
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -46,12 +48,15 @@ class _Client:
     def __init__(self) -> None:
         self.version, self.timeout_s, self.seconds = 0, 60.0, {}
         self.calls: list[str] = []
-        self.receiver: ShmReceiver | None = None
+        self.receiver: Any = None
         self.layout: FlatLayout | None = None
 
     def init_weight_transfer_engine(self, info: dict) -> None:
+        from relayrl.weightsync.pull import PullReceiver
+
         self.layout = FlatLayout.from_dict(info["layout"])
-        self.receiver = ShmReceiver(self.layout, info["channel"], 0)
+        receiver = {"shm": ShmReceiver, "pull": PullReceiver}[info["transport"]]
+        self.receiver = receiver(self.layout, info["channel"], 0)
 
     def start_weight_update(self) -> None:
         self.calls.append(f"start {self.version}")
@@ -111,6 +116,57 @@ def test_each_stage_writes_its_weights_and_a_failed_stage_keeps_the_version_unst
         assert torch.equal(first["v1"][name], _value(name)), name
     assert "did not write its weights of v2" in first["error"] and "planned" in second["error"]
     assert first["calls2"] == ["start 2"] and first["stamp"] == WRITING
+    assert first["freed"] and second["freed"]
+
+
+def _pull_worker(rank: int, store: str, pull_dir: str, out: str) -> None:
+    """As ``_worker``, over the ``pull`` store: v1 published from both stages, v2 failed by rank 1's stage."""
+    from relayrl.weightsync.pull import PullTrainerEngine, PullTrainerInitInfo
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        group = dist.group.WORLD
+        assert group is not None
+        source, client = StageSource(_Stages(rank), OWNER, group), _Client()
+        info = PullTrainerInitInfo(rank=rank, pull_dir=pull_dir, keep=2, bucket_bytes=64)
+        engine = PullTrainerEngine.trainer_init(info, client=client, source=source)
+        client.version = 1
+        engine.send_weights()
+        result: dict = {"calls": list(client.calls)}
+        if rank == 0:  # the engine side: fetched from the store, every tensor's checksum checked
+            data = client.receiver.receive(client.layout, FlatUpdateInfo(1, client.layout.digest))
+            result["v1"] = {name: view.clone() for name, view in client.layout.views(data)}
+        if rank == 1:
+            source.own = lambda: iter([("b", _value("b")), ("d", torch.zeros(2))])  # type: ignore[method-assign]
+        client.version = 2
+        try:
+            engine.send_weights()
+        except (RuntimeError, ValueError) as exc:
+            result["error"] = str(exc)
+        result["calls2"] = client.calls[len(result["calls"]) :]
+        engine_ref = weakref.ref(engine)
+        del engine, source
+        result["freed"] = engine_ref() is None
+        torch.save(result, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_stage_writes_its_part_of_a_pulled_version_and_a_failed_stage_publishes_nothing(tmp_path):
+    """``pull`` over a pipelined policy: v1's payload holds every stage's tensors (each written by the rank holding
+    it, each checksum checked by the engine side's fetch) and rank 0 drove start, update and finish. v2: rank 1's
+    stage fails mid-write; both ranks raise, the engines are never asked to fetch, and the store holds v1 only."""
+    (tmp_path / "store").mkdir()
+    out = str(tmp_path / "result")
+    mp.spawn(_pull_worker, args=(str(tmp_path / "pg"), str(tmp_path / "store"), out), nprocs=2, join=True)
+    first, second = (torch.load(f"{out}.{r}") for r in range(2))
+    assert first["calls"] == ["start 1", "update 1", "finish 1"] and second["calls"] == []
+    for name in SHAPES:
+        assert torch.equal(first["v1"][name], _value(name)), name
+    assert "did not write its part of v2" in first["error"] and "planned" in second["error"]
+    assert first["calls2"] == ["start 2"]
+    assert sorted(p.name for p in Path(tmp_path / "store").iterdir()) == ["v1"]  # no v2, no draft left
     assert first["freed"] and second["freed"]
 
 
