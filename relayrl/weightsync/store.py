@@ -219,8 +219,9 @@ def write_payload(draft: Draft, layout: FlatLayout, named: Iterator[tuple[str, t
 
 def write_slots(path: str, layout: FlatLayout, named: Iterator[tuple[str, torch.Tensor]]) -> dict[int, str]:
     """Write the tensors ``named`` yields (any of the layout's, by name; each checked against its slot) into the
-    payload file at ``path`` that another process's draft created: a pipeline stage writing its own part.
-    Returns each written slot's index -> checksum."""
+    payload file at ``path`` that another process's draft created: a pipeline stage writing its own part. The
+    bytes are fsynced before it returns (the draft's own fsync covers only its host's writes on a shared
+    filesystem). Returns each written slot's index -> checksum."""
     index = {slot.name: i for i, slot in enumerate(layout.slots)}
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
     try:
@@ -229,6 +230,7 @@ def write_slots(path: str, layout: FlatLayout, named: Iterator[tuple[str, torch.
             i = index[name]
             layout.check(name, tensor, i)
             checksums[i] = write_slot(fd, layout.slots[i], tensor)
+        os.fsync(fd)
         return checksums
     finally:
         os.close(fd)

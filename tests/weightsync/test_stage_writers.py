@@ -1,9 +1,11 @@
-"""The ``shm`` backend over a pipelined policy (``StageSource``): each stage writes its own weights into the shared
-buffer and rank 0 stamps the version only once every stage has written (``ShmTrainerEngine.send_stages``).
+"""The ``shm`` and ``pull`` backends over a pipelined policy (``StageSource``): each stage writes its own weights
+into the shared buffer (or the store's draft), and rank 0 stamps (or publishes) the version only once every stage
+has written (``ShmTrainerEngine.send_stages``, ``PullTrainerEngine.send_stages``).
 
-Two gloo ranks in real processes, each holding its stage's parameters of a toy module (the other's are meta
-stand-ins, as ``pp_weights.load_stages`` leaves them). The engine side is the real ``ShmReceiver`` over the file
-rank 0's client is given; the client is a stand-in that records the control calls (no vLLM engine here)."""
+Two gloo ranks in real processes (four for pp 2 x tp 2), each holding its stage's parameters of a toy module (the
+other's are meta stand-ins, as ``pp_weights.load_stages`` leaves them). The engine side is the real ``ShmReceiver``
+or ``PullReceiver`` over what rank 0's client is given; the client is a stand-in that records the control calls
+(no vLLM engine here)."""
 
 from __future__ import annotations
 
