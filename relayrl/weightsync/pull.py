@@ -3,7 +3,7 @@
 Why: a push needs a path from the trainer to every engine (a shared mapping, a gloo group). Engines that no push
 can reach (outside the Ray cluster, behind a firewall, joining late) can still read a directory: a shared
 filesystem or a mounted bucket (``weightsync.pull_dir``; by default a private directory in /dev/shm, one host).
-``store.py`` has the layout, the atomic publish, retention and the checks.
+``store.py`` has the layout and the checks, ``store_write.py`` the atomic publish and retention.
 
 Transaction: rank 0 writes ``v<version>`` (gathered tensors straight into the payload file, a checksum per
 tensor; under pipeline stages each stage writes its own part, ``send_stages``) and renames it into place only
@@ -31,7 +31,8 @@ from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, drain, one_thread
 from relayrl.weightsync.layout import FlatLayout
 from relayrl.weightsync.stages import StageSource
-from relayrl.weightsync.store import PAYLOAD, Draft, StoreWriter, check_reachable, fetch, write_payload, write_slots
+from relayrl.weightsync.store import PAYLOAD, check_reachable, fetch
+from relayrl.weightsync.store_write import Draft, StoreWriter, write_payload, write_slots
 
 
 @dataclass

@@ -20,17 +20,15 @@ from relayrl.weightsync.store import (
     PRIVATE_PREFIX,
     FetchError,
     Manifest,
-    StoreWriter,
     fetch,
     fetch_error,
     newer,
     newest_version,
     open_version,
-    private_root,
     read_checked,
     read_manifest,
-    write_payload,
 )
+from relayrl.weightsync.store_write import StoreWriter, private_root, write_payload
 
 BUCKET_BYTES = 4096
 
