@@ -206,6 +206,34 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+class DeferredError:
+    """The first error of a step that every rank must finish, since collectives follow it: ``catch`` keeps it instead
+    of raising, and ``reraise`` raises it once the ranks have met, letting go of it as it does. A frame that kept
+    the error in a local while raising it would hold its own traceback, and through it what the frame holds (an
+    engine, a process group) until a gc; a gloo group that outlives its ``destroy_process_group`` that way is
+    destroyed during interpreter exit, which aborts the process."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+
+    def __bool__(self) -> bool:
+        return self.error is not None
+
+    @contextmanager
+    def catch(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - kept, to be raised once the ranks have met
+            self.error = self.error or exc
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            try:
+                raise self.error
+            finally:
+                self.error = None
+
+
 def drain(it: Iterator[Any]) -> None:
     for _ in it:
         pass

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
-from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, drain, one_thread
+from relayrl.weightsync.base import DeferredError, FlatTrainerEngine, FlatUpdateInfo, drain, one_thread
 from relayrl.weightsync.layout import FlatLayout
 from relayrl.weightsync.stages import StageSource
 from relayrl.weightsync.store import PAYLOAD, check_reachable, fetch
@@ -77,30 +77,24 @@ class PullTrainerEngine(FlatTrainerEngine):
         and have the engines fetch it; otherwise the draft goes, nothing is published and the engines keep theirs.
         Every rank of a stage takes part in its gathers whatever happens; a writer's own error is raised last."""
         version, t0, named = self.client.version, time.perf_counter(), source.own()
+        error = DeferredError()  # raised after the gather, or the other writers would hang
         with contextlib.ExitStack() as stack:
-            draft, error, mine = None, None, None
+            draft, mine = None, None
             if self.is_sender:
-                try:
+                with error.catch():
                     if not self.publish_only:
                         self.client.start_weight_update()
                     draft = stack.enter_context(cast(StoreWriter, self.store).draft(version, self.layout.nbytes))
-                except Exception as exc:  # noqa: BLE001 - raised after the writers meet, or they would hang
-                    error = exc
             path = _share_path(source, None if draft is None else str(draft.tmp / PAYLOAD))
             try:
-                if path is not None:
-                    with one_thread():
-                        mine = write_slots(path, self.layout, named)
-            except Exception as exc:  # noqa: BLE001 - raised after the gather, or the other writers would hang
-                error = error or exc
+                with error.catch():
+                    if path is not None:
+                        with one_thread():
+                            mine = write_slots(path, self.layout, named)
             finally:
                 drain(named)  # the stage's gathers finish on every rank
             checksums = self._gathered_checksums(source, None if error else mine)
-            if error is not None:
-                try:
-                    raise error
-                finally:
-                    del error  # else this frame and its error hold each other (and the group) until a gc
+            error.reraise()
             if not self.is_sender:
                 return
             if checksums is None:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightSource
 
-from relayrl.weightsync.base import FlatTrainerEngine, FlatUpdateInfo, drain, one_thread
+from relayrl.weightsync.base import DeferredError, FlatTrainerEngine, FlatUpdateInfo, drain, one_thread
 from relayrl.weightsync.layout import FlatLayout, bucket_views, pack
 from relayrl.weightsync.stages import StageSource
 
@@ -100,19 +100,13 @@ def _share_region(region: ShmRegion | None, nbytes: int, group: dist.ProcessGrou
     writer that cannot map it raises, and so does rank 0, before any engine is told of the file."""
     path = [region.path if region is not None else None]
     dist.broadcast_object_list(path, src=dist.get_global_rank(group, 0), group=group)
-    shared, error = region, None
+    shared, error = region, DeferredError()  # raised after the all-reduce, or rank 0 would wait for ever
     if shared is None:
-        try:
+        with error.catch():
             shared = ShmRegion(cast(str, path[0]), nbytes)
-        except Exception as exc:  # noqa: BLE001 - raised after the all-reduce, or rank 0 would wait for ever
-            error = exc
     mapped = torch.tensor([0 if error else 1], dtype=torch.int32)
     dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
-    if error is not None:
-        try:
-            raise error
-        finally:
-            del error  # else this frame and its error hold each other (and the group) until a gc
+    error.reraise()
     if shared is None or not mapped.item():
         raise RuntimeError(f"a pipeline stage could not map the shm weight buffer {path[0]}; see its error")
     return shared
@@ -181,33 +175,26 @@ class ShmTrainerEngine(FlatTrainerEngine):
         mid-write and the engines keep the previous version. Every rank of a stage takes part in its gathers
         whatever happens, so no peer hangs; a writer's own error is raised after the all-reduce."""
         writes = self.region is not None
-        error: Exception | None = None
+        error = DeferredError()  # raised after the all-reduce, or the other writers would hang
         t0 = time.perf_counter()
         if self.is_sender:
-            try:
+            with error.catch():
                 self.client.start_weight_update()
                 cast(ShmRegion, self.region).begin()
-            except Exception as exc:  # noqa: BLE001 - raised after the writers meet, or they would hang
-                error = exc
         if writes:
             dist.barrier(group=source.stage_group)  # the buffer is marked mid-write before anyone writes
         named = source.own()
         try:
-            if writes and error is None:
-                with one_thread():
-                    self._write(named)
-        except Exception as exc:  # noqa: BLE001 - raised after the all-reduce, or the other writers would hang
-            error = exc
+            with error.catch():
+                if writes and not error:
+                    with one_thread():
+                        self._write(named)
         finally:
             drain(named)  # the stage's gathers finish on every rank
         done = torch.tensor([0 if error else 1], dtype=torch.int32)
         if writes:
             dist.all_reduce(done, op=dist.ReduceOp.MIN, group=source.stage_group)
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error  # else this frame and its error hold each other (and the group) until a gc
+        error.reraise()
         if not self.is_sender:
             return
         version, digest = self.client.version, self.layout.digest
