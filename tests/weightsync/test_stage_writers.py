@@ -10,7 +10,6 @@ or ``PullReceiver`` over what rank 0's client is given; the client is a stand-in
 from __future__ import annotations
 
 import weakref
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,20 +69,29 @@ class _Client:
         self.calls.append(f"finish {self.version}")
 
 
-def _worker(rank: int, store: str, shm_dir: str, out: str) -> None:
+def _trainer_engine(backend: str, rank: int, client: _Client, source: StageSource, where: str):
+    from relayrl.weightsync.pull import PullTrainerEngine, PullTrainerInitInfo
+
+    if backend == "shm":
+        shm = ShmTrainerInitInfo(rank=rank, shm_dir=where, bucket_bytes=64)
+        return ShmTrainerEngine.trainer_init(shm, client=client, source=source)
+    pull = PullTrainerInitInfo(rank=rank, pull_dir=where, keep=2, bucket_bytes=64)
+    return PullTrainerEngine.trainer_init(pull, client=client, source=source)
+
+
+def _worker(rank: int, store: str, backend: str, where: str, out: str) -> None:
+    """v1 written by both stages into ``backend``'s buffer (shm) or store (pull, ``where``); v2 failed by rank 1's."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         group = dist.group.WORLD
         assert group is not None
         source, client = StageSource(_Stages(rank), OWNER, group), _Client()
-        info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64)
-        engine = ShmTrainerEngine.trainer_init(info, client=client, source=source)
+        engine = _trainer_engine(backend, rank, client, source, where)
         client.version = 1
         engine.send_weights()
         result: dict = {"calls": list(client.calls)}
-        if rank == 0:
-            assert client.receiver is not None and client.layout is not None
+        if rank == 0:  # the engine side: read from the buffer, or fetched from the store with every checksum checked
             data = client.receiver.receive(client.layout, FlatUpdateInfo(1, client.layout.digest))
             result["v1"] = {name: view.clone() for name, view in client.layout.views(data)}
         if rank == 1:  # its stage fails mid-write at v2: a tensor of another shape than planned
@@ -94,8 +102,7 @@ def _worker(rank: int, store: str, shm_dir: str, out: str) -> None:
         except (RuntimeError, ValueError) as exc:
             result["error"] = str(exc)
         result["calls2"] = client.calls[len(result["calls"]) :]
-        if rank == 0:
-            assert client.receiver is not None and client.receiver.region is not None
+        if rank == 0 and backend == "shm":
             result["stamp"] = int(client.receiver.region.header[1])
         engine_ref = weakref.ref(engine)
         del engine, source  # a failed sync leaves nothing holding them (a group kept alive to exit aborts there)
@@ -105,70 +112,26 @@ def _worker(rank: int, store: str, shm_dir: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_each_stage_writes_its_weights_and_a_failed_stage_keeps_the_version_unstamped(tmp_path):
-    """v1: the engines' buffer holds every stage's weights (each written by the rank holding it), and rank 0
-    drove start, update and finish. v2: rank 1's stage fails mid-write; rank 1 raises its own error, rank 0 raises
-    that a stage did not write, the engines are never asked to verify it, and the stamp stays mid-write (a
-    receiver refuses it; the engines keep v1)."""
+@pytest.mark.parametrize("backend", ["shm", "pull"])
+def test_each_stage_writes_its_part_and_a_failed_stage_leaves_the_engines_on_the_last_version(tmp_path, backend):
+    """v1: the engines' buffer (shm) or the published version (pull) holds every stage's weights, each written by
+    the rank holding it, and rank 0 drove start, update and finish. v2: rank 1's stage fails mid-write; rank 1
+    raises its own error, rank 0 raises that a stage did not write, and the engines are never asked to take it:
+    the stamp stays mid-write (a receiver refuses it), or the store holds v1 alone (no v2, no draft left)."""
+    (where := tmp_path / "where").mkdir()
     out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path), out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(str(tmp_path / "pg"), backend, str(where), out), nprocs=2, join=True)
     first, second = (torch.load(f"{out}.{r}") for r in range(2))
     assert first["calls"] == ["start 1", "update 1", "finish 1"] and second["calls"] == []
     for name in SHAPES:
         assert torch.equal(first["v1"][name], _value(name)), name
-    assert "did not write its weights of v2" in first["error"] and "planned" in second["error"]
-    assert first["calls2"] == ["start 2"] and first["stamp"] == WRITING
-    assert first["freed"] and second["freed"]
-
-
-def _pull_worker(rank: int, store: str, pull_dir: str, out: str) -> None:
-    """As ``_worker``, over the ``pull`` store: v1 published from both stages, v2 failed by rank 1's stage."""
-    from relayrl.weightsync.pull import PullTrainerEngine, PullTrainerInitInfo
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        group = dist.group.WORLD
-        assert group is not None
-        source, client = StageSource(_Stages(rank), OWNER, group), _Client()
-        info = PullTrainerInitInfo(rank=rank, pull_dir=pull_dir, keep=2, bucket_bytes=64)
-        engine = PullTrainerEngine.trainer_init(info, client=client, source=source)
-        client.version = 1
-        engine.send_weights()
-        result: dict = {"calls": list(client.calls)}
-        if rank == 0:  # the engine side: fetched from the store, every tensor's checksum checked
-            data = client.receiver.receive(client.layout, FlatUpdateInfo(1, client.layout.digest))
-            result["v1"] = {name: view.clone() for name, view in client.layout.views(data)}
-        if rank == 1:
-            source.own = lambda: iter([("b", _value("b")), ("d", torch.zeros(2))])  # type: ignore[method-assign]
-        client.version = 2
-        try:
-            engine.send_weights()
-        except (RuntimeError, ValueError) as exc:
-            result["error"] = str(exc)
-        result["calls2"] = client.calls[len(result["calls"]) :]
-        engine_ref = weakref.ref(engine)
-        del engine, source
-        result["freed"] = engine_ref() is None
-        torch.save(result, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
-
-
-def test_each_stage_writes_its_part_of_a_pulled_version_and_a_failed_stage_publishes_nothing(tmp_path):
-    """``pull`` over a pipelined policy: v1's payload holds every stage's tensors (each written by the rank holding
-    it, each checksum checked by the engine side's fetch) and rank 0 drove start, update and finish. v2: rank 1's
-    stage fails mid-write; both ranks raise, the engines are never asked to fetch, and the store holds v1 only."""
-    (tmp_path / "store").mkdir()
-    out = str(tmp_path / "result")
-    mp.spawn(_pull_worker, args=(str(tmp_path / "pg"), str(tmp_path / "store"), out), nprocs=2, join=True)
-    first, second = (torch.load(f"{out}.{r}") for r in range(2))
-    assert first["calls"] == ["start 1", "update 1", "finish 1"] and second["calls"] == []
-    for name in SHAPES:
-        assert torch.equal(first["v1"][name], _value(name)), name
-    assert "did not write its part of v2" in first["error"] and "planned" in second["error"]
+    failed = {"shm": "did not write its weights of v2", "pull": "did not write its part of v2"}[backend]
+    assert failed in first["error"] and "planned" in second["error"]
     assert first["calls2"] == ["start 2"]
-    assert sorted(p.name for p in Path(tmp_path / "store").iterdir()) == ["v1"]  # no v2, no draft left
+    if backend == "shm":
+        assert first["stamp"] == WRITING
+    else:
+        assert sorted(p.name for p in where.iterdir()) == ["v1"]
     assert first["freed"] and second["freed"]
 
 
