@@ -101,7 +101,7 @@ class Client:
 
 def gathered_source(stages: Any) -> Any:
     """The same policy as a plain ``WeightSource`` (not a ``StageSource``): the engine takes the one-sender path,
-    rank 0 packing every tensor as ``gathered`` broadcasts it from its stage."""
+    rank 0 packing every tensor as ``gathered`` sends it there from its stage."""
     from vllm.distributed.weight_transfer.base import WeightSource
 
     class Gathered(WeightSource):
