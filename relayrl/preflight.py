@@ -121,6 +121,7 @@ def check_data(cfg: Config, model_path: Path) -> None:
     """Load the prompts once before Ray starts: a malformed row, an empty dataset or a prompt too long for
     the engine fails here, in one line, instead of as a task error on every replica and retry."""
     from relayrl.data import load_task
+    from relayrl.data.lengths import check_row_budgets
 
     try:
         rows = load_task(cfg.data)
@@ -131,6 +132,11 @@ def check_data(cfg: Config, model_path: Path) -> None:
             f"the dataset ({cfg.data.task}{': ' + cfg.data.path if cfg.data.path else ''}) has "
             "no rows; point data.path at a non-empty dataset"
         )
+    try:
+        check_row_budgets(rows, cfg.rollout.min_tokens)
+    except ValueError as exc:
+        source = cfg.data.path if cfg.data.task in FILE_TASKS else f"data.task={cfg.data.task}"
+        raise ConfigError(f"{source} {exc}") from None
     check_prompt_lengths(cfg, model_path, rows)
 
 

@@ -38,3 +38,29 @@ def longest_prompt(
     counts = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
     best = max(range(len(questions)), key=counts.__getitem__)
     return LongestPrompt(first_row[questions[best]], counts[best], questions[best])
+
+
+ROW_MAX_TOKENS = "max_tokens"
+"""A row's own completion budget: the column that caps its completions below ``rollout.max_tokens`` (a task
+whose right answer's length is known, such as ``count``, gives each problem room for it and no more)."""
+
+
+def row_max_tokens(row: dict[str, Any], max_tokens: int) -> int:
+    """Tokens a completion of ``row`` may take: its ``max_tokens`` column, at most ``max_tokens``
+    (``rollout.max_tokens``); a row without that column gets ``max_tokens``."""
+    own = row.get(ROW_MAX_TOKENS)
+    return max_tokens if own is None else min(int(own), max_tokens)
+
+
+def check_row_budgets(rows: list[dict[str, Any]], min_tokens: int) -> None:
+    """Every row's ``max_tokens`` column, where set, is an integer of at least 1 and at least ``min_tokens``
+    (``rollout.min_tokens``); ``ValueError`` names the first row that is not."""
+    for i, row in enumerate(rows):
+        own = row.get(ROW_MAX_TOKENS)
+        if own is None:
+            continue
+        if isinstance(own, bool) or not isinstance(own, int) or own < max(1, min_tokens):
+            raise ValueError(
+                f"row {i}: its max_tokens column is {own!r}, not an integer >= {max(1, min_tokens)} "
+                f"(rollout.min_tokens={min_tokens}); fix the row or drop the column"
+            )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from relayrl.config import ModelConfig, RolloutConfig, WeightSyncConfig, has_cuda
+from relayrl.data.lengths import row_max_tokens
 from relayrl.data.sampler import Prompt
 from relayrl.envs import env_factory
 from relayrl.logs import show_on_console
@@ -120,13 +121,14 @@ class Rollout:
 
         cfg = self.rollout_cfg
         temperature = cfg.temperature if prompt.temperature is None else prompt.temperature
+        max_tokens = row_max_tokens(prompt.columns, cfg.max_tokens)
         params = SamplingParams(
             n=group_size,
             logprobs=0,
             temperature=temperature,
             top_p=cfg.top_p,
-            max_tokens=cfg.max_tokens,
-            min_tokens=cfg.min_tokens,
+            max_tokens=max_tokens,
+            min_tokens=min(cfg.min_tokens, max_tokens),
             output_kind=RequestOutputKind.FINAL_ONLY,
             seed=prompt.seed,
         )

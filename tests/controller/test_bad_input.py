@@ -40,6 +40,10 @@ def test_bad_input_fails_before_ray_starts(override, expected, tmp_path, monkeyp
         (lambda d, m: [f"model.path={m}", "rollout.kv_cache_gb=0.000001"], "is less than one model.max_model_len"),
         (lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'empty.jsonl'}"], "has no rows"),
         (lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'bad.jsonl'}"], "bad.jsonl:2"),
+        (
+            lambda d, m: [f"model.path={m}", "data.task=jsonl", f"data.path={d / 'budget.jsonl'}"],
+            "budget.jsonl row 1: its max_tokens column is 0, not an integer >= 1",
+        ),
     ],
 )
 def test_context_and_dataset_are_checked_before_ray(make_override, expected, tmp_path, tiny_llama, monkeypatch):
@@ -50,6 +54,8 @@ def test_context_and_dataset_are_checked_before_ray(make_override, expected, tmp
     data.mkdir()
     (data / "empty.jsonl").write_text("")
     (data / "bad.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n{"question": \n')
+    budgets = [{"question": f"{i}+1?", "answer": str(i + 1), "max_tokens": budget} for i, budget in enumerate((8, 0))]
+    (data / "budget.jsonl").write_text("".join(json.dumps(r) + "\n" for r in budgets))
     monkeypatch.setattr(driver, "start_ray", no_ray)
     cfg = load_config("grpo_tiny", [*make_override(data, tiny_llama), f"run.output_dir={tmp_path / 'runs'}"])
     with pytest.raises(ConfigError) as err:

@@ -134,6 +134,18 @@ def test_min_tokens_holds_eos_back(actor, ray_session, tiny_llama):
         ray_session.kill(forced)
 
 
+def test_a_rows_max_tokens_caps_its_completions(actor, ray_session):
+    """A row's ``max_tokens`` column caps its completions below ``rollout.max_tokens``: the same seeded prompts
+    sample the same tokens, cut at the row's budget (rows without the column run past it)."""
+    cap = 6
+    seeded = [dataclasses.replace(p, seed=prompt_seed(0, p.prompt_id)) for p in PROMPTS]
+    capped = [dataclasses.replace(p, columns={**p.columns, "max_tokens": cap}) for p in seeded]
+    free = [t for g in ray_session.get(actor.generate.remote(seeded, 4)) for t in _tokens(g)]
+    cut = [t for g in ray_session.get(actor.generate.remote(capped, 4)) for t in _tokens(g)]
+    assert max(len(t) for t in free) > cap
+    assert cut == [t[:cap] for t in free]
+
+
 def test_forkserver_worker_is_bound_as_vllm_binds_a_spawned_one(actor, ray_session):
     """The engine's worker comes from relayrl's forkserver (a child of the server, itself a child of the
     actor), carries vLLM's title and runs where vLLM puts it (``rollout.num_threads=0``: every core) with a
