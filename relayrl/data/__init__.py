@@ -18,7 +18,7 @@ from typing import Any
 
 from relayrl.config import ConfigError, DataConfig
 from relayrl.config.data import OPS_TASKS
-from relayrl.data import countdown, wordproblem
+from relayrl.data import count, countdown, wordproblem
 from relayrl.data.arith import ARITH_QUESTION, make_arith_rows, make_multiply_rows
 from relayrl.data.count import make_count_rows
 from relayrl.data.countdown import make_countdown_rows
@@ -61,6 +61,7 @@ GENERATORS: dict[str, Callable[[int, int, int | str], Rows]] = {
 WORKED_ANSWERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "countdown": countdown.worked_answer,
     "wordproblem": wordproblem.worked_answer,
+    "count": count.worked_answer,
 }
 """Generated tasks whose rows carry a solution: ``row -> the reply`` a supervised warm start teaches (``sft``)."""
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from relayrl.config import DataConfig
-from relayrl.data import load_task
-from relayrl.data.count import COUNT_QUESTION, MIN_COUNT, count_tokens, make_count_rows
+from relayrl.data import load_task, worked_examples
+from relayrl.data.count import COUNT_QUESTION, MIN_COUNT, count_tokens, make_count_rows, row_budget
 from relayrl.rewards import REWARDS
 from relayrl.rewards.tasks import count_correct, count_score
 
@@ -28,14 +28,29 @@ def test_rows_are_seeded_and_ask_for_a_count_in_range():
 
 
 def test_count_tokens_by_hand():
-    assert count_tokens(3) == 6  # "1\n2\n3\n"
-    assert count_tokens(12) == 9 * 2 + 3 * 3
-    assert count_tokens(100) == 9 * 2 + 90 * 3 + 4
+    assert count_tokens(3) == 7  # "1, 2, 3": 3 digits, 2 commas, 2 spaces
+    assert count_tokens(12) == (9 + 3 * 2) + 2 * 11
+    assert count_tokens(100) == (9 + 90 * 2 + 3) + 2 * 99
+
+
+def test_each_row_gets_room_for_its_answer_and_a_quarter_as_much_again():
+    assert row_budget(150) == 800  # count_tokens(150) = (9 + 90 * 2 + 51 * 3) + 2 * 149 = 640; 1.25 * 640
+    assert row_budget(12) == 47  # count_tokens(12) = 15 + 22 = 37; 1.25 * 37 = 46.25, rounded up
+    for row in make_count_rows(50, 1000, seed=0):
+        assert row["max_tokens"] == row_budget(int(row["answer"]))
+
+
+def test_the_warm_start_teaches_the_whole_count_which_scores_one():
+    examples = worked_examples(DataConfig(task="count", num_prompts=5, max_operand=200), 3)
+    for example in examples:
+        n = int(re.search(r"to (\d+),", example["prompt"]).group(1))
+        assert example["completion"] == ", ".join(map(str, range(1, n + 1)))
+        assert count_score(example["completion"], n) == 1.0
 
 
 def test_load_task_and_the_reward_registry_know_the_task():
     rows = load_task(DataConfig(task="count", num_prompts=5, max_operand=200))
-    assert len(rows) == 5 and all(row["question"].startswith("Count from 1 to ") for row in rows)
+    assert len(rows) == 5 and all(row["question"].startswith("List the numbers from 1 to ") for row in rows)
     assert REWARDS["count_correct"] is count_correct
 
 
