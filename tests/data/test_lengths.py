@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from relayrl.data.lengths import check_row_budgets, longest_prompt, row_max_tokens
@@ -31,8 +33,8 @@ def test_a_rows_max_tokens_caps_its_budget_below_the_rollouts():
 
 
 @pytest.mark.parametrize("bad", [0, -3, 4, 7.5, "12", True])
-def test_a_budget_that_is_not_an_integer_of_at_least_min_tokens_names_its_row(bad):
-    rows = [{"max_tokens": 9}, {"question": "q"}, {"max_tokens": bad}]
+def test_a_budget_that_is_not_an_integer_of_at_least_min_tokens_names_its_row(bad: object):
+    rows: list[dict[str, Any]] = [{"max_tokens": 9}, {"question": "q"}, {"max_tokens": bad}]
     with pytest.raises(ValueError, match=r"^row 2: its max_tokens column is .*, not an integer >= 5 "):
         check_row_budgets(rows, min_tokens=5)
     check_row_budgets(rows[:2], min_tokens=5)  # 9 >= 5, and a row without the column is fine
