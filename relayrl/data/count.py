@@ -11,7 +11,7 @@ there instead of at ``rollout.max_tokens``.
 
 Why commas: SmolLM2-135M-Instruct, asked for one number a line, mostly loops (``..., 28, 29, 20, 21, ...``) or
 numbers its lines (``1. 1``). Asked for commas, about a quarter of its samples count right past N (probe of
-2026-12-07, docs/long-context.md): a reward with spread in a group from the first step.
+2026-12-07, docs/benchmarks.md): a reward with spread in a group from the first step.
 """
 
 from __future__ import annotations

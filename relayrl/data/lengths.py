@@ -62,5 +62,5 @@ def check_row_budgets(rows: list[dict[str, Any]], min_tokens: int) -> None:
         if isinstance(own, bool) or not isinstance(own, int) or own < max(1, min_tokens):
             raise ValueError(
                 f"row {i}: its max_tokens column is {own!r}, not an integer >= {max(1, min_tokens)} "
-                f"(rollout.min_tokens={min_tokens}); fix the row or drop the column"
+                f"(rollout.min_tokens={min_tokens}); lower rollout.min_tokens, or fix the row or drop the column"
             )
