@@ -135,9 +135,13 @@ def check_data(cfg: Config, model_path: Path) -> None:
     try:
         check_row_budgets(rows, cfg.rollout.min_tokens)
     except ValueError as exc:
-        source = cfg.data.path if cfg.data.task in FILE_TASKS else f"data.task={cfg.data.task}"
-        raise ConfigError(f"{source} {exc}") from None
+        raise ConfigError(f"{_data_source(cfg)} {exc}") from None
     check_prompt_lengths(cfg, model_path, rows)
+
+
+def _data_source(cfg: Config) -> str:
+    """How an error names the dataset: the file's path, or the generated task."""
+    return f"{cfg.data.path}" if cfg.data.task in FILE_TASKS else f"data.task={cfg.data.task}"
 
 
 def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> None:
@@ -158,7 +162,7 @@ def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> Non
     found = longest_prompt(rows, tokenizer, format_prompt, limit)
     budget = cfg.model.max_model_len - cfg.rollout.max_tokens
     if found.tokens > budget:
-        source = cfg.data.path if cfg.data.task in FILE_TASKS else f"data.task={cfg.data.task}"
+        source = _data_source(cfg)
         raise ConfigError(
             f"{source} row {found.row} ({found.question[:40]!r}...) is {found.tokens} prompt tokens; with "
             f"rollout.max_tokens={cfg.rollout.max_tokens} it needs model.max_model_len>="
