@@ -35,7 +35,8 @@ def megatron() -> None:
         f"{max(r.error for r in rows[1:]):.1%}"
     )
     print(
-        "  Interleaved (v 2) over 1F1B, GPT-3 175B on 96 GPUs (t 8, p 12), the paper's fig. 12 setting "
+        f"  Interleaved (v {megatron_paper.FIG12_V}) over 1F1B, GPT-3 175B on 96 GPUs (t 8, p 12), "
+        "the paper's fig. 12 setting and script "
         '(paper: "10+%", shrinking with the batch):'
     )
     for g in megatron_paper.interleaved_gain():

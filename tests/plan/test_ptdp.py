@@ -153,6 +153,15 @@ def test_the_interleaved_gain_shrinks_as_the_batch_grows():
     assert all(g > 0 for g in gains) and gains == sorted(gains, reverse=True)
 
 
+def test_the_interleaved_gain_stays_under_the_bubbles_ratio():
+    """Figure 12's setting, p 12, v 4: interleaving shrinks the bubble from 11 / m to 11 / (4 m) and sends 4x the
+    activations, so its gain is at most (1 + 11 / m) / (1 + 11 / (4 m)) - 1: 1.9167 / 1.2292 - 1 = 55.9 % at m 12."""
+    for r in interleaved_gain():
+        m = r["batch"]
+        ceiling = (1 + 11 / m) / (1 + 11 / (4 * m)) - 1
+        assert 0.8 * ceiling < r["gain"] < ceiling
+
+
 def test_cli_train_layouts_ranks_the_trainer_gpus_layouts(capsys):
     """``relayrl simulate --train-layouts``: Llama-3-8B on the file's 8 trainer GPUs, 64 x G sequences of
     256 + 1024 tokens; every row is a layout of 8 GPUs, fastest first."""
