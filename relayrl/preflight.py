@@ -12,9 +12,11 @@ two, model first)::
                               positions and above rollout.max_tokens
         check_kv_cache        rollout.kv_cache_gb holds one model.max_model_len sequence
       check_data              the dataset loads and has rows
-        check_prompt_lengths  every prompt, formatted, leaves rollout.max_tokens in the context
+        check_rows            every row's max_tokens column is a budget >= rollout.min_tokens, and
+                              every prompt, formatted, leaves rollout.max_tokens in the context; the
+                              held-out prompts of eval.every too
 
-(``controller.training_eval`` also runs ``check_prompt_lengths`` on its held-out prompts.) What the
+(``relayrl eval`` runs ``check_rows`` on the rows it scores.) What the
 config alone decides is checked earlier, when it loads (``relayrl.config``: each field in its
 section's ``__post_init__``, the rules that span sections in ``validate``); the checks here need
 the model's files, its tokenizer, the dataset's rows or the reward functions themselves. The resume
@@ -121,7 +123,6 @@ def check_data(cfg: Config, model_path: Path) -> None:
     """Load the prompts once before Ray starts: a malformed row, an empty dataset or a prompt too long for
     the engine fails here, in one line, instead of as a task error on every replica and retry."""
     from relayrl.data import load_task
-    from relayrl.data.lengths import check_row_budgets
 
     try:
         rows = load_task(cfg.data)
@@ -132,11 +133,27 @@ def check_data(cfg: Config, model_path: Path) -> None:
             f"the dataset ({cfg.data.task}{': ' + cfg.data.path if cfg.data.path else ''}) has "
             "no rows; point data.path at a non-empty dataset"
         )
+    check_rows(cfg, model_path, rows, _data_source(cfg))
+    if cfg.eval.every:  # the held-out prompts evaluated during training: a bad one would stop the run at step 0
+        from relayrl.data.eval_split import eval_rows
+
+        try:
+            held, where = eval_rows(cfg, cfg.eval.train_prompts)
+        except (ValueError, FileNotFoundError) as exc:
+            raise ConfigError(str(exc).splitlines()[0]) from None
+        check_rows(cfg, model_path, held, where)
+
+
+def check_rows(cfg: Config, model_path: Path, rows: list[dict], source: str) -> None:
+    """Each row's ``max_tokens`` budget (``data.lengths.check_row_budgets``) and its prompt's length
+    (``check_prompt_lengths``); ``source`` names the rows in the error."""
+    from relayrl.data.lengths import check_row_budgets
+
     try:
         check_row_budgets(rows, cfg.rollout.min_tokens)
     except ValueError as exc:
-        raise ConfigError(f"{_data_source(cfg)} {exc}") from None
-    check_prompt_lengths(cfg, model_path, rows)
+        raise ConfigError(f"{source} {exc}") from None
+    check_prompt_lengths(cfg, model_path, rows, source)
 
 
 def _data_source(cfg: Config) -> str:
@@ -144,11 +161,12 @@ def _data_source(cfg: Config) -> str:
     return f"{cfg.data.path}" if cfg.data.task in FILE_TASKS else f"data.task={cfg.data.task}"
 
 
-def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> None:
+def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict], source: str | None = None) -> None:
     """Every prompt, formatted as the sampler formats it, must leave ``rollout.max_tokens`` of room in
     ``model.max_model_len`` (vLLM rejects a prompt that fills the context and cuts completions that run
     into it). Files: every row; generated tasks: the longest distinct questions (``MAX_GENERATED_CHECKED``).
-    A multi-turn environment's ``reset`` may add text; the episode runner checks that part at run time."""
+    A multi-turn environment's ``reset`` may add text; the episode runner checks that part at run time.
+    ``source`` names the rows in the error (default: the training dataset)."""
     from relayrl.data.lengths import MAX_GENERATED_CHECKED, longest_prompt
     from relayrl.data.sampler import chat_formatter
     from relayrl.models import load_tokenizer
@@ -162,7 +180,7 @@ def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict]) -> Non
     found = longest_prompt(rows, tokenizer, format_prompt, limit)
     budget = cfg.model.max_model_len - cfg.rollout.max_tokens
     if found.tokens > budget:
-        source = _data_source(cfg)
+        source = source or _data_source(cfg)
         raise ConfigError(
             f"{source} row {found.row} ({found.question[:40]!r}...) is {found.tokens} prompt tokens; with "
             f"rollout.max_tokens={cfg.rollout.max_tokens} it needs model.max_model_len>="

@@ -20,7 +20,7 @@ class EvalConfig:
     """Prompts scored (x ``-n`` samples each); 0: every prompt of the split. Bounds an eval's time."""
     split: str = "heldout"
     """heldout: prompts training never draws (arith: operand pairs absent from the training rows; see
-    ``monitor.evaluate.heldout_arith_rows``); data: the first num_prompts rows of ``data`` as training
+    ``data.eval_split.heldout_arith_rows``); data: the first num_prompts rows of ``data`` as training
     loads them (point data.path at a test file to score it)."""
     seed: int = 1
     """Seed of the held-out draw (its own stream; training's data.seed picks what is excluded) and of the

@@ -21,7 +21,7 @@ the evaluation's time (``eval/time_s``). ``mode=async``: the same blocking call;
 what admission already allows (sharing the engines with the evaluation) while the trainer waits, so
 training stalls for the evaluation's time and rollout does not.
 
-The prompts are the first ``eval.train_prompts`` of ``eval.split`` (``monitor.evaluate.eval_rows``, the rows
+The prompts are the first ``eval.train_prompts`` of ``eval.split`` (``data.eval_split.eval_rows``, the rows
 ``relayrl eval --limit`` scores), drawn once; sampled completions are seeded per (``eval.seed``, prompt), so
 two evaluations of the same weights give the same completions, greedy and sampled.
 """
@@ -38,11 +38,11 @@ import ray
 from relayrl.config import Config
 from relayrl.controller.run import RunDir
 from relayrl.controller.system import System
+from relayrl.data.eval_split import eval_rows
 from relayrl.data.sampler import Prompt, prompt_seed
-from relayrl.monitor.evaluate import completion_rows, eval_rows, format_prompts, summarize, write_rows
+from relayrl.monitor.evaluate import completion_rows, format_prompts, summarize, write_rows
 from relayrl.monitor.runs import read_jsonl
 from relayrl.monitor.schema import EVAL_TIME_S
-from relayrl.preflight import check_prompt_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +95,12 @@ class TrainingEval:
             self.prompts = self._draw()
 
     def _draw(self) -> list[Prompt]:
-        """The formatted prompts, each with its sampling seed, checked against the context length."""
+        """The formatted prompts, each with its sampling seed (``preflight.check_data`` checked their lengths and
+        budgets before Ray started)."""
         cfg = self.cfg
         model_path = self.system.model_path
         assert model_path is not None, "a System made by System.start has its model path"
         rows, where = eval_rows(cfg, cfg.eval.train_prompts)
-        check_prompt_lengths(cfg, model_path, rows)
         prompts = format_prompts(cfg, model_path, rows)
         first = " and before step 1" if cfg.eval.before_first_step else ""
         logger.info(

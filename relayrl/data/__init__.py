@@ -85,7 +85,7 @@ def generate(data_cfg: DataConfig, n: int, seed: int | str) -> Rows:
 
 def load_heldout(data_cfg: DataConfig, n: int, seed: int) -> tuple[Rows, str] | None:
     """What ``relayrl eval`` scores as held-out for a task other than ``arith`` (which
-    ``monitor.evaluate.heldout_arith_rows`` holds out), with a line saying what it is; None: none named.
+    ``data.eval_split.heldout_arith_rows`` holds out), with a line saying what it is; None: none named.
 
     Generated tasks: ``n`` (0: ``num_prompts``) fresh problems drawn with their own seed, any question
     the training rows hold rejected. Files: ``data.eval_path`` / ``data.eval_split`` if set, else the

@@ -91,6 +91,46 @@ def test_a_prompt_too_long_for_the_context_names_its_row_before_ray(tmp_path, ti
         train(load_config("grpo_tiny", [*base, f"model.max_model_len={tokens + 16}", "rollout.max_tokens=16"]))
 
 
+def _budget_files(tmp_path) -> tuple[str, str]:
+    """A training file whose rows are fine, and a held-out file whose second row has a budget of 0."""
+    train_rows = [{"question": f"{i}+1?", "answer": str(i + 1)} for i in range(4)]
+    held_rows = [{"question": f"{i}+2?", "answer": str(i + 2), "max_tokens": b} for i, b in enumerate((8, 0))]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows))
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_rows))
+    return str(tmp_path / "train.jsonl"), str(tmp_path / "held.jsonl")
+
+
+def test_heldout_rows_of_eval_every_are_checked_before_ray(tmp_path, tiny_llama, monkeypatch):
+    """eval.every evaluates data.eval_path's rows during training: a bad budget there is refused before Ray,
+    naming the held-out file and its row. Without eval.every those rows are not used, and Ray is reached."""
+    _no_ray(monkeypatch)
+    train_file, held_file = _budget_files(tmp_path)
+    base = [f"model.path={tiny_llama}", "data.task=jsonl", f"data.path={train_file}", f"data.eval_path={held_file}"]
+    base.append(f"run.output_dir={tmp_path / 'runs'}")
+    with pytest.raises(ConfigError) as err:
+        train(load_config("grpo_tiny", [*base, "eval.every=1"]))
+    message = str(err.value)
+    assert message.startswith(f"held-out: data.eval_path={held_file} row 1: its max_tokens column is 0")
+    assert "\n" not in message and not (tmp_path / "runs").exists()
+    with pytest.raises(AssertionError, match="Ray was started"):
+        train(load_config("grpo_tiny", base))
+
+
+def test_relayrl_eval_checks_the_rows_it_scores_before_any_engine(tmp_path, tiny_llama, monkeypatch):
+    """``relayrl eval`` on the held-out split refuses the bad budget before it generates."""
+    from relayrl.monitor import evaluate
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("an engine was started before the bad row was reported")
+
+    monkeypatch.setattr(evaluate, "generate", no_engine)
+    train_file, held_file = _budget_files(tmp_path)
+    overrides = [f"model.path={tiny_llama}", "data.task=jsonl", f"data.path={train_file}"]
+    cfg = load_config("grpo_tiny", [*overrides, f"data.eval_path={held_file}", "eval.split=heldout"])
+    with pytest.raises(ConfigError, match=r"^held-out: data.eval_path=.*held.jsonl row 1: its max_tokens column is 0"):
+        evaluate.evaluate(cfg)
+
+
 def test_generated_prompts_are_checked_with_the_chat_template(tmp_path, tiny_llama, monkeypatch):
     """arith prompts are short, but the chat template's tokens count: a context that holds the question
     alone but not the formatted prompt is refused."""

@@ -217,7 +217,7 @@ def test_train_reports_hf_data_problems_before_ray(tmp_path, tiny_llama, monkeyp
 
 
 def test_relayrl_eval_scores_the_heldout_prompts_of_a_file(tmp_path):
-    from relayrl.monitor.evaluate import eval_rows
+    from relayrl.data.eval_split import eval_rows
 
     rows = [{"question": f"q{i}", "answer": str(i)} for i in range(10)]
     path = write(tmp_path, ".jsonl", rows)

@@ -4,7 +4,8 @@ import pytest
 
 from relayrl.config import DataConfig, load_config
 from relayrl.data import make_arith_rows
-from relayrl.monitor.evaluate import EvalProgress, eval_rows, heldout_arith_rows
+from relayrl.data.eval_split import eval_rows, heldout_arith_rows
+from relayrl.monitor.evaluate import EvalProgress
 
 
 def _operands(row):
