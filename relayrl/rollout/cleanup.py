@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -150,6 +151,58 @@ def cleanup_engine_segments() -> Cleanup:
             SHM_DIR,
         )
     return result
+
+
+IPC_PREFIX = "relayrl-ipc-"
+"""One engine's ZeroMQ socket files: ``<temp dir>/relayrl-ipc-<pid>-<random>``, pid the engine client's process."""
+IPC_PATH_MAX = 107
+"""Bytes in a Unix socket's path (``sun_path`` less its NUL); vLLM names each socket ``<dir>/<uuid4>``."""
+
+
+def engine_ipc_dir() -> str | None:
+    """A new directory for the ZeroMQ sockets of the engine this process starts (``VLLM_RPC_BASE_PATH``; vLLM
+    otherwise binds them in the temp dir itself and leaves them there: 7 files a one-engine run, on a clean exit
+    too). None when a socket's path in it would be too long: vLLM then keeps its default."""
+    path = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
+    if len(os.fsencode(path)) + 1 + 36 > IPC_PATH_MAX:
+        os.rmdir(path)
+        return None
+    return path
+
+
+def use_engine_ipc_dir() -> tuple[str | None, int]:
+    """Before this process starts its engine: remove dead engines' socket directories, then point vLLM
+    (``VLLM_RPC_BASE_PATH``, read here and inherited by the engine's processes) at a new one of this engine's
+    own. That directory (None: none) and how many were removed; ``remove_ipc_dir`` at its shutdown."""
+    removed = len(remove_orphaned_ipc_dirs())
+    path = engine_ipc_dir()
+    if path:
+        os.environ["VLLM_RPC_BASE_PATH"] = path
+    return path, removed
+
+
+def remove_ipc_dir(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_orphaned_ipc_dirs(root: Path | None = None) -> list[str]:
+    """Remove every ``relayrl-ipc-<pid>-*`` directory under ``root`` (the temp dir) that this user owns and whose
+    pid is gone: an engine whose client was killed before it could remove its own. The names removed."""
+    import psutil
+
+    uid, removed = os.getuid(), []
+    for path in (root or Path(tempfile.gettempdir())).glob(f"{IPC_PREFIX}*"):
+        pid = path.name[len(IPC_PREFIX) :].split("-", 1)[0]
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if not (pid.isdigit() and stat.S_ISDIR(st.st_mode) and st.st_uid == uid) or psutil.pid_exists(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path.name)
+    return removed
 
 
 def owned_dir() -> Path:

@@ -59,12 +59,14 @@ class Rollout:
         seed: int,
         sync_cfg: WeightSyncConfig | None = None,
     ):
-        from relayrl.rollout.cleanup import cleanup_engine_segments
+        from relayrl.rollout.cleanup import cleanup_engine_segments, use_engine_ipc_dir
 
         show_on_console()  # INFO lines to this process's stdout: the actor's, which Ray streams
-        # On this engine's host, before it starts: the message-queue segments and semaphores of engines that
-        # died here (a replica this one replaces, earlier runs killed with SIGKILL) go; live ones' stay.
+        # On this engine's host, before it starts: the message-queue segments, semaphores and socket directories
+        # of engines that died here (a replica this one replaces, earlier runs killed with SIGKILL) go; live
+        # ones' stay. This engine's sockets go in a directory of its own, removed at its shutdown.
         self.shm_removed = len(cleanup_engine_segments().removed)
+        self.ipc_dir, self.ipc_removed = use_engine_ipc_dir()
         self.rollout_cfg, self.model_path = rollout_cfg, model_path
         self.sync_cfg = sync_cfg or WeightSyncConfig()
         os.environ[KEEP_ENV] = str(int(self.sync_cfg.commit == "inplace"))  # read by the engine's processes
@@ -90,7 +92,8 @@ class Rollout:
         return await unless_dead(self.engine, call)
 
     def info(self) -> dict[str, Any]:
-        """vLLM workers in this engine, dead engines' shared-memory segments removed before it started, the pid
+        """vLLM workers in this engine, dead engines' shared-memory segments and socket directories removed before
+        it started, this engine's socket directory (None: vLLM's default, the temp dir), the pid
         of this process (the engine's client: the actor's or its engine host's) and the digest of the model
         directory it loaded on this node (``relayrl.models.digest``)."""
         from relayrl.models.digest import model_digest
@@ -98,6 +101,8 @@ class Rollout:
         return {
             "workers": self.engine.vllm_config.parallel_config.world_size,
             "shm_segments_removed": self.shm_removed,
+            "ipc_dirs_removed": self.ipc_removed,
+            "ipc_dir": self.ipc_dir,
             "client_pid": os.getpid(),
             "model_digest": model_digest(self.model_path),
         }
@@ -355,7 +360,10 @@ class Rollout:
         await self._drop_prefix_cache("wake-up")  # sleep dropped the KV memory the cache points into
 
     def shutdown(self) -> None:
+        from relayrl.rollout.cleanup import remove_ipc_dir
+
         self.engine.shutdown()
+        remove_ipc_dir(self.ipc_dir)
 
 
 async def unless_dead(engine: Any, call: Awaitable[T]) -> T:

@@ -281,3 +281,18 @@ def test_a_killed_engine_host_fails_every_call_as_a_dead_replica(ray_session, ti
         ray_session.get(handle.generate.remote(PROMPTS[:1], 2), timeout=60)
     assert not answers(handle, timeout_s=60)
     next(engine, None)
+
+
+def test_engine_sockets_live_in_a_directory_of_its_own_that_shutdown_removes(ray_session, tiny_llama):
+    """vLLM binds its ZeroMQ sockets (client and EngineCore) under ``VLLM_RPC_BASE_PATH``, by default the temp
+    dir, and leaves them there. Here they are in the engine's own directory, and a clean shutdown removes it."""
+    import stat
+    from pathlib import Path
+
+    engine = _engine(ray_session, tiny_llama)
+    handle = next(engine)
+    ipc_dir = Path(ray_session.get(handle.info.remote())["ipc_dir"])
+    sockets = [p for p in ipc_dir.iterdir() if stat.S_ISSOCK(p.lstat().st_mode)]
+    assert len(sockets) >= 3, sockets  # the client's input and output, and the EngineCore's own
+    next(engine, None)
+    assert not ipc_dir.exists()

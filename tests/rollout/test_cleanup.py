@@ -139,3 +139,45 @@ def test_kill_process_tree_ends_stopped_descendants():
     parent.wait(timeout=60)
     _gone, alive = psutil.wait_procs(tree, timeout=60)
     assert alive == []
+
+
+def test_socket_directories_of_dead_clients_go_and_those_of_live_ones_stay(tmp_path):
+    """``relayrl-ipc-<pid>-*``: a dead pid's directory goes with its sockets, a live pid's stays, and so does
+    anything else (a file under the prefix, another name, a directory whose name holds no pid)."""
+    import socket
+
+    from relayrl.rollout.cleanup import IPC_PREFIX, remove_orphaned_ipc_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"{IPC_PREFIX}{dead.pid}-abc"
+    kept = tmp_path / f"{IPC_PREFIX}{os.getpid()}-def"
+    for path in (gone, kept, tmp_path / f"{IPC_PREFIX}x-1", tmp_path / "other-1"):
+        path.mkdir()
+    (tmp_path / f"{IPC_PREFIX}{dead.pid}-file").write_text("")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(gone / "0b1c"))  # as vLLM binds one: the file outlives the socket
+    assert remove_orphaned_ipc_dirs(tmp_path) == [gone.name]
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {kept.name, f"{IPC_PREFIX}x-1", "other-1", f"{IPC_PREFIX}{dead.pid}-file"}
+
+
+def test_an_engine_socket_directory_is_private_and_too_long_a_path_keeps_vllms_default(tmp_path, monkeypatch):
+    """``engine_ipc_dir``: a 0700 directory named for this process; under a temp dir so deep that a socket's
+    path (``<dir>/<uuid4>``) would pass 107 bytes (pytest's ``tmp_path``), none, and nothing is left behind."""
+    import shutil
+    import stat
+    import tempfile
+
+    from relayrl.rollout.cleanup import IPC_PREFIX, engine_ipc_dir
+
+    short = Path(tempfile.mkdtemp(prefix="ipc"))  # pytest's tmp_path is itself too deep for a socket
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(short))
+        path = Path(engine_ipc_dir() or "")
+        assert path.parent == short and path.name.startswith(f"{IPC_PREFIX}{os.getpid()}-")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    finally:
+        shutil.rmtree(short)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert engine_ipc_dir() is None and not any(tmp_path.iterdir())
