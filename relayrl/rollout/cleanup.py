@@ -20,6 +20,11 @@ from their own user (an init process, non-dumpable programs; counted in ``Cleanu
 are ordinary Python processes, always readable by the user who started them; and a segment that some
 process is about to attach by name while nobody holds it would be removed (vLLM's writer holds its queue
 for its lifetime; ``multiprocessing``'s creator holds a semaphore until it unlinks it).
+
+vLLM's ZeroMQ sockets are files too (``VLLM_RPC_BASE_PATH``), left behind even by a clean exit; each engine binds
+them in a directory of its own (``use_engine_ipc_dir``), removed at its shutdown or, once its client's pid is
+gone, at the next engine start on the host (``remove_orphaned_ipc_dirs``). The same limit holds: a client in
+another PID namespace sharing this temp dir looks dead. Its connected sockets do not need their files.
 """
 
 from __future__ import annotations
