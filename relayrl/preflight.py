@@ -161,12 +161,12 @@ def _data_source(cfg: Config) -> str:
     return f"{cfg.data.path}" if cfg.data.task in FILE_TASKS else f"data.task={cfg.data.task}"
 
 
-def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict], source: str | None = None) -> None:
+def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict], source: str) -> None:
     """Every prompt, formatted as the sampler formats it, must leave ``rollout.max_tokens`` of room in
     ``model.max_model_len`` (vLLM rejects a prompt that fills the context and cuts completions that run
     into it). Files: every row; generated tasks: the longest distinct questions (``MAX_GENERATED_CHECKED``).
     A multi-turn environment's ``reset`` may add text; the episode runner checks that part at run time.
-    ``source`` names the rows in the error (default: the training dataset)."""
+    ``source`` names the rows in the error."""
     from relayrl.data.lengths import MAX_GENERATED_CHECKED, longest_prompt
     from relayrl.data.sampler import chat_formatter
     from relayrl.models import load_tokenizer
@@ -180,7 +180,6 @@ def check_prompt_lengths(cfg: Config, model_path: Path, rows: list[dict], source
     found = longest_prompt(rows, tokenizer, format_prompt, limit)
     budget = cfg.model.max_model_len - cfg.rollout.max_tokens
     if found.tokens > budget:
-        source = source or _data_source(cfg)
         raise ConfigError(
             f"{source} row {found.row} ({found.question[:40]!r}...) is {found.tokens} prompt tokens; with "
             f"rollout.max_tokens={cfg.rollout.max_tokens} it needs model.max_model_len>="

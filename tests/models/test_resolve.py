@@ -56,7 +56,7 @@ def test_the_driver_loads_a_models_tokenizer_once(tiny_llama, monkeypatch):
 
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counting))
     cfg = load_config("grpo_arith", [f"model.path={tiny_llama}"])
-    check_prompt_lengths(cfg, tiny_llama, [{"question": "1 + 2 = ?", "answer": "3"}])
+    check_prompt_lengths(cfg, tiny_llama, [{"question": "1 + 2 = ?", "answer": "3"}], "data.task=arith")
     sampler = make_sampler(cfg, tiny_llama)
     assert calls == [tiny_llama]
     assert sampler.format_prompt("1 + 2 = ?").endswith("assistant\n")
