@@ -9,12 +9,12 @@ from typing import Any, cast
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig
 from relayrl.trainer import head, pipeline
 from relayrl.trainer.pipeline import Pipeline, build_stages, stage_ids, stage_layers, targets
+from tests.gloo_ranks import spawn_ranks
 
 ROWS, LENGTH, MICRO = 8, 12, 4
 LR, CLIP = 1e-3, 0.05
@@ -83,27 +83,22 @@ def _loss_parts():
     return objective, denominator
 
 
-def _worker(rank: int, store: str, tied: bool, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        model = _model(tied)
-        ids, advantages, old, mask = _batch()
-        objective, denominator = _loss_parts()
-        results = {}
-        for schedule, virtual in CASES:
-            model.zero_grad(set_to_none=True)
-            loss = pipeline.rl_loss(objective, 1.0, 5, denominator)
-            world = dist.group.WORLD
-            assert world is not None
-            pipe = Pipeline(model, world, loss, MICRO, schedule, virtual)
-            total = pipe.step(ids, targets(ids, advantages, old, mask))
-            grads = {name: p.grad.clone() for name, p in pipe.named_parameters() if p.grad is not None}
-            results[schedule] = (grads, total)
-        results["train"] = _train_two_steps(_model(tied), objective, denominator)
-        torch.save(results, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, tied: bool, out: str) -> None:
+    model = _model(tied)
+    ids, advantages, old, mask = _batch()
+    objective, denominator = _loss_parts()
+    results = {}
+    for schedule, virtual in CASES:
+        model.zero_grad(set_to_none=True)
+        loss = pipeline.rl_loss(objective, 1.0, 5, denominator)
+        world = dist.group.WORLD
+        assert world is not None
+        pipe = Pipeline(model, world, loss, MICRO, schedule, virtual)
+        total = pipe.step(ids, targets(ids, advantages, old, mask))
+        grads = {name: p.grad.clone() for name, p in pipe.named_parameters() if p.grad is not None}
+        results[schedule] = (grads, total)
+    results["train"] = _train_two_steps(_model(tied), objective, denominator)
+    torch.save(results, f"{out}.{rank}")
 
 
 def _train_two_steps(model: torch.nn.Module, objective, denominator) -> tuple:
@@ -160,7 +155,7 @@ def test_two_pipeline_ranks_train_what_one_process_trains(tmp_path, tied):
     """Every parameter's gradient on the rank(s) holding it equals the full model's, for each schedule; the
     last stage's loss is the full batch's. Tied: both ends' copies of the embedding hold the summed grad."""
     out = str(tmp_path / "grads")
-    mp.spawn(_worker, args=(str(tmp_path / "store"), tied, out), nprocs=2, join=True)
+    spawn_ranks(_worker, 2, tmp_path / "store", tied, out)
     expected, loss = _oracle(tied)
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
     for schedule, _ in CASES:

@@ -8,12 +8,11 @@ from typing import cast
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from relayrl.trainer import head
 from relayrl.trainer.optim import local_tensor
 from relayrl.trainer.vocab_parallel import row_offset
+from tests.gloo_ranks import spawn_ranks
 
 RTOL, ATOL = 1e-5, 1e-6
 VOCAB, HIDDEN, ROWS, POSITIONS, CHUNK = 11, 6, 2, 5, 3  # 11 rows over 2 ranks: 6 and 5; chunks of 3 of 10
@@ -49,23 +48,16 @@ def _scores(hidden, weight, bias, targets, mix) -> dict[str, torch.Tensor]:
     return out | {"weight": weight.grad, **({"bias": bias.grad} if bias is not None else {})}
 
 
-def _worker(rank: int, store: str, bias: bool, out: str) -> None:
+def _worker(rank: int, bias: bool, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-        hidden, weight, b, targets, mix = _inputs(bias)
-        split = [
-            torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)])) if t is not None else None for t in (weight, b)
-        ]
-        got = _scores(hidden, split[0], split[1], targets, mix)
-        got = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in got.items()}  # the rank's own rows
-        torch.save(got, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    hidden, weight, b, targets, mix = _inputs(bias)
+    split = [torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)])) if t is not None else None for t in (weight, b)]
+    got = _scores(hidden, split[0], split[1], targets, mix)
+    got = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in got.items()}  # the rank's own rows
+    torch.save(got, f"{out}.{rank}")
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
@@ -74,7 +66,7 @@ def test_two_tp_ranks_score_what_the_whole_head_scores(tmp_path, bias):
     whole head's, and so do the hidden states' gradient (summed over the ranks' rows) and each rank's rows of the
     weight's and the bias's gradients."""
     out = str(tmp_path / "scores")
-    mp.spawn(_worker, args=(str(tmp_path / "store"), bias, out), nprocs=2, join=True)
+    spawn_ranks(_worker, 2, tmp_path / "store", bias, out)
     hidden, weight, b, targets, mix = _inputs(bias)
     expected = _scores(hidden, torch.nn.Parameter(weight), None if b is None else torch.nn.Parameter(b), targets, mix)
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
@@ -116,26 +108,21 @@ class _Ends(torch.nn.Module):
 IDS = torch.tensor([[3, 7, 10, 0, 7, 6], [5, 9, 2, 7, 1, 8]])  # both ranks' tokens and the padding row
 
 
-def _ends_worker(rank: int, store: str, tied: bool, out: str) -> None:
+def _ends_worker(rank: int, tied: bool, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from relayrl.trainer.tp import split_vocabulary
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        model = _Ends(tied)
-        split_vocabulary(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
-        logprob, loss = model.loss(IDS)
-        loss.backward()
-        grads = {n: local_tensor(cast(torch.Tensor, p.grad)) for n, p in model.named_parameters()}
-        rows = {n: local_tensor(p).shape[0] for n, p in model.named_parameters()}
-        torch.save(
-            {"logprob": logprob, "grads": grads, "rows": rows, "tied": model.head.weight is model.embed.weight},
-            f"{out}.{rank}",
-        )
-    finally:
-        dist.destroy_process_group()
+    model = _Ends(tied)
+    split_vocabulary(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+    logprob, loss = model.loss(IDS)
+    loss.backward()
+    grads = {n: local_tensor(cast(torch.Tensor, p.grad)) for n, p in model.named_parameters()}
+    rows = {n: local_tensor(p).shape[0] for n, p in model.named_parameters()}
+    torch.save(
+        {"logprob": logprob, "grads": grads, "rows": rows, "tied": model.head.weight is model.embed.weight},
+        f"{out}.{rank}",
+    )
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
@@ -144,7 +131,7 @@ def test_split_vocabulary_trains_the_ends_as_the_whole_ones(tmp_path, tied):
     still one parameter), and the logprobs and each rank's rows of both gradients equal the whole model's (the
     padding row's gradient zero, as ``nn.Embedding`` gives it)."""
     out = str(tmp_path / "ends")
-    mp.spawn(_ends_worker, args=(str(tmp_path / "store"), tied, out), nprocs=2, join=True)
+    spawn_ranks(_ends_worker, 2, tmp_path / "store", tied, out)
     whole = _Ends(tied)
     logprob, loss = whole.loss(IDS)
     loss.backward()

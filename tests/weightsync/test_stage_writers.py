@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from relayrl.weightsync.base import FlatUpdateInfo
 from relayrl.weightsync.layout import FlatLayout
 from relayrl.weightsync.shm import WRITING, ShmReceiver, ShmTrainerEngine, ShmTrainerInitInfo
 from relayrl.weightsync.stages import StageSource
+from tests.gloo_ranks import spawn_ranks
 
 pytestmark = pytest.mark.slow  # two processes importing vLLM: ~30 s on this box
 
@@ -79,37 +79,32 @@ def _trainer_engine(backend: str, rank: int, client: _Client, source: StageSourc
     return PullTrainerEngine.trainer_init(pull, client=client, source=source)
 
 
-def _worker(rank: int, store: str, backend: str, where: str, out: str) -> None:
+def _worker(rank: int, backend: str, where: str, out: str) -> None:
     """v1 written by both stages into ``backend``'s buffer (shm) or store (pull, ``where``); v2 failed by rank 1's."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    group = dist.group.WORLD
+    assert group is not None
+    source, client = StageSource(_Stages(rank), OWNER, group), _Client()
+    engine = _trainer_engine(backend, rank, client, source, where)
+    client.version = 1
+    engine.send_weights()
+    result: dict = {"calls": list(client.calls)}
+    if rank == 0:  # the engine side: read from the buffer, or fetched from the store with every checksum checked
+        data = client.receiver.receive(client.layout, FlatUpdateInfo(1, client.layout.digest))
+        result["v1"] = {name: view.clone() for name, view in client.layout.views(data)}
+    if rank == 1:  # its stage fails mid-write at v2: a tensor of another shape than planned
+        source.own = lambda: iter([("b", _value("b")), ("d", torch.zeros(2))])  # type: ignore[method-assign]
+    client.version = 2
     try:
-        group = dist.group.WORLD
-        assert group is not None
-        source, client = StageSource(_Stages(rank), OWNER, group), _Client()
-        engine = _trainer_engine(backend, rank, client, source, where)
-        client.version = 1
         engine.send_weights()
-        result: dict = {"calls": list(client.calls)}
-        if rank == 0:  # the engine side: read from the buffer, or fetched from the store with every checksum checked
-            data = client.receiver.receive(client.layout, FlatUpdateInfo(1, client.layout.digest))
-            result["v1"] = {name: view.clone() for name, view in client.layout.views(data)}
-        if rank == 1:  # its stage fails mid-write at v2: a tensor of another shape than planned
-            source.own = lambda: iter([("b", _value("b")), ("d", torch.zeros(2))])  # type: ignore[method-assign]
-        client.version = 2
-        try:
-            engine.send_weights()
-        except (RuntimeError, ValueError) as exc:
-            result["error"] = str(exc)
-        result["calls2"] = client.calls[len(result["calls"]) :]
-        if rank == 0 and backend == "shm":
-            result["stamp"] = int(client.receiver.region.header[1])
-        engine_ref = weakref.ref(engine)
-        del engine, source  # a failed sync leaves nothing holding them (a group kept alive to exit aborts there)
-        result["freed"] = engine_ref() is None
-        torch.save(result, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+    except (RuntimeError, ValueError) as exc:
+        result["error"] = str(exc)
+    result["calls2"] = client.calls[len(result["calls"]) :]
+    if rank == 0 and backend == "shm":
+        result["stamp"] = int(client.receiver.region.header[1])
+    engine_ref = weakref.ref(engine)
+    del engine, source  # a failed sync leaves nothing holding them (a group kept alive to exit aborts there)
+    result["freed"] = engine_ref() is None
+    torch.save(result, f"{out}.{rank}")
 
 
 @pytest.mark.parametrize("backend", ["shm", "pull"])
@@ -120,7 +115,7 @@ def test_each_stage_writes_its_part_and_a_failed_stage_leaves_the_engines_on_the
     the stamp stays mid-write (a receiver refuses it), or the store holds v1 alone (no v2, no draft left)."""
     (where := tmp_path / "where").mkdir()
     out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(str(tmp_path / "pg"), backend, str(where), out), nprocs=2, join=True)
+    spawn_ranks(_worker, 2, tmp_path / "pg", backend, str(where), out)
     first, second = (torch.load(f"{out}.{r}") for r in range(2))
     assert first["calls"] == ["start 1", "update 1", "finish 1"] and second["calls"] == []
     for name in SHAPES:
@@ -135,38 +130,33 @@ def test_each_stage_writes_its_part_and_a_failed_stage_leaves_the_engines_on_the
     assert first["freed"] and second["freed"]
 
 
-def _unmappable_worker(rank: int, store: str, shm_dir: str, out: str) -> None:
+def _unmappable_worker(rank: int, shm_dir: str, out: str) -> None:
     from relayrl.weightsync import shm
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    if rank == 1:  # this stage's writer cannot map rank 0's file
+
+        class Unmappable(shm.ShmRegion):
+            def __init__(self, path: str, nbytes: int) -> None:
+                raise OSError(f"cannot map {path}")
+
+        shm.ShmRegion = Unmappable  # type: ignore[misc]
+    group = dist.group.WORLD
+    assert group is not None
+    client = _Client()
+    info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64)
     try:
-        if rank == 1:  # this stage's writer cannot map rank 0's file
-
-            class Unmappable(shm.ShmRegion):
-                def __init__(self, path: str, nbytes: int) -> None:
-                    raise OSError(f"cannot map {path}")
-
-            shm.ShmRegion = Unmappable  # type: ignore[misc]
-        group = dist.group.WORLD
-        assert group is not None
-        client = _Client()
-        info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64)
-        try:
-            ShmTrainerEngine.trainer_init(info, client=client, source=StageSource(_Stages(rank), OWNER, group))
-            error = ""
-        except (OSError, RuntimeError) as exc:
-            error = str(exc)
-        torch.save({"error": error, "told": client.layout is not None}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+        ShmTrainerEngine.trainer_init(info, client=client, source=StageSource(_Stages(rank), OWNER, group))
+        error = ""
+    except (OSError, RuntimeError) as exc:
+        error = str(exc)
+    torch.save({"error": error, "told": client.layout is not None}, f"{out}.{rank}")
 
 
 def test_a_stage_that_cannot_map_the_buffer_fails_the_connect_on_every_writer(tmp_path):
     """Rank 1 cannot map the file: it raises its own error, rank 0 raises that a stage could not map it (no
     rank waits for ever), and the engines are never told of the file."""
     out = str(tmp_path / "result")
-    mp.spawn(_unmappable_worker, args=(str(tmp_path / "store"), str(tmp_path), out), nprocs=2, join=True)
+    spawn_ranks(_unmappable_worker, 2, tmp_path / "store", str(tmp_path), out)
     first, second = (torch.load(f"{out}.{r}") for r in range(2))
     assert "could not map the shm weight buffer" in first["error"] and "cannot map" in second["error"]
     assert not first["told"] and not second["told"]
@@ -194,44 +184,39 @@ def _tp_value(name: str) -> torch.Tensor:
     return torch.arange(torch.Size(shape).numel(), dtype=torch.float32).view(shape) + 10 * ord(name)
 
 
-def _tp_worker(rank: int, store: str, shm_dir: str, out: str) -> None:
+def _tp_worker(rank: int, shm_dir: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from vllm.distributed.weight_transfer.base import WeightSource
 
     from relayrl.trainer.optim import local_tensor
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
-    try:
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))  # rank = pp * 2 + tp
-        model, pipeline = _TpStages(mesh["pp"].get_local_rank(), mesh["tp"]), mesh["pp"].get_group()
-        stages = StageSource(model, OWNER, pipeline)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))  # rank = pp * 2 + tp
+    model, pipeline = _TpStages(mesh["pp"].get_local_rank(), mesh["tp"]), mesh["pp"].get_group()
+    stages = StageSource(model, OWNER, pipeline)
 
-        class OneSender(WeightSource):  # the same policy, not a StageSource: rank 0 writes every tensor
-            def metadata(self) -> list:
-                return stages.metadata()
+    class OneSender(WeightSource):  # the same policy, not a StageSource: rank 0 writes every tensor
+        def metadata(self) -> list:
+            return stages.metadata()
 
-            def __iter__(self):
-                return iter(stages)
+        def __iter__(self):
+            return iter(stages)
 
-        result: dict = {"writes": stages.writes}
-        for version, source in ((1, stages), (2, OneSender())):
-            client = _Client()
-            info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64)
-            engine = ShmTrainerEngine.trainer_init(info, client=client, source=source)
-            with torch.no_grad():  # this version's values, in each rank's rows
-                for name, p in model.named_parameters():
-                    if not p.is_meta:
-                        local_tensor(p).copy_(_tp_value(name).mul(version).chunk(2)[mesh["tp"].get_local_rank()])
-            client.version = version
-            engine.send_weights()
-            if rank == 0:
-                assert client.receiver is not None and client.layout is not None
-                data = client.receiver.receive(client.layout, FlatUpdateInfo(version, client.layout.digest))
-                result[version] = {name: view.clone() for name, view in client.layout.views(data)}
-        torch.save(result, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+    result: dict = {"writes": stages.writes}
+    for version, source in ((1, stages), (2, OneSender())):
+        client = _Client()
+        info = ShmTrainerInitInfo(rank=rank, shm_dir=shm_dir, bucket_bytes=64)
+        engine = ShmTrainerEngine.trainer_init(info, client=client, source=source)
+        with torch.no_grad():  # this version's values, in each rank's rows
+            for name, p in model.named_parameters():
+                if not p.is_meta:
+                    local_tensor(p).copy_(_tp_value(name).mul(version).chunk(2)[mesh["tp"].get_local_rank()])
+        client.version = version
+        engine.send_weights()
+        if rank == 0:
+            assert client.receiver is not None and client.layout is not None
+            data = client.receiver.receive(client.layout, FlatUpdateInfo(version, client.layout.digest))
+            result[version] = {name: view.clone() for name, view in client.layout.views(data)}
+    torch.save(result, f"{out}.{rank}")
 
 
 def test_stages_split_over_tp_write_whole_tensors_as_the_one_sender_path_does(tmp_path):
@@ -239,7 +224,7 @@ def test_stages_split_over_tp_write_whole_tensors_as_the_one_sender_path_does(tm
     each stage writes (ranks 0 and 2), its tp peers (1 and 3) take part in the gathers, and the buffer holds every
     whole tensor; the one-sender path (each tensor sent to rank 0) writes the same whole tensors at v2."""
     out = str(tmp_path / "result")
-    mp.spawn(_tp_worker, args=(str(tmp_path / "store"), str(tmp_path), out), nprocs=4, join=True)
+    spawn_ranks(_tp_worker, 4, tmp_path / "store", str(tmp_path), out)
     ranks = [torch.load(f"{out}.{r}") for r in range(4)]
     assert [r["writes"] for r in ranks] == [True, False, True, False]
     for version in (1, 2):
