@@ -29,13 +29,14 @@ import tempfile
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from bench.common import load_note
+from bench.ranks import spawn_ranks
 
 PP = 2
 
@@ -167,30 +168,25 @@ def trainer_engine(backend: str, rank: int, client: Client, source: Any) -> Any:
     )
 
 
-def worker(rank: int, store: str, backend: str, out: str, layers: int, syncs: int) -> None:
+def worker(rank: int, backend: str, out: str, layers: int, syncs: int) -> None:
     from relayrl.weightsync.stages import StageSource
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=PP)
-    try:
-        shapes, owner = shapes_and_owners(layers)
-        stage = Stage(shapes, owner, rank)
-        group = dist.group.WORLD
-        assert group is not None
-        stages = StageSource(stage, owner, group)
-        result: dict[str, Any] = {"floor": stage_floor(stage)}
-        for path, source in (("rank 0", gathered_source(stages)), ("stages", stages)):
-            client = Client()
-            engine = trainer_engine(backend, rank, client, source)
-            result[path] = timed_syncs(engine, client, syncs)
-            if rank == 0:
-                check(client, shapes)
-            if hasattr(engine, "shutdown"):
-                engine.shutdown()  # pull: its private store goes
-            del engine
-        torch.save(result, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+    shapes, owner = shapes_and_owners(layers)
+    stage = Stage(shapes, owner, rank)
+    group = dist.group.WORLD
+    assert group is not None
+    stages = StageSource(stage, owner, group)
+    result: dict[str, Any] = {"floor": stage_floor(stage)}
+    for path, source in (("rank 0", gathered_source(stages)), ("stages", stages)):
+        client = Client()
+        engine = trainer_engine(backend, rank, client, source)
+        result[path] = timed_syncs(engine, client, syncs)
+        if rank == 0:
+            check(client, shapes)
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()  # pull: its private store goes
+        del engine
+    torch.save(result, f"{out}.{rank}")
 
 
 def run_case(backend: str, layers: int, syncs: int) -> dict[str, float]:
@@ -200,7 +196,7 @@ def run_case(backend: str, layers: int, syncs: int) -> dict[str, float]:
     sizes = [sum(torch.Size(s).numel() * 4 for n, s in shapes.items() if owner[n] == r) for r in range(PP)]
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/result"
-        mp.spawn(worker, args=(f"{tmp}/store", backend, out, layers, syncs), nprocs=PP, join=True)
+        spawn_ranks(worker, PP, Path(tmp) / "store", backend, out, layers, syncs)
         rank0 = torch.load(f"{out}.0")
     total = sum(sizes)
     return {

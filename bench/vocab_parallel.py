@@ -22,49 +22,44 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from bench.common import load_note
 from bench.long_context import model_path
+from bench.ranks import spawn_ranks
 from relayrl.trainer import head
 
 
-def _worker(rank: int, tp: int, store: str, args: argparse.Namespace, shape: tuple[int, int], out: str) -> None:
+def _worker(rank: int, tp: int, args: argparse.Namespace, shape: tuple[int, int], out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=tp)
-    try:
-        vocab, hidden = shape
-        g = torch.Generator().manual_seed(0)
-        weight = torch.randn(vocab, hidden, generator=g) * hidden**-0.5
-        if tp > 1:
-            weight = distribute_tensor(weight, init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)), [Shard(0)])
-        weight = torch.nn.Parameter(weight)
-        states = torch.randn(1, args.positions, hidden, generator=g, requires_grad=True)
-        targets = torch.randint(0, vocab, (1, args.positions), generator=g)
-        request = head.Request(targets, 1.0, args.chunk, entropy_grad=True)
-        seconds = []
-        for _ in range(args.repeats + 1):  # the first is a warm-up
-            dist.barrier()
-            t0 = time.perf_counter()
-            logprob, entropy = head.score(states, weight, None, request)
-            (logprob.sum() + entropy.sum()).backward()
-            seconds.append(time.perf_counter() - t0)
-            weight.grad = states.grad = None
-        local = weight.to_local() if hasattr(weight, "to_local") else weight
-        kept = local.numel() * local.element_size()
-        Path(f"{out}.{rank}").write_text(json.dumps({"s": statistics.median(seconds[1:]), "bytes": kept}))
-    finally:
-        dist.destroy_process_group()
+    vocab, hidden = shape
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(vocab, hidden, generator=g) * hidden**-0.5
+    if tp > 1:
+        weight = distribute_tensor(weight, init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)), [Shard(0)])
+    weight = torch.nn.Parameter(weight)
+    states = torch.randn(1, args.positions, hidden, generator=g, requires_grad=True)
+    targets = torch.randint(0, vocab, (1, args.positions), generator=g)
+    request = head.Request(targets, 1.0, args.chunk, entropy_grad=True)
+    seconds = []
+    for _ in range(args.repeats + 1):  # the first is a warm-up
+        dist.barrier()
+        t0 = time.perf_counter()
+        logprob, entropy = head.score(states, weight, None, request)
+        (logprob.sum() + entropy.sum()).backward()
+        seconds.append(time.perf_counter() - t0)
+        weight.grad = states.grad = None
+    local = weight.to_local() if hasattr(weight, "to_local") else weight
+    kept = local.numel() * local.element_size()
+    Path(f"{out}.{rank}").write_text(json.dumps({"s": statistics.median(seconds[1:]), "bytes": kept}))
 
 
 def run(tp: int, args: argparse.Namespace, shape: tuple[int, int]) -> tuple[float, int]:
     """(the slowest rank's median seconds, the head bytes a rank keeps) for ``tp`` ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/result"
-        mp.spawn(_worker, args=(tp, f"{tmp}/store", args, shape, out), nprocs=tp, join=True)
+        spawn_ranks(_worker, tp, Path(tmp) / "store", tp, args, shape, out)
         results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(tp)]
     return max(r["s"] for r in results), max(r["bytes"] for r in results)
 

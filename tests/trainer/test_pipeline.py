@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench.ranks import spawn_ranks
 from relayrl.algorithms.objective import build_loss
 from relayrl.config import AlgorithmConfig
 from relayrl.trainer import head, pipeline
 from relayrl.trainer.pipeline import Pipeline, build_stages, stage_ids, stage_layers, targets
-from tests.gloo_ranks import spawn_ranks
 
 ROWS, LENGTH, MICRO = 8, 12, 4
 LR, CLIP = 1e-3, 0.05

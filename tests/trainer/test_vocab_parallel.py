@@ -9,10 +9,10 @@ from typing import cast
 import pytest
 import torch
 
+from bench.ranks import spawn_ranks
 from relayrl.trainer import head
 from relayrl.trainer.optim import local_tensor
 from relayrl.trainer.vocab_parallel import row_offset
-from tests.gloo_ranks import spawn_ranks
 
 RTOL, ATOL = 1e-5, 1e-6
 VOCAB, HIDDEN, ROWS, POSITIONS, CHUNK = 11, 6, 2, 5, 3  # 11 rows over 2 ranks: 6 and 5; chunks of 3 of 10

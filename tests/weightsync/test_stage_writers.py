@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench.ranks import spawn_ranks
 from relayrl.weightsync.base import FlatUpdateInfo
 from relayrl.weightsync.layout import FlatLayout
 from relayrl.weightsync.shm import WRITING, ShmReceiver, ShmTrainerEngine, ShmTrainerInitInfo
 from relayrl.weightsync.stages import StageSource
-from tests.gloo_ranks import spawn_ranks
 
 pytestmark = pytest.mark.slow  # two processes importing vLLM: ~30 s on this box
 

@@ -1,4 +1,4 @@
-"""Gloo ranks in spawned processes, for the tests that run torch.distributed without Ray.
+"""Gloo ranks in spawned processes, for the benches and tests that run torch.distributed without Ray.
 
 Each rank joins one gloo group through a file store, runs ``worker(rank, *args)``, destroys the group, and leaves
 by ``os._exit`` without finalizing its interpreter. DTensor's caches keep the group object alive past
