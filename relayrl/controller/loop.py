@@ -60,7 +60,8 @@ class Loop(ABC):
         """Apply joins and leaves, then start every chunk the policy allows on the idle slots (slots of replicas
         that left are dropped)."""
         self._membership()
-        self.idle = [r for r in self.idle if r in self.policy.replicas.live]
+        live = self.policy.replicas.live
+        self.idle = [r for r in self.idle if r in live]
         for flight in self.policy.launches(self.idle, self._now()):
             self.idle.remove(flight.replica)
             self._submit(flight)

@@ -161,13 +161,14 @@ class StepPolicy:
         if self.pc.colocated and self.training is not None:
             return []
         out: list[Flight] = []
-        free = [r for r in idle if self.replicas.takes_work(r)]
+        serving, placed = set(self.replicas.serving()), Counter[int]()
+        free = [r for r in idle if r in serving]
         while free and self.retry:
             seq = self.retry.pop(0)
-            out.append(Flight(seq, self._place(free, out), self.outstanding[seq]))
+            out.append(Flight(seq, self._place(free, placed), self.outstanding[seq]))
         while free and self.admission.allows(self.version, self.chunk) and self._room():
             seq = self._issue()
-            out.append(Flight(seq, self._place(free, out), self.outstanding[seq]))
+            out.append(Flight(seq, self._place(free, placed), self.outstanding[seq]))
         self.generating.update((flight.seq, flight) for flight in out)
         copies = self._reissues(free, out)
         self.copies.update((flight.seq, flight) for flight in copies)
@@ -177,9 +178,11 @@ class StepPolicy:
             flight.launched, flight.load = now, self.replicas.running[flight.replica]
         return out + copies
 
-    def _place(self, free: list[int], placed: list[Flight]) -> int:
-        extra = Counter(f.replica for f in placed)
-        return free.pop(self.replicas.pick(free, extra))
+    def _place(self, free: list[int], placed: Counter[int]) -> int:
+        """Take the slot ``pick`` chooses from ``free``; ``placed``: chunks a replica got in this round."""
+        r = free.pop(self.replicas.pick(free, placed))
+        placed[r] += 1
+        return r
 
     def _reissues(self, free: list[int], placed: list[Flight]) -> list[Flight]:
         """Copies of stragglers for replicas that would sit idle while the next step waits on them

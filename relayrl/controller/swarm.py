@@ -125,8 +125,11 @@ class ReplicaSet:
         joiner gets work, and so a rate), then to the earlier slot. Only each replica's first free slot is
         weighed (its others finish no sooner), so a pick costs one pass over ``free`` and one fit a replica."""
         first: dict[int, int] = {}
+        replicas = len(set(free))
         for i, r in enumerate(free):
             first.setdefault(r, i)
+            if len(first) == replicas:  # every replica's first slot found: the rest are later slots
+                break
         models = {r: self.finish_model(r) for r in first}
         fitted, mean = all(models.values()), self._mean_rate()
 
