@@ -160,8 +160,7 @@ class StepPolicy:
         first (``swarm.ReplicaSet.pick``), then copies of stragglers (``_reissues``)."""
         if self.pc.colocated and self.training is not None:
             return []
-        out: list[Flight] = []
-        serving, placed = set(self.replicas.serving()), Counter[int]()
+        out, placed, serving = list[Flight](), Counter[int](), set(self.replicas.serving())
         free = [r for r in idle if r in serving]
         while free and self.retry:
             seq = self.retry.pop(0)
@@ -178,10 +177,8 @@ class StepPolicy:
             flight.launched, flight.load = now, self.replicas.running[flight.replica]
         return out + copies
 
-    def _place(self, free: list[int], placed: Counter[int]) -> int:
-        """Take the slot ``pick`` chooses from ``free``; ``placed``: chunks a replica got in this round."""
-        r = free.pop(self.replicas.pick(free, placed))
-        placed[r] += 1
+    def _place(self, free: list[int], placed: Counter[int]) -> int:  # placed: chunks each replica got this round
+        placed[r := free.pop(self.replicas.pick(free, placed))] += 1
         return r
 
     def _reissues(self, free: list[int], placed: list[Flight]) -> list[Flight]:
