@@ -1,8 +1,8 @@
 """Gloo ranks in spawned processes, for the benches and tests that run torch.distributed without Ray.
 
 Each rank joins one gloo group through a file store, runs ``worker(rank, *args)``, destroys the group, and leaves
-by ``os._exit`` without finalizing its interpreter. DTensor's caches keep the group object alive past
-``destroy_process_group`` (``distribute_tensor`` alone does), so gloo's worker threads are still running when the
+by ``os._exit`` without finalizing its interpreter. After ``distribute_tensor`` something in torch keeps the group
+object alive past ``destroy_process_group`` (what, is not found), so gloo's worker threads are still running when the
 interpreter finalizes; one still freeing a finished collective's tensors then needs the GIL, and the process aborts
 with "terminate called without an active exception" (pytorch/pytorch#190489): 2 runs in 40 of a vocab-parallel
 test did so here.
